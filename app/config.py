@@ -1,0 +1,157 @@
+"""All settings, read from the environment in one place.
+
+Every variable is parsed and validated here; a bad value raises ``ConfigError`` with a
+one-line message naming the variable, which the entry point prints before exiting.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the service cannot run with."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}: expected true/false, got {raw!r}")
+
+
+def _int(lo: int, hi: int) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name}: expected an integer in {lo}..{hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(lo: float, hi: float) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name}: expected a number in {lo}..{hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _choice(*options: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ConfigError(f"{name}: expected one of {'|'.join(options)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _text(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _prefix(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not value or any(c.isspace() for c in value) or len(value) > 64:
+        raise ConfigError(f"{name}: expected 1..64 characters without spaces, got {raw!r}")
+    return value
+
+
+def _redis_url(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value and not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"{name}: expected a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def _log_level(name: str, raw: str) -> str:
+    return _choice("debug", "info", "warning", "error", "critical")(name, raw).upper()
+
+
+def env(var: str, parse: Callable[[str, str], Any], default: Any) -> Any:
+    """A dataclass field read from environment variable ``var``."""
+    return field(default=default, metadata={"env": var, "parse": parse})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The service's configuration; build it with ``Settings.from_env()``."""
+
+    host: str = env("HOST", _text, "0.0.0.0")
+    http_port: int = env("HTTP_PORT", _int(1, 65535), 9998)
+    grpc_port: int = env("GRPC_PORT", _int(1, 65535), 18091)
+    log_level: str = env("LOG_LEVEL", _log_level, "INFO")
+    web_concurrency: int = env("WEB_CONCURRENCY", _int(1, 64), 2)
+    web_threads: int = env("WEB_THREADS", _int(1, 256), 8)
+    request_timeout_seconds: int = env("REQUEST_TIMEOUT_SECONDS", _int(1, 3600), 120)
+    max_request_bytes: int = env("MAX_REQUEST_BYTES", _int(1024, 1 << 30), 20 * 1024 * 1024)
+    max_image_pixels: int = env("MAX_IMAGE_PIXELS", _int(1, 1 << 31), 60_000_000)
+    pipeline_service_name: str = env("PIPELINE_SERVICE_NAME", _prefix, "ocr")
+
+    # Cache (L2 = Redis).
+    redis_url: str = env("REDIS_URL", _redis_url, "")
+    redis_timeout_ms: int = env("REDIS_TIMEOUT_MS", _int(1, 60_000), 50)
+    redis_connect_timeout_ms: int = env("REDIS_CONNECT_TIMEOUT_MS", _int(1, 60_000), 50)
+    redis_breaker_failures: int = env("REDIS_BREAKER_FAILURES", _int(1, 1000), 3)
+    redis_breaker_cooldown_seconds: float = env(
+        "REDIS_BREAKER_COOLDOWN_SECONDS", _float(0.0, 3600.0), 2.0
+    )
+    cache_enabled: bool = env("CACHE_ENABLED", _bool, True)
+    cache_ttl_seconds: int = env("CACHE_TTL_SECONDS", _int(1, 10 * 365 * 86400), 86400)
+    cache_ttl_jitter: float = env("CACHE_TTL_JITTER", _float(0.0, 0.5), 0.1)
+    cache_key_prefix: str = env("CACHE_KEY_PREFIX", _prefix, "ocr")
+    cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
+
+    # Engine.
+    ocr_engine: str = env("OCR_ENGINE", _choice("paddle"), "paddle")
+    ocr_device: str = env("OCR_DEVICE", _choice("cpu", "gpu"), "cpu")
+    ocr_cpu_threads: int = env("OCR_CPU_THREADS", _int(1, 64), 1)
+    ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
+    ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
+    ocr_max_image_side: int = env("OCR_MAX_IMAGE_SIDE", _int(64, 20_000), 4096)
+    ocr_det_limit_side_len: int = env("OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), 960)
+    ocr_det_limit_type: str = env("OCR_DET_LIMIT_TYPE", _choice("max", "min"), "max")
+    ocr_det_thresh: float = env("OCR_DET_THRESH", _float(0.0, 1.0), 0.3)
+    ocr_det_box_thresh: float = env("OCR_DET_BOX_THRESH", _float(0.0, 1.0), 0.6)
+    ocr_det_unclip_ratio: float = env("OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), 1.5)
+    ocr_rec_score_thresh: float = env("OCR_REC_SCORE_THRESH", _float(0.0, 1.0), 0.5)
+    ocr_textline_orientation: bool = env("OCR_TEXTLINE_ORIENTATION", _bool, True)
+    ocr_warm_on_start: bool = env("OCR_WARM_ON_START", _bool, True)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read every field from ``environ`` (default ``os.environ``); unset means default."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is not None and raw.strip() != "":
+                values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+        return cls(**values)
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    def env_name(self, field_name: str) -> str:
+        return next(f.metadata["env"] for f in fields(self) if f.name == field_name)

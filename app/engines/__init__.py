@@ -1,0 +1,15 @@
+"""OCR engines behind one small interface (see ``base.Engine``)."""
+
+from __future__ import annotations
+
+from app.config import Settings
+from app.engines.base import Engine
+
+
+def build_engine(settings: Settings) -> Engine:
+    """The engine named by ``OCR_ENGINE``; models are located now, loaded by ``load()``."""
+    if settings.ocr_engine == "paddle":
+        from app.engines.paddle import PaddleOcrEngine
+
+        return PaddleOcrEngine(settings)
+    raise ValueError(f"unknown engine {settings.ocr_engine!r}")

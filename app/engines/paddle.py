@@ -1,0 +1,173 @@
+"""PaddleOCR 3.x (PP-OCR det + textline orientation + rec) on Paddle Inference, in-process.
+
+Settings follow ../shared/docs/ENGINES.md: local model dirs with names, doc orientation and
+unwarping off, ``paddle_static`` with oneDNN and the old IR (the defaults crash on CPU and try
+to download models), and a fixed thread count that is part of the fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from app.config import Settings
+from app.engines import paddle_models
+from app.engines.base import RESULT_SCHEMA_VERSION, EngineError, OcrLine, OcrResult
+from app.imaging import DecodedImage, bounded
+
+log = logging.getLogger(__name__)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+class PaddleOcrEngine:
+    """One PaddleOCR pipeline per worker process; calls are serialized (not thread-safe)."""
+
+    kind = "paddle"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._models = paddle_models.resolve(
+            settings.ocr_model_dir, settings.ocr_work_dir, settings.ocr_textline_orientation
+        )
+        self._params = {
+            "text_det_limit_side_len": settings.ocr_det_limit_side_len,
+            "text_det_limit_type": settings.ocr_det_limit_type,
+            "text_det_thresh": settings.ocr_det_thresh,
+            "text_det_box_thresh": settings.ocr_det_box_thresh,
+            "text_det_unclip_ratio": settings.ocr_det_unclip_ratio,
+            "text_rec_score_thresh": settings.ocr_rec_score_thresh,
+            "use_textline_orientation": settings.ocr_textline_orientation,
+            "max_image_side": settings.ocr_max_image_side,
+        }
+        paddle_dist = "paddlepaddle-gpu" if settings.ocr_device == "gpu" else "paddlepaddle"
+        self._runtime = {
+            "runtime": "paddle_inference",
+            "device": settings.ocr_device,
+            "cpu_threads": settings.ocr_cpu_threads,
+            "paddle": _version(paddle_dist),
+            "paddleocr": _version("paddleocr"),
+            "paddlex": _version("paddlex"),
+        }
+        identity = {
+            "kind": self.kind,
+            "schema": RESULT_SCHEMA_VERSION,
+            "models": {m.name: m.digest for m in self._model_list()},
+            "params": self._params,
+            "runtime": self._runtime,
+        }
+        self._fingerprint = hashlib.sha256(
+            json.dumps(identity, sort_keys=True).encode()
+        ).hexdigest()[:16]
+        self._pipeline: Any = None
+        self._lock = threading.Lock()
+
+    def _model_list(self) -> list[paddle_models.ModelDir]:
+        models = [self._models.det, self._models.rec]
+        if self._models.cls is not None:
+            models.append(self._models.cls)
+        return models
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "fingerprint": self._fingerprint,
+            "models": {m.name: m.digest[:16] for m in self._model_list()},
+            "params": self._params,
+            **self._runtime,
+        }
+
+    def load(self) -> None:
+        with self._lock:
+            if self._pipeline is not None:
+                return
+            self._pipeline = self._build()
+        self.recognize(_warmup_image())
+
+    def _build(self) -> Any:
+        # paddlex checks model hosters on import unless told not to; we never download.
+        os.environ.setdefault("PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK", "True")
+        from paddleocr import PaddleOCR  # heavy import: only in the worker that runs it
+
+        s = self._settings
+        if s.ocr_device == "gpu":
+            device, engine_config = "gpu:0", {"run_mode": "paddle"}
+        else:
+            device = "cpu"
+            engine_config = {
+                "run_mode": "mkldnn",
+                "enable_new_ir": False,
+                "cpu_threads": s.ocr_cpu_threads,
+                "mkldnn_cache_capacity": 10,
+            }
+        kwargs: dict[str, Any] = {
+            "text_detection_model_name": self._models.det.name,
+            "text_detection_model_dir": str(self._models.det.path),
+            "text_recognition_model_name": self._models.rec.name,
+            "text_recognition_model_dir": str(self._models.rec.path),
+            "use_doc_orientation_classify": False,
+            "use_doc_unwarping": False,
+            "use_textline_orientation": s.ocr_textline_orientation,
+            "text_det_limit_side_len": s.ocr_det_limit_side_len,
+            "text_det_limit_type": s.ocr_det_limit_type,
+            "text_det_thresh": s.ocr_det_thresh,
+            "text_det_box_thresh": s.ocr_det_box_thresh,
+            "text_det_unclip_ratio": s.ocr_det_unclip_ratio,
+            "text_rec_score_thresh": s.ocr_rec_score_thresh,
+            "device": device,
+            "engine": "paddle_static",
+            "engine_config": engine_config,
+        }
+        if self._models.cls is not None:
+            kwargs["textline_orientation_model_name"] = self._models.cls.name
+            kwargs["textline_orientation_model_dir"] = str(self._models.cls.path)
+        log.info("loading PaddleOCR (%s, fingerprint %s)", device, self._fingerprint)
+        return PaddleOCR(**kwargs)
+
+    def recognize(self, image: DecodedImage) -> OcrResult:
+        if self._pipeline is None:
+            raise EngineError("engine not loaded")
+        small, scale = bounded(image, self._settings.ocr_max_image_side)
+        bgr = np.ascontiguousarray(small.pixels[:, :, ::-1])
+        try:
+            with self._lock:
+                outputs = self._pipeline.predict(bgr)
+        except Exception as exc:  # the runtime raises anything; never let it be cached
+            raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
+        raw = outputs[0]
+        lines = []
+        for text, score, poly in zip(raw["rec_texts"], raw["rec_scores"], raw["rec_polys"]):
+            box = tuple(
+                (
+                    min(image.width, max(0, round(int(x) / scale))),
+                    min(image.height, max(0, round(int(y) / scale))),
+                )
+                for x, y in np.asarray(poly).reshape(-1, 2)[:4]
+            )
+            lines.append(OcrLine(text=str(text), score=float(score), box=box))  # type: ignore[arg-type]
+        return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
+
+
+def _warmup_image() -> DecodedImage:
+    """A small synthetic text line: exercises det, cls and rec once at start-up."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (320, 64), "white")
+    ImageDraw.Draw(img).text((10, 20), "Warm up 0123", fill="black")
+    return DecodedImage(np.asarray(img), img.width, img.height)

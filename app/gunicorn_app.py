@@ -1,0 +1,53 @@
+"""Running the Flask app under gunicorn from Python, with options derived from Settings.
+
+One engine per worker, loaded after fork (no preload): a Paddle predictor must not cross a
+fork. ``gthread`` workers let cache hits be served while a worker's engine is busy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from app.config import Settings
+
+
+def gunicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "bind": f"{settings.host}:{settings.http_port}",
+        "workers": settings.web_concurrency,
+        "worker_class": "gthread",
+        "threads": settings.web_threads,
+        "timeout": settings.request_timeout_seconds + 30,
+        "graceful_timeout": settings.request_timeout_seconds,
+        "keepalive": 5,
+        "preload_app": False,
+        "loglevel": settings.log_level.lower(),
+        "accesslog": None,
+        "errorlog": "-",
+        "child_exit": _child_exit,
+    }
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
+
+
+class GunicornApp(BaseApplication):  # type: ignore[misc]
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in gunicorn_options(self._settings).items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        from app.web import create_app
+
+        return create_app(Settings.from_env())

@@ -1,0 +1,74 @@
+"""Decoding uploaded image bytes safely (Pillow), before anything reaches an engine."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# We enforce our own pixel limit before decoding; Pillow's own check stays as a backstop.
+Image.MAX_IMAGE_PIXELS = 200_000_000
+
+
+class InvalidImage(ValueError):
+    """The bytes are not an image we can decode (client error, never cached)."""
+
+
+class ImageTooLarge(InvalidImage):
+    """The image declares more pixels than the configured limit."""
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    pixels: np.ndarray  # H x W x 3, uint8, RGB
+    width: int
+    height: int
+
+
+def decode_image(data: bytes, max_pixels: int) -> DecodedImage:
+    """Decode to RGB, honouring EXIF orientation as OpenCV's imdecode does.
+
+    The pixel limit is checked on the header alone, so a decompression bomb is refused
+    before a single pixel is decoded.
+    """
+    if not data:
+        raise InvalidImage("empty image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            width, height = img.size
+            if width < 1 or height < 1:
+                raise InvalidImage("image has zero width or height")
+            if width * height > max_pixels:
+                raise ImageTooLarge(
+                    f"image is {width}x{height} pixels, over the limit of {max_pixels}"
+                )
+            img.load()
+            img = ImageOps.exif_transpose(img)
+            rgb = img.convert("RGB")
+    except InvalidImage:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InvalidImage(f"not a decodable image: {exc.__class__.__name__}") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise InvalidImage(f"not a decodable image: {exc}") from None
+    pixels = np.asarray(rgb, dtype=np.uint8)
+    return DecodedImage(pixels=pixels, width=rgb.width, height=rgb.height)
+
+
+def bounded(image: DecodedImage, max_side: int) -> tuple[DecodedImage, float]:
+    """Shrink so the longer side is at most ``max_side``; returns (image, scale used).
+
+    Bounds the engine's working memory on huge pages; callers scale boxes back by 1/scale.
+    """
+    longest = max(image.width, image.height)
+    if longest <= max_side:
+        return image, 1.0
+    scale = max_side / longest
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    small = Image.fromarray(image.pixels).resize(size, Image.Resampling.LANCZOS)
+    return DecodedImage(np.asarray(small), size[0], size[1]), scale

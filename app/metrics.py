@@ -1,0 +1,50 @@
+"""Prometheus metrics. Under gunicorn, ``PROMETHEUS_MULTIPROC_DIR`` is set by the entry point
+before any worker imports this module, so counters are summed over all workers."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+ENGINE_CALLS = Counter(
+    "ocr_engine_calls_total", "OCR engine invocations (one per computed image)", ["engine", "outcome"]
+)
+ENGINE_SECONDS = Histogram(
+    "ocr_engine_duration_seconds",
+    "Time spent in the OCR engine per image",
+    ["engine"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+)
+CACHE_REQUESTS = Counter(
+    "ocr_cache_requests_total",
+    "Cache lookups by outcome (error = Redis failed, answered from the engine)",
+    ["result"],
+)
+REDIS_ERRORS = Counter(
+    "ocr_redis_errors_total", "Redis operations that failed or were skipped", ["op", "reason"]
+)
+REQUEST_SECONDS = Histogram(
+    "ocr_request_duration_seconds",
+    "Request latency by protocol and cache outcome",
+    ["protocol", "cache"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+REQUESTS = Counter("ocr_requests_total", "Requests by protocol and status", ["protocol", "status"])
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text: every worker's samples when running multi-process."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

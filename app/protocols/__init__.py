@@ -1,0 +1,1 @@
+"""Wire formats: each module parses one protocol into canonical requests and renders results."""

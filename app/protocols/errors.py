@@ -1,0 +1,11 @@
+"""Client errors raised by protocol parsers (never cached, never a 5xx)."""
+
+from __future__ import annotations
+
+
+class BadRequest(ValueError):
+    """The request is malformed; ``code`` is a short machine-readable reason."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
