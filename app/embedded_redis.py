@@ -42,8 +42,12 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A redis-server child process; use as a context manager or call start()/stop()."""
 
-    def __init__(self, conf: Path | None = DEFAULT_CONF, extra_args: list[str] | None = None,
-                 port: int | None = None) -> None:
+    def __init__(
+        self,
+        conf: Path | None = DEFAULT_CONF,
+        extra_args: list[str] | None = None,
+        port: int | None = None,
+    ) -> None:
         self.conf = conf
         self.extra_args = extra_args or []
         self.port = port or free_port()
@@ -60,9 +64,20 @@ class EmbeddedRedis:
         if self.conf is not None:
             args.append(str(self.conf))
         args += [
-            "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self._dir,
-            "--save", "", "--appendonly", "no", "--daemonize", "no",
-            "--logfile", str(Path(self._dir) / "redis.log"),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self._dir,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(Path(self._dir) / "redis.log"),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -52,7 +52,7 @@ def decode_image(data: bytes, max_pixels: int) -> DecodedImage:
             rgb = img.convert("RGB")
     except InvalidImage:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, Warning) as exc:
         raise InvalidImage(f"not a decodable image: {exc.__class__.__name__}") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidImage(f"not a decodable image: {exc}") from None

@@ -16,7 +16,9 @@ from prometheus_client import (
 )
 
 ENGINE_CALLS = Counter(
-    "ocr_engine_calls_total", "OCR engine invocations (one per computed image)", ["engine", "outcome"]
+    "ocr_engine_calls_total",
+    "OCR engine invocations (one per computed image)",
+    ["engine", "outcome"],
 )
 ENGINE_SECONDS = Histogram(
     "ocr_engine_duration_seconds",

@@ -38,7 +38,9 @@ def create_app(
             settings.redis_url,
             settings.redis_timeout_ms,
             settings.redis_connect_timeout_ms,
-            CircuitBreaker(settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds),
+            CircuitBreaker(
+                settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds
+            ),
         )
     if settings.cache_enabled and store is None:
         log.warning("REDIS_URL is not set: every request goes to the engine")
@@ -156,7 +158,8 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
-        return jsonify(rest.error_body(exc.name.lower().replace(" ", "_"), exc.description or "")), exc.code
+        code = exc.name.lower().replace(" ", "_")
+        return jsonify(rest.error_body(code, exc.description or "")), exc.code
 
     return app
 

@@ -22,9 +22,7 @@ _PLAIN, _ZSTD = b"j", b"z"
 _ZSTD_LEVEL = 3
 
 
-def encode(
-    result: dict[str, Any], sha256: str, fingerprint: str, compress_min_bytes: int
-) -> bytes:
+def encode(result: dict[str, Any], sha256: str, fingerprint: str, compress_min_bytes: int) -> bytes:
     body = json.dumps(
         {
             "v": ENVELOPE_VERSION,

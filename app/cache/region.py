@@ -12,7 +12,8 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
+from functools import partial
 
 from app import metrics
 from app.cache import codec
@@ -26,7 +27,7 @@ from app.imaging import DecodedImage
 log = logging.getLogger(__name__)
 
 
-class CacheStatus(str, Enum):
+class CacheStatus(StrEnum):
     HIT = "HIT"
     MISS = "MISS"
     COALESCED = "COALESCED"
@@ -72,9 +73,7 @@ class OcrCache:
         return self._store
 
     def key_for(self, digest: ImageDigest, task: str = "ocr") -> str:
-        return build_key(
-            self._settings.cache_key_prefix, self._engine.fingerprint, task, digest
-        )
+        return build_key(self._settings.cache_key_prefix, self._engine.fingerprint, task, digest)
 
     def get_or_compute(
         self, image_bytes: bytes, task: str = "ocr", controls: CacheControls = CacheControls()
@@ -100,14 +99,14 @@ class OcrCache:
         else:
             ok, values = self._store.get_many(keys)
         outcomes = []
-        for data, digest, key, value in zip(images, digests, keys, values):
+        for data, digest, key, value in zip(images, digests, keys, values, strict=True):
             hit = self._decode_entry(value, digest)
             if hit is not None:
                 metrics.CACHE_REQUESTS.labels(result="hit").inc()
                 outcomes.append(Outcome(hit, CacheStatus.HIT))
                 continue
             outcome, shared = self._flights.do(
-                key, lambda: self._miss(data, digest, key, controls, recheck=ok)
+                key, partial(self._miss, data, digest, key, controls, recheck=ok)
             )
             if shared:
                 outcome = Outcome(outcome.result, CacheStatus.COALESCED)

@@ -152,7 +152,9 @@ class PaddleOcrEngine:
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
         raw = outputs[0]
         lines = []
-        for text, score, poly in zip(raw["rec_texts"], raw["rec_scores"], raw["rec_polys"]):
+        for text, score, poly in zip(
+            raw["rec_texts"], raw["rec_scores"], raw["rec_polys"], strict=True
+        ):
             box = tuple(
                 (
                     min(image.width, max(0, round(int(x) / scale))),

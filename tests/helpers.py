@@ -1,0 +1,23 @@
+"""Small helpers shared by the HTTP tests."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum every sample of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if not m:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total

@@ -1,0 +1,82 @@
+"""The real PaddleOCR engine (Paddle Inference, CPU) on real corpus images."""
+
+import difflib
+import shutil
+
+import pytest
+
+from app.engines.paddle import PaddleOcrEngine
+from app.engines.paddle_models import ModelFilesError, from_wheel
+from app.imaging import ImageTooLarge, InvalidImage, decode_image
+from tests.conftest import PHOTOTEST, WORD_EN
+
+
+def _decode(path):
+    return decode_image(path.read_bytes(), 60_000_000)
+
+
+def test_reads_phototest_like_its_ground_truth(engine):
+    result = engine.recognize(_decode(PHOTOTEST))
+    truth = " ".join(PHOTOTEST.with_suffix(".txt").read_text().split())
+    got = " ".join(line.text for line in result.lines)
+    assert difflib.SequenceMatcher(None, got, truth).ratio() > 0.97
+    assert (result.width, result.height) == (640, 480)
+    tops = [line.box[0][1] for line in result.lines]
+    assert tops == sorted(tops)  # reading order
+    for line in result.lines:
+        assert 0.5 <= line.score <= 1.0
+        assert all(0 <= x <= 640 and 0 <= y <= 480 for x, y in line.box)
+
+
+def test_deterministic_for_the_same_bytes(engine):
+    image = _decode(WORD_EN)
+    assert engine.recognize(image) == engine.recognize(image)
+
+
+def test_large_pages_are_shrunk_and_boxes_mapped_back(base_settings, engine):
+    small = PaddleOcrEngine(base_settings.with_overrides(ocr_max_image_side=320))
+    small._pipeline = engine._pipeline  # same loaded runtime, different memory bound
+    full = engine.recognize(_decode(PHOTOTEST))
+    bounded = small.recognize(_decode(PHOTOTEST))
+    assert (bounded.width, bounded.height) == (640, 480)
+    assert bounded.lines, "text still found after shrinking"
+    first_full, first_small = full.lines[0].box[0], bounded.lines[0].box[0]
+    assert abs(first_full[0] - first_small[0]) < 12 and abs(first_full[1] - first_small[1]) < 12
+    assert small.fingerprint != engine.fingerprint
+
+
+def test_fingerprint_covers_model_file_contents(base_settings, engine, tmp_path):
+    models = from_wheel(tmp_path / "gen", with_cls=True)
+    mounted = tmp_path / "mounted"
+    for sub, model in (("det", models.det), ("rec", models.rec), ("cls", models.cls)):
+        shutil.copytree(model.path, mounted / sub)
+    same = PaddleOcrEngine(base_settings.with_overrides(ocr_model_dir=str(mounted)))
+    assert same.fingerprint == engine.fingerprint  # same files, same identity
+    with open(mounted / "rec" / "inference.pdiparams", "ab") as fh:
+        fh.write(b"\0")  # "upgraded" weights
+    changed = PaddleOcrEngine(base_settings.with_overrides(ocr_model_dir=str(mounted)))
+    assert changed.fingerprint != engine.fingerprint
+    shutil.rmtree(mounted / "det")
+    with pytest.raises(ModelFilesError):
+        PaddleOcrEngine(base_settings.with_overrides(ocr_model_dir=str(mounted)))
+
+
+def test_thread_count_is_part_of_the_fingerprint(base_settings, engine):
+    assert PaddleOcrEngine(base_settings.with_overrides(ocr_cpu_threads=2)).fingerprint != (
+        engine.fingerprint
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"not an image", PHOTOTEST.read_bytes()[:200]],
+    ids=["empty", "text", "truncated"],
+)
+def test_undecodable_bytes_are_refused(data):
+    with pytest.raises(InvalidImage):
+        decode_image(data, 60_000_000)
+
+
+def test_pixel_limit_is_checked_before_decoding():
+    with pytest.raises(ImageTooLarge):
+        decode_image(PHOTOTEST.read_bytes(), 640 * 480 - 1)

@@ -1,0 +1,102 @@
+"""The service as `make run` starts it: `python -m app serve` under gunicorn, 2 workers,
+the private Redis started because REDIS_URL is unset, metrics summed over workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import requests
+
+from app.embedded_redis import free_port
+from app.engines.paddle import PaddleOcrEngine
+from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
+from tests.helpers import b64, metric_sum
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    streak = 0
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            streak = streak + 1 if requests.get(f"{base}/readyz", timeout=2).ok else 0
+        except requests.RequestException:
+            streak = 0
+        if streak >= 6:  # several answers in a row: every worker has its engine loaded
+            return
+        time.sleep(0.5)
+    raise AssertionError("service never became ready")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
+    port = free_port()
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
+    }
+    env.update(
+        HTTP_PORT=str(port),
+        HOST="127.0.0.1",
+        WEB_CONCURRENCY="2",
+        WEB_THREADS="4",
+        OCR_WORK_DIR=str(tmp_path / "models"),
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc)
+        ready = requests.get(f"{base}/readyz", timeout=5).json()
+        assert ready["redis"]["state"] == "up"  # the private Redis
+        images = [WORD_EN.read_bytes(), WORD_CH.read_bytes(), SHORT.read_bytes()]
+        session = requests.Session()
+        statuses = []
+        for _ in range(4):
+            for data in images:
+                resp = session.post(f"{base}/v1/ocr", json={"image": b64(data)}, timeout=60)
+                assert resp.status_code == 200
+                statuses.append(resp.headers["X-Cache"])
+        assert statuses[:3] == ["MISS"] * 3 and set(statuses[3:]) == {"HIT"}
+        metrics = requests.get(f"{base}/metrics", timeout=5).text
+        assert metric_sum(metrics, "ocr_engine_calls_total") == 3
+        assert metric_sum(metrics, "ocr_cache_requests_total") == 12
+        assert metric_sum(metrics, "ocr_cache_requests_total", result="hit") == 9
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+    assert proc.returncode == 0, output
+    assert "started a private Redis" in output
+    redis_port = int(output.split("started a private Redis at redis://127.0.0.1:")[1].split("/")[0])
+    assert not _port_open(redis_port), "the private Redis is stopped on exit"
+
+
+def test_readyz_is_503_until_the_engine_is_loaded(make_app, base_settings):
+    fresh = PaddleOcrEngine(base_settings)  # not loaded: the app loads it in the background
+    client = make_app(engine_override=fresh).test_client()
+    first = client.get("/readyz")
+    assert first.status_code == 503 and first.get_json()["engine"] == "loading"
+    deadline = time.monotonic() + 120
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert client.get("/readyz").get_json()["engine"] == "ready"
