@@ -44,6 +44,7 @@ def create_app(
         )
     if settings.cache_enabled and store is None:
         log.warning("REDIS_URL is not set: every request goes to the engine")
+    engine.prepare()
     state = EngineState(engine, wait_seconds=float(settings.request_timeout_seconds))
     state.start()
     if store is not None:
@@ -53,6 +54,7 @@ def create_app(
         return decode_image(data, settings.max_image_pixels)
 
     cache = OcrCache(settings, engine, store, decode, wait_for_engine=state.wait)
+    engine_description = engine.describe()
 
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
@@ -81,9 +83,11 @@ def create_app(
             observe("rest", 503, "none")
             return jsonify(rest.error_body("engine_error", str(exc))), 503
         observe("rest", 200, outcome.status.value)
-        response = jsonify(rest.render(outcome, engine.describe()))
-        response.headers["X-Cache"] = outcome.status.value
-        return response
+        return Response(
+            rest.render(outcome, engine_description),
+            mimetype="application/json",
+            headers={"X-Cache": outcome.status.value},
+        )
 
     @app.post("/<name>/<method>")
     def pipeline(name: str, method: str) -> Response:

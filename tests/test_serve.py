@@ -85,6 +85,7 @@ def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
             proc.kill()
             output, _ = proc.communicate()
     assert proc.returncode == 0, output
+    assert "Termination signal" not in output, "paddle's SIGTERM handler must be off"
     assert "started a private Redis" in output
     redis_port = int(output.split("started a private Redis at redis://127.0.0.1:")[1].split("/")[0])
     assert not _port_open(redis_port), "the private Redis is stopped on exit"

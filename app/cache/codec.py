@@ -9,10 +9,10 @@ nothing read from Redis is ever unpickled or evaluated.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+import orjson
 import zstandard
 
 MAGIC = b"OCR1"
@@ -23,17 +23,15 @@ _ZSTD_LEVEL = 3
 
 
 def encode(result: dict[str, Any], sha256: str, fingerprint: str, compress_min_bytes: int) -> bytes:
-    body = json.dumps(
+    body = orjson.dumps(
         {
             "v": ENVELOPE_VERSION,
             "sha256": sha256,
             "fp": fingerprint,
             "created": int(time.time()),
             "result": result,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    ).encode("utf-8")
+        }
+    )
     if len(body) >= compress_min_bytes:
         return MAGIC + _ZSTD + zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
     return MAGIC + _PLAIN + body
@@ -49,7 +47,7 @@ def decode(value: bytes | None, sha256: str, fingerprint: str) -> dict[str, Any]
             payload = zstandard.ZstdDecompressor().decompress(payload, max_output_size=64 << 20)
         elif codec != _PLAIN:
             return None
-        envelope = json.loads(payload)
+        envelope = orjson.loads(payload)
     except (zstandard.ZstdError, ValueError):
         return None
     if (

@@ -64,6 +64,9 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]:
         """Public, JSON-safe description (kind, models, params, fingerprint)."""
 
+    def prepare(self) -> None:
+        """Cheap set-up that must run in the main thread (e.g. runtime imports)."""
+
     def load(self) -> None:
         """Load models and run one warm-up inference; idempotent."""
 

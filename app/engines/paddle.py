@@ -93,6 +93,24 @@ class PaddleOcrEngine:
             **self._runtime,
         }
 
+    def prepare(self) -> None:
+        """Import Paddle now, in the calling (main) thread, keeping Python's signal handlers.
+
+        ``import paddle`` installs C++ handlers that abort the process on SIGTERM, which would
+        turn gunicorn's graceful shutdown into lost requests. We switch them off and re-arm
+        the Python handlers, which only the main thread may do.
+        """
+        import signal
+
+        import paddle
+
+        paddle.disable_signal_handler()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+                handler = signal.getsignal(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
+
     def load(self) -> None:
         with self._lock:
             if self._pipeline is not None:

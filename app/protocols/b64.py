@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import binascii
+
+import pybase64
 
 from app.protocols.errors import BadRequest
 
@@ -20,12 +21,21 @@ def decode_base64(text: object, *, strict: bool = True) -> bytes:
         head, sep, text = text.partition(",")
         if not sep or not head.endswith(";base64"):
             raise BadRequest("data URI must be base64-encoded", "invalid_base64")
-    if strict:
-        text = "".join(text.split())
     try:
-        data = base64.b64decode(text, validate=strict)
+        data = _decode(text, strict)
     except (binascii.Error, ValueError):
         raise BadRequest("image is not valid base64", "invalid_base64") from None
     if not data:
         raise BadRequest("image is empty", "empty_image")
     return data
+
+
+def _decode(text: str, strict: bool) -> bytes:
+    if not strict:
+        return pybase64.b64decode(text, validate=False)
+    try:
+        return pybase64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        # Line-wrapped base64 (e.g. from encodebytes) is still well-formed: retry without
+        # whitespace. Only this slow path pays for the copy.
+        return pybase64.b64decode("".join(text.split()), validate=True)

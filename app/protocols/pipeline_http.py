@@ -7,9 +7,10 @@ them, and application errors are HTTP 200 with a non-zero ``err_no``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
@@ -48,8 +49,8 @@ def op_error(logid: int, message: str, function: str = "preprocess") -> str:
 
 def parse(body: bytes) -> PipelineRequest:
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
         raise PipelineError(PACKING_ERROR, "Failed to unpack request: body is not JSON") from None
     if not isinstance(data, dict):
         raise PipelineError(PACKING_ERROR, "Failed to unpack request: body is not a JSON object")
@@ -127,17 +128,15 @@ def render(
     values: list[str] | None = None,
 ) -> bytes:
     """JSON as the Go gateway (jsonpb, EmitDefaults, OrigName) writes it."""
-    text = json.dumps(
+    text = orjson.dumps(
         {
             "err_no": err_no,
             "err_msg": err_msg,
             "key": keys or [],
             "value": values or [],
             "tensors": [],
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+        }
+    ).decode("utf-8")
     # encoding/json escapes these inside strings (they occur nowhere else in the text).
     for raw, escaped in (
         ("<", "\\u003c"),

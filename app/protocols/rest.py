@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from flask import Request
 
 from app.cache.region import Outcome
@@ -22,16 +22,18 @@ def parse_image(request: Request) -> bytes:
             raise BadRequest("uploaded file is empty", "empty_image")
         return data
     try:
-        body = json.loads(request.get_data())
-    except (ValueError, UnicodeDecodeError):
+        body = orjson.loads(request.get_data())
+    except orjson.JSONDecodeError:
         raise BadRequest("body must be JSON or multipart/form-data", "invalid_json") from None
     if not isinstance(body, dict) or "image" not in body:
         raise BadRequest("JSON body needs an 'image' field (base64)", "missing_field")
     return decode_base64(body["image"])
 
 
-def render(outcome: Outcome, engine: dict[str, Any]) -> dict[str, Any]:
-    return {**outcome.result.to_dict(), "engine": engine, "cache": outcome.status.value}
+def render(outcome: Outcome, engine: dict[str, Any]) -> bytes:
+    return orjson.dumps(
+        {**outcome.result.to_dict(), "engine": engine, "cache": outcome.status.value}
+    )
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:

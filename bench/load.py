@@ -1,0 +1,73 @@
+"""A small load generator: N client processes, one keep-alive connection each.
+
+Processes rather than threads, so the client's own GIL does not cap the measured rate.
+"""
+
+from __future__ import annotations
+
+import http.client
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def _worker(port: int, req: Request, count: int, deadline: float, out: mp.Queue) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    latencies, errors = [], 0
+    for _ in range(count):
+        if time.monotonic() > deadline:
+            break
+        start = time.perf_counter()
+        conn.request("POST", req.path, body=req.body, headers=req.headers)
+        resp = conn.getresponse()
+        resp.read()
+        latencies.append(time.perf_counter() - start)
+        if resp.status != 200:
+            errors += 1
+    conn.close()
+    out.put((latencies, errors))
+
+
+def run(port: int, req: Request, concurrency: int, total: int, max_seconds: float) -> dict:
+    """Send ``total`` requests over ``concurrency`` connections; returns rate and latencies."""
+    ctx = mp.get_context("fork")
+    out: mp.Queue = ctx.Queue()
+    per = max(1, total // concurrency)
+    deadline = time.monotonic() + max_seconds
+    procs = [
+        ctx.Process(target=_worker, args=(port, req, per, deadline, out))
+        for _ in range(concurrency)
+    ]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    elapsed = time.perf_counter() - start
+    for p in procs:
+        p.join()
+    latencies = sorted(x for lat, _ in results for x in lat)
+    return {
+        "requests": len(latencies),
+        "errors": sum(e for _, e in results),
+        "seconds": elapsed,
+        "per_second": len(latencies) / elapsed,
+        **percentiles(latencies),
+    }
+
+
+def percentiles(latencies: list[float]) -> dict:
+    xs = sorted(latencies)
+    if not xs:
+        return {}
+
+    def pct(p: float) -> float:
+        return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000
+
+    return {"p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "n": len(xs)}
