@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from app.engines.base import OcrParams
+
 T = TypeVar("T")
 
 
@@ -85,6 +87,13 @@ def _redis_url(name: str, raw: str) -> str:
     return value
 
 
+def _serving_url(name: str, raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    if value and not value.startswith(("grpc://", "http://", "https://")):
+        raise ConfigError(f"{name}: expected grpc://host:port or http(s)://host:port")
+    return value
+
+
 def _log_level(name: str, raw: str) -> str:
     return _choice("debug", "info", "warning", "error", "critical")(name, raw).upper()
 
@@ -124,7 +133,7 @@ class Settings:
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
 
     # Engine.
-    ocr_engine: str = env("OCR_ENGINE", _choice("paddle"), "paddle")
+    ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving"), "paddle")
     ocr_device: str = env("OCR_DEVICE", _choice("cpu", "gpu"), "cpu")
     ocr_cpu_threads: int = env("OCR_CPU_THREADS", _int(1, 64), 1)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
@@ -136,8 +145,27 @@ class Settings:
     ocr_det_box_thresh: float = env("OCR_DET_BOX_THRESH", _float(0.0, 1.0), 0.6)
     ocr_det_unclip_ratio: float = env("OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), 1.5)
     ocr_rec_score_thresh: float = env("OCR_REC_SCORE_THRESH", _float(0.0, 1.0), 0.5)
-    ocr_textline_orientation: bool = env("OCR_TEXTLINE_ORIENTATION", _bool, True)
+    ocr_textline_orientation: bool = env("OCR_TEXTLINE_ORIENTATION", _bool, False)
     ocr_warm_on_start: bool = env("OCR_WARM_ON_START", _bool, True)
+
+    # Remote Paddle Serving pipeline (OCR_ENGINE=serving).
+    serving_url: str = env("SERVING_URL", _serving_url, "")
+    serving_service_name: str = env("SERVING_SERVICE_NAME", _prefix, "ocr")
+    serving_model_version: str = env("SERVING_MODEL_VERSION", _text, "")
+    serving_timeout_seconds: float = env("SERVING_TIMEOUT_SECONDS", _float(0.1, 3600.0), 60.0)
+    serving_retries: int = env("SERVING_RETRIES", _int(0, 10), 2)
+
+    # gRPC PipelineService.
+    grpc_enabled: bool = env("GRPC_ENABLED", _bool, True)
+    grpc_max_message_bytes: int = env(
+        "GRPC_MAX_MESSAGE_BYTES", _int(1 << 20, (1 << 31) - 1), 128 * 1024 * 1024
+    )
+
+    # PaddleX-style /ocr and multi-image requests.
+    max_images_per_request: int = env("MAX_IMAGES_PER_REQUEST", _int(1, 1000), 16)
+    pdf_max_pages: int = env("PDF_MAX_PAGES", _int(1, 1000), 10)
+    pdf_render_scale: float = env("PDF_RENDER_SCALE", _float(0.5, 8.0), 2.0)
+    url_input_allowed_hosts: str = env("URL_INPUT_ALLOWED_HOSTS", _text, "")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -149,6 +177,25 @@ class Settings:
             if raw is not None and raw.strip() != "":
                 values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.ocr_engine == "serving" and not self.serving_url:
+            raise ConfigError("SERVING_URL: required when OCR_ENGINE=serving")
+
+    def default_params(self) -> OcrParams:
+        return OcrParams(
+            det_limit_side_len=self.ocr_det_limit_side_len,
+            det_limit_type=self.ocr_det_limit_type,
+            det_thresh=self.ocr_det_thresh,
+            det_box_thresh=self.ocr_det_box_thresh,
+            det_unclip_ratio=self.ocr_det_unclip_ratio,
+            textline_orientation=self.ocr_textline_orientation,
+        )
+
+    def url_hosts(self) -> frozenset[str]:
+        return frozenset(
+            h.strip().lower() for h in self.url_input_allowed_hosts.split(",") if h.strip()
+        )
 
     def with_overrides(self, **changes: Any) -> Settings:
         return replace(self, **changes)

@@ -28,7 +28,26 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "accesslog": None,
         "errorlog": "-",
         "child_exit": _child_exit,
+        "post_worker_init": _start_grpc,
+        "worker_exit": _stop_grpc,
     }
+
+
+def _start_grpc(worker: Any) -> None:
+    """Serve gRPC from this worker too, on the same cache (SO_REUSEPORT shares the port)."""
+    ocr = worker.wsgi.extensions["ocr"]
+    if ocr["settings"].grpc_enabled:
+        from app import grpc_server
+
+        ocr["grpc"], _ = grpc_server.start(ocr["cache"], ocr["settings"])
+
+
+def _stop_grpc(server: Any, worker: Any) -> None:
+    """Graceful: in-flight RPCs get up to the request timeout to finish."""
+    wsgi = getattr(worker, "wsgi", None)
+    grpc = wsgi.extensions["ocr"].get("grpc") if wsgi is not None else None
+    if grpc is not None:
+        grpc.stop(grace=worker.cfg.graceful_timeout).wait()
 
 
 def _child_exit(server: Any, worker: Any) -> None:

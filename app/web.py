@@ -16,23 +16,21 @@ from app.cache.store import RedisStore
 from app.config import Settings
 from app.engine_state import EngineState
 from app.engines import build_engine
-from app.engines.base import Engine, EngineError
+from app.engines.base import Engine, EngineError, UnsupportedParams
 from app.imaging import DecodedImage, InvalidImage, decode_image
-from app.protocols import pdserving, pipeline_http, rest
+from app.pdf import render_pages
+from app.protocols import fetch, paddlex, pipeline, pipeline_http, rest
 from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
+JSON = "application/json"
 
-def create_app(
-    settings: Settings | None = None,
-    engine: Engine | None = None,
-    store: RedisStore | None = None,
-) -> Flask:
-    """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
-    settings = settings or Settings.from_env()
-    logging.getLogger("app").setLevel(settings.log_level)
-    engine = engine or build_engine(settings)
+
+def build_cache(
+    settings: Settings, engine: Engine, store: RedisStore | None
+) -> tuple[OcrCache, EngineState]:
+    """The cache front door and the engine's loader, shared by HTTP and gRPC."""
     if store is None and settings.cache_enabled and settings.redis_url:
         store = RedisStore(
             settings.redis_url,
@@ -44,21 +42,34 @@ def create_app(
         )
     if settings.cache_enabled and store is None:
         log.warning("REDIS_URL is not set: every request goes to the engine")
-    engine.prepare()
-    state = EngineState(engine, wait_seconds=float(settings.request_timeout_seconds))
-    state.start()
     if store is not None:
         _warn_if_not_evicting(store)
 
     def decode(data: bytes) -> DecodedImage:
         return decode_image(data, settings.max_image_pixels)
 
-    cache = OcrCache(settings, engine, store, decode, wait_for_engine=state.wait)
+    engine.prepare()
+    state = EngineState(engine, wait_seconds=float(settings.request_timeout_seconds))
+    state.start()
+    return OcrCache(settings, engine, store, decode, wait_for_engine=state.wait), state
+
+
+def create_app(
+    settings: Settings | None = None,
+    engine: Engine | None = None,
+    store: RedisStore | None = None,
+) -> Flask:
+    """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
+    settings = settings or Settings.from_env()
+    logging.getLogger("app").setLevel(settings.log_level)
+    engine = engine or build_engine(settings)
+    cache, state = build_cache(settings, engine, store)
     engine_description = engine.describe()
+    min_score = settings.ocr_rec_score_thresh
 
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
-    app.extensions["ocr"] = {"cache": cache, "engine_state": state, "settings": settings}
+    app.extensions["ocr"] = {"cache": cache, "settings": settings}
 
     @app.before_request
     def _start_timer() -> None:
@@ -73,61 +84,81 @@ def create_app(
     @app.post("/v1/ocr")
     def v1_ocr() -> Any:
         try:
-            data = rest.parse_image(request)
+            data, threshold = rest.parse(request, min_score)
             outcome = cache.get_or_compute(data, controls=_cache_controls())
         except (BadRequest, InvalidImage) as exc:
             code = getattr(exc, "code", "invalid_image")
             observe("rest", 400, "none")
-            return jsonify(rest.error_body(code, str(exc))), 400
+            return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
         except EngineError as exc:
             observe("rest", 503, "none")
-            return jsonify(rest.error_body("engine_error", str(exc))), 503
+            return Response(rest.error_body("engine_error", str(exc)), status=503, mimetype=JSON)
         observe("rest", 200, outcome.status.value)
         return Response(
-            rest.render(outcome, engine_description),
-            mimetype="application/json",
+            rest.render(outcome, engine_description, threshold),
+            mimetype=JSON,
             headers={"X-Cache": outcome.status.value},
         )
 
     @app.post("/<name>/<method>")
-    def pipeline(name: str, method: str) -> Response:
-        err_no, err_msg, keys, values, status = 0, "", [], [], "none"
-        try:
-            if name != settings.pipeline_service_name:
-                raise pipeline_http.PipelineError(
-                    pipeline_http.SERVICE_NAME_ERROR, "Failed to inference: Service name error."
-                )
-            req = pipeline_http.parse(request.get_data())
-            log.debug("pipeline %s/%s logid=%s clientip=%s", name, method, req.logid, req.clientip)
-            images = pipeline_http.decode_images(req)
-            controls = CacheControls(bypass=req.profile)
-            started = time.perf_counter()
+    def pipeline_route(name: str, method: str) -> Response:
+        if name != settings.pipeline_service_name:
+            answer = pipeline.PipelineAnswer(
+                err_no=pipeline.SERVICE_NAME_ERROR, err_msg=pipeline.SERVICE_NAME_MESSAGE
+            )
+        else:
             try:
-                outcomes = cache.get_or_compute_many(images, controls=controls)
-            except InvalidImage as exc:
-                raise pipeline_http.PipelineError(
-                    pipeline_http.UNKNOWN_ERROR, pipeline_http.op_error(req.logid, str(exc))
-                ) from None
-            except EngineError as exc:
-                raise pipeline_http.PipelineError(
-                    pipeline_http.UNKNOWN_ERROR,
-                    pipeline_http.op_error(req.logid, str(exc), "process"),
-                ) from None
-            keys = pipeline_http.response_keys(req)
-            values = [pdserving.result_string(o.result) for o in outcomes]
-            status = ",".join(sorted({o.status.value for o in outcomes}))
-            if req.profile:
-                keys.append(pipeline_http.PROFILE_KEY)
-                values.append(f"total_ms:{(time.perf_counter() - started) * 1000:.3f}")
-        except pipeline_http.PipelineError as exc:
-            err_no, err_msg = exc.err_no, str(exc)
-        observe("pipeline_http", 200, status if err_no == 0 else "none")
-        response = Response(
-            pipeline_http.render(err_no, err_msg, keys, values), mimetype="application/json"
-        )
-        if err_no == 0:
-            response.headers["X-Cache"] = status
+                req = pipeline_http.parse(request.get_data())
+            except pipeline.PipelineError as exc:
+                answer = pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+            else:
+                log.debug("pipeline %s/%s logid=%s", name, method, req.logid)
+                answer = pipeline.answer(cache, req, min_score, settings.max_images_per_request)
+        observe("pipeline_http", 200, answer.cache_status)
+        response = Response(pipeline_http.render(answer), mimetype=JSON)
+        if answer.err_no == 0:
+            response.headers["X-Cache"] = answer.cache_status
         return response
+
+    @app.post("/ocr")
+    def paddlex_ocr() -> Response:
+        log_id = paddlex.new_log_id()
+        try:
+            req = paddlex.parse(request.get_data(), engine.default_params, min_score)
+            log_id = req.log_id
+            images, is_pdf = _paddlex_images(req, settings)
+            outcomes = cache.get_or_compute_many(images, req.params, _cache_controls())
+        except (BadRequest, InvalidImage, UnsupportedParams) as exc:
+            observe("paddlex", 422, "none")
+            return Response(paddlex.error(log_id, 422, str(exc)), status=422, mimetype=JSON)
+        except EngineError as exc:
+            observe("paddlex", 500, "none")
+            return Response(paddlex.error(log_id, 500, str(exc)), status=500, mimetype=JSON)
+        results = []
+        for data, outcome in zip(images, outcomes, strict=True):
+            item: dict[str, Any] = {
+                "prunedResult": paddlex.pruned_result(
+                    outcome.result, req.params, req.rec_score_thresh
+                )
+            }
+            if req.visualize:
+                item.update(paddlex.visualize(data, outcome.result, req.rec_score_thresh))
+            results.append(item)
+        sizes = [{"width": o.result.width, "height": o.result.height} for o in outcomes]
+        data_info = (
+            {"numPages": len(sizes), "pages": sizes, "type": "pdf"}
+            if is_pdf
+            else {**sizes[0], "type": "image"}
+        )
+        status = ",".join(sorted({o.status.value for o in outcomes}))
+        observe("paddlex", 200, status)
+        body = paddlex.success(log_id, {"ocrResults": results, "dataInfo": data_info})
+        return Response(body, mimetype=JSON, headers={"X-Cache": status})
+
+    @app.get("/health")
+    def paddlex_health() -> Response:
+        body = {"logId": paddlex.new_log_id(), "errorCode": 0, "errorMsg": "Healthy"}
+        return jsonify(body)
 
     @app.get("/healthz")
     def healthz() -> Any:
@@ -141,12 +172,13 @@ def create_app(
         }
         if state.error:
             body["engine_error"] = state.error
-        if store is None:
+        store_ = cache.store
+        if store_ is None:
             body["redis"] = {"state": "disabled"}
         else:
             body["redis"] = {
-                "state": "up" if store.ping() else "down",
-                "breaker": store.breaker_state,
+                "state": "up" if store_.ping() else "down",
+                "breaker": store_.breaker_state,
             }
         return jsonify(body), (200 if state.ready else 503)
 
@@ -157,15 +189,36 @@ def create_app(
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(exc: RequestEntityTooLarge) -> Any:
-        limit = settings.max_request_bytes
-        return jsonify(rest.error_body("too_large", f"request body over {limit} bytes")), 413
+        message = f"request body over {settings.max_request_bytes} bytes"
+        return Response(rest.error_body("too_large", message), status=413, mimetype=JSON)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
         code = exc.name.lower().replace(" ", "_")
-        return jsonify(rest.error_body(code, exc.description or "")), exc.code
+        body = rest.error_body(code, exc.description or "")
+        return Response(body, status=exc.code or 500, mimetype=JSON)
 
     return app
+
+
+def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list[bytes], bool]:
+    """The images a PaddleX request names: one image, or the pages of a PDF (True)."""
+    file_type = req.file_type
+    if fetch.is_url(req.file):
+        if file_type is None:
+            path = req.file.split("?", 1)[0].lower()
+            file_type = 0 if path.endswith(".pdf") else 1
+        data = fetch.fetch(req.file, settings.url_hosts(), settings.max_request_bytes)
+    else:
+        if file_type is None:
+            raise BadRequest("File type cannot be determined: set fileType (0 PDF, 1 image)")
+        data = rest.decode_base64_field(req.file)
+    if file_type == 1:
+        return [data], False
+    pages = render_pages(
+        data, settings.pdf_max_pages, settings.pdf_render_scale, settings.max_image_pixels
+    )
+    return pages, True
 
 
 def _cache_controls() -> CacheControls:

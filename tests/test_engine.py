@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+from app.engines.base import OcrParams, OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.engines.paddle_models import ModelFilesError, from_wheel
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
@@ -15,8 +16,14 @@ def _decode(path):
     return decode_image(path.read_bytes(), 60_000_000)
 
 
+def _ocr(engine, path, **params):
+    base = engine.default_params
+    params = OcrParams(**{**base.__dict__, **params})
+    return engine.recognize(OcrRequest(path.read_bytes(), _decode(path), params))
+
+
 def test_reads_phototest_like_its_ground_truth(engine):
-    result = engine.recognize(_decode(PHOTOTEST))
+    result = _ocr(engine, PHOTOTEST)
     truth = " ".join(PHOTOTEST.with_suffix(".txt").read_text().split())
     got = " ".join(line.text for line in result.lines)
     assert difflib.SequenceMatcher(None, got, truth).ratio() > 0.97
@@ -29,15 +36,32 @@ def test_reads_phototest_like_its_ground_truth(engine):
 
 
 def test_deterministic_for_the_same_bytes(engine):
-    image = _decode(WORD_EN)
-    assert engine.recognize(image) == engine.recognize(image)
+    assert _ocr(engine, WORD_EN) == _ocr(engine, WORD_EN)
+
+
+def test_every_line_is_kept_with_its_score(engine):
+    """Engines keep low-score lines: protocols filter at render time."""
+    from tests.conftest import CORPUS
+
+    result = _ocr(engine, CORPUS / "sroie_000.jpg")
+    assert any(line.score < 0.5 for line in result.lines)
+    assert len(result.filtered(0.5)) < len(result.lines)
+
+
+def test_params_change_the_output(engine):
+    default = _ocr(engine, WORD_EN)
+    assert [ln.angle for ln in default.lines] == [-1] * len(default.lines)
+    oriented = _ocr(engine, WORD_EN, textline_orientation=True)
+    assert all(ln.angle in (0, 1) for ln in oriented.lines)  # class ids, as upstream
+    coarse = _ocr(engine, PHOTOTEST, det_limit_side_len=64, det_limit_type="max")
+    assert coarse != _ocr(engine, PHOTOTEST)
 
 
 def test_large_pages_are_shrunk_and_boxes_mapped_back(base_settings, engine):
     small = PaddleOcrEngine(base_settings.with_overrides(ocr_max_image_side=320))
     small._pipeline = engine._pipeline  # same loaded runtime, different memory bound
-    full = engine.recognize(_decode(PHOTOTEST))
-    bounded = small.recognize(_decode(PHOTOTEST))
+    full = _ocr(engine, PHOTOTEST)
+    bounded = _ocr(small, PHOTOTEST)
     assert (bounded.width, bounded.height) == (640, 480)
     assert bounded.lines, "text still found after shrinking"
     first_full, first_small = full.lines[0].box[0], bounded.lines[0].box[0]

@@ -1,7 +1,7 @@
 import ast
 
 from app.engines.base import OcrLine, OcrResult
-from app.protocols import pdserving, pipeline_http
+from app.protocols import pdserving, pipeline, pipeline_http
 
 
 def test_result_string_is_python_literal_with_float_coordinates():
@@ -13,7 +13,7 @@ def test_result_string_is_python_literal_with_float_coordinates():
             OcrLine('it\'s "quoted"', 0.5, ((1, 22), (30, 22), (30, 40), (1, 40))),
         ),
     )
-    text = pdserving.result_string(result)
+    text = pdserving.result_string(result, 0.5)
     assert "np." not in text
     assert text.startswith("[[('Total: 12,30 €', 0.9987), [[1.0, 2.0], [30.0, 2.0]")
     parsed = ast.literal_eval(text)
@@ -22,15 +22,38 @@ def test_result_string_is_python_literal_with_float_coordinates():
 
 
 def test_empty_result_is_empty_list():
-    assert pdserving.result_string(OcrResult(width=1, height=1)) == "[]"
+    assert pdserving.result_string(OcrResult(width=1, height=1), 0.5) == "[]"
+
+
+def test_lines_below_the_drop_score_are_left_out():
+    low = OcrLine("noise", 0.2, ((0, 0), (1, 0), (1, 1), (0, 1)))
+    high = OcrLine("text", 0.9, ((0, 0), (1, 0), (1, 1), (0, 1)))
+    result = OcrResult(2, 2, (low, high))
+    assert [t for (t, _), _ in ast.literal_eval(pdserving.result_string(result, 0.5))] == ["text"]
+    assert len(ast.literal_eval(pdserving.result_string(result, 0.0))) == 2
+
+
+def test_parse_remote_result_and_res_forms():
+    result = OcrResult(9, 9, (OcrLine("a'b", 0.75, ((1, 2), (3, 2), (3, 4), (1, 4))),))
+    (line,) = pdserving.parse_result_string(pdserving.result_string(result, 0.5), "result")
+    assert (line.text, line.score, line.box) == ("a'b", 0.75, ((1, 2), (3, 2), (3, 4), (1, 4)))
+    texts = pdserving.parse_result_string("['x', 'y']", "res")
+    assert [t.text for t in texts] == ["x", "y"]
+    for bad in ("__import__('os')", "[1, 2]", "{'a': 1}"):
+        try:
+            pdserving.parse_result_string(bad, "result")
+        except (ValueError, TypeError):
+            continue
+        raise AssertionError(bad)
 
 
 def test_gateway_json_shape_and_escaping():
-    body = pipeline_http.render(0, "", ["result"], ["[('<a&b>', 1.0)]"])
+    answer = pipeline.PipelineAnswer(keys=["result"], values=["[('<a&b>', 1.0)]"])
+    body = pipeline_http.render(answer)
     assert body == (
         b'{"err_no":0,"err_msg":"","key":["result"],'
         b'"value":["[(\'\\u003ca\\u0026b\\u003e\', 1.0)]"],"tensors":[]}'
     )
-    assert pipeline_http.render(3002, "x") == (
+    assert pipeline_http.render(pipeline.PipelineAnswer(err_no=3002, err_msg="x")) == (
         b'{"err_no":3002,"err_msg":"x","key":[],"value":[],"tensors":[]}'
     )

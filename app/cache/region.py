@@ -21,7 +21,7 @@ from app.cache.keys import ImageDigest, build_key, digest_image
 from app.cache.singleflight import SingleFlight
 from app.cache.store import RedisStore
 from app.config import Settings
-from app.engines.base import Engine, EngineError, OcrResult
+from app.engines.base import Engine, EngineError, OcrParams, OcrRequest, OcrResult
 from app.imaging import DecodedImage
 
 log = logging.getLogger(__name__)
@@ -72,28 +72,40 @@ class OcrCache:
     def store(self) -> RedisStore | None:
         return self._store
 
-    def key_for(self, digest: ImageDigest, task: str = "ocr") -> str:
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def key_for(self, digest: ImageDigest, params: OcrParams) -> str:
+        """The task segment names the task and the digest of its effective parameters, so
+        equal parameters share entries however a protocol spelled them."""
+        task = f"ocr-{params.digest()}"
         return build_key(self._settings.cache_key_prefix, self._engine.fingerprint, task, digest)
 
     def get_or_compute(
-        self, image_bytes: bytes, task: str = "ocr", controls: CacheControls = CacheControls()
+        self,
+        image_bytes: bytes,
+        params: OcrParams | None = None,
+        controls: CacheControls = CacheControls(),
     ) -> Outcome:
-        return self.get_or_compute_many([image_bytes], task, controls)[0]
+        return self.get_or_compute_many([image_bytes], params, controls)[0]
 
     def get_or_compute_many(
         self,
         images: Sequence[bytes],
-        task: str = "ocr",
+        params: OcrParams | None = None,
         controls: CacheControls = CacheControls(),
     ) -> list[Outcome]:
         """Results in request order; all lookups share one Redis round trip (MGET)."""
+        params = params or self._engine.default_params
+        self._engine.check_params(params)  # UnsupportedParams: a client error
         if self._store is None or controls.bypass:
             for _ in images:
                 metrics.CACHE_REQUESTS.labels(result="bypass").inc()
-            return [Outcome(self._compute(data), CacheStatus.BYPASS) for data in images]
+            return [Outcome(self._compute(data, params), CacheStatus.BYPASS) for data in images]
 
         digests = [digest_image(data) for data in images]
-        keys = [self.key_for(d, task) for d in digests]
+        keys = [self.key_for(d, params) for d in digests]
         if controls.no_cache:
             ok, values = True, [None] * len(keys)
         else:
@@ -105,9 +117,8 @@ class OcrCache:
                 metrics.CACHE_REQUESTS.labels(result="hit").inc()
                 outcomes.append(Outcome(hit, CacheStatus.HIT))
                 continue
-            outcome, shared = self._flights.do(
-                key, partial(self._miss, data, digest, key, controls, recheck=ok)
-            )
+            miss = partial(self._miss, data, params, digest, key, controls, recheck=ok)
+            outcome, shared = self._flights.do(key, miss)
             if shared:
                 outcome = Outcome(outcome.result, CacheStatus.COALESCED)
             label = "error" if not ok else outcome.status.value.lower()
@@ -130,6 +141,7 @@ class OcrCache:
     def _miss(
         self,
         data: bytes,
+        params: OcrParams,
         digest: ImageDigest,
         key: str,
         controls: CacheControls,
@@ -142,7 +154,7 @@ class OcrCache:
             hit = self._decode_entry(value, digest)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT)
-        result = self._compute(data)
+        result = self._compute(data, params)
         if not controls.no_store:
             entry = codec.encode(
                 result.to_dict(),
@@ -158,13 +170,13 @@ class OcrCache:
         jitter = int(ttl * self._settings.cache_ttl_jitter)
         return max(1, ttl - random.randint(0, jitter)) if jitter else ttl
 
-    def _compute(self, data: bytes) -> OcrResult:
+    def _compute(self, data: bytes, params: OcrParams) -> OcrResult:
         image = self._decode(data)  # InvalidImage propagates: a client error, never cached
         self._wait_for_engine()
         start = time.perf_counter()
         kind = self._engine.kind
         try:
-            result = self._engine.recognize(image)
+            result = self._engine.recognize(OcrRequest(data, image, params))
         except EngineError:
             metrics.ENGINE_CALLS.labels(engine=kind, outcome="error").inc()
             raise

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from app.config import Settings
-from app.engines.base import Engine
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.config import Settings
+    from app.engines.base import Engine
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -12,4 +15,8 @@ def build_engine(settings: Settings) -> Engine:
         from app.engines.paddle import PaddleOcrEngine
 
         return PaddleOcrEngine(settings)
+    if settings.ocr_engine == "serving":
+        from app.engines.serving import ServingEngine
+
+        return ServingEngine(settings)
     raise ValueError(f"unknown engine {settings.ocr_engine!r}")

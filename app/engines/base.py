@@ -1,9 +1,13 @@
-"""The engine contract and the canonical OCR result every protocol renders from."""
+"""The engine contract, the canonical request parameters and the canonical OCR result
+every protocol renders from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+from app.imaging import DecodedImage
 
 # Bump when the canonical result's shape or meaning changes: it is part of every key.
 RESULT_SCHEMA_VERSION = 1
@@ -12,18 +16,53 @@ Point = tuple[int, int]
 
 
 @dataclass(frozen=True)
+class OcrParams:
+    """Inference parameters that change the engine's output; they are part of the key.
+
+    The recognition score threshold is not here: engines return every recognized line with
+    its score and each protocol filters at render time, so one entry serves all thresholds.
+    """
+
+    det_limit_side_len: int = 960
+    det_limit_type: str = "max"
+    det_thresh: float = 0.3
+    det_box_thresh: float = 0.6
+    det_unclip_ratio: float = 1.5
+    textline_orientation: bool = False
+
+    def digest(self) -> str:
+        canonical = repr(sorted(asdict(self).items()))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class OcrRequest:
+    """One image to recognize: its original bytes (what remote engines send on) and pixels."""
+
+    data: bytes
+    image: DecodedImage
+    params: OcrParams
+
+
+@dataclass(frozen=True)
 class OcrLine:
     text: str
     score: float
     box: tuple[Point, Point, Point, Point]  # clockwise from top-left, pixels
+    angle: int = -1  # textline orientation class (0: 0°, 1: 180°), -1 when not classified
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "score": self.score, "box": [list(p) for p in self.box]}
+        return {
+            "text": self.text,
+            "score": self.score,
+            "box": [list(p) for p in self.box],
+            "angle": self.angle,
+        }
 
 
 @dataclass(frozen=True)
 class OcrResult:
-    """One image's recognized lines, in reading order (top-to-bottom, left-to-right)."""
+    """Every detected line in reading order (top-to-bottom, left-to-right), unfiltered."""
 
     width: int
     height: int
@@ -41,15 +80,27 @@ class OcrResult:
         """Rebuild from ``to_dict`` output; raises on any shape it does not expect."""
         lines = []
         for raw in data["lines"]:
-            box = tuple((int(p[0]), int(p[1])) for p in raw["box"])
-            if len(box) != 4 or not isinstance(raw["text"], str):
+            (x1, y1), (x2, y2), (x3, y3), (x4, y4) = raw["box"]
+            box = ((int(x1), int(y1)), (int(x2), int(y2)), (int(x3), int(y3)), (int(x4), int(y4)))
+            if not isinstance(raw["text"], str):
                 raise ValueError("malformed line")
-            lines.append(OcrLine(text=raw["text"], score=float(raw["score"]), box=box))  # type: ignore[arg-type]
+            lines.append(OcrLine(raw["text"], float(raw["score"]), box, int(raw["angle"])))
         return cls(width=int(data["width"]), height=int(data["height"]), lines=tuple(lines))
+
+    def filtered(self, min_score: float) -> tuple[OcrLine, ...]:
+        return tuple(line for line in self.lines if line.score >= min_score)
 
 
 class EngineError(RuntimeError):
     """The engine could not produce a result for a valid image (never cached)."""
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer in time (never cached)."""
+
+
+class UnsupportedParams(ValueError):
+    """The request asks for parameters this engine cannot honour (a client error)."""
 
 
 class Engine(Protocol):
@@ -59,10 +110,17 @@ class Engine(Protocol):
 
     @property
     def fingerprint(self) -> str:
-        """Short digest of everything that changes the output (models, params, schema)."""
+        """Short digest of everything besides the params that changes the output."""
+
+    @property
+    def default_params(self) -> OcrParams:
+        """The parameters used when a request names none."""
 
     def describe(self) -> dict[str, Any]:
         """Public, JSON-safe description (kind, models, params, fingerprint)."""
+
+    def check_params(self, params: OcrParams) -> None:
+        """Raise ``UnsupportedParams`` if this engine cannot honour ``params``."""
 
     def prepare(self) -> None:
         """Cheap set-up that must run in the main thread (e.g. runtime imports)."""
@@ -70,5 +128,5 @@ class Engine(Protocol):
     def load(self) -> None:
         """Load models and run one warm-up inference; idempotent."""
 
-    def recognize(self, image: Any) -> OcrResult:
-        """OCR one decoded RGB image (a ``DecodedImage``)."""
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        """OCR one image."""

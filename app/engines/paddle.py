@@ -19,7 +19,14 @@ import numpy as np
 
 from app.config import Settings
 from app.engines import paddle_models
-from app.engines.base import RESULT_SCHEMA_VERSION, EngineError, OcrLine, OcrResult
+from app.engines.base import (
+    RESULT_SCHEMA_VERSION,
+    EngineError,
+    OcrLine,
+    OcrParams,
+    OcrRequest,
+    OcrResult,
+)
 from app.imaging import DecodedImage, bounded
 
 log = logging.getLogger(__name__)
@@ -39,19 +46,11 @@ class PaddleOcrEngine:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        # The orientation model is always loaded so requests may switch it on.
         self._models = paddle_models.resolve(
-            settings.ocr_model_dir, settings.ocr_work_dir, settings.ocr_textline_orientation
+            settings.ocr_model_dir, settings.ocr_work_dir, with_cls=True
         )
-        self._params = {
-            "text_det_limit_side_len": settings.ocr_det_limit_side_len,
-            "text_det_limit_type": settings.ocr_det_limit_type,
-            "text_det_thresh": settings.ocr_det_thresh,
-            "text_det_box_thresh": settings.ocr_det_box_thresh,
-            "text_det_unclip_ratio": settings.ocr_det_unclip_ratio,
-            "text_rec_score_thresh": settings.ocr_rec_score_thresh,
-            "use_textline_orientation": settings.ocr_textline_orientation,
-            "max_image_side": settings.ocr_max_image_side,
-        }
+        self._default_params = settings.default_params()
         paddle_dist = "paddlepaddle-gpu" if settings.ocr_device == "gpu" else "paddlepaddle"
         self._runtime = {
             "runtime": "paddle_inference",
@@ -65,7 +64,7 @@ class PaddleOcrEngine:
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
             "models": {m.name: m.digest for m in self._model_list()},
-            "params": self._params,
+            "max_image_side": settings.ocr_max_image_side,
             "runtime": self._runtime,
         }
         self._fingerprint = hashlib.sha256(
@@ -84,12 +83,19 @@ class PaddleOcrEngine:
     def fingerprint(self) -> str:
         return self._fingerprint
 
+    @property
+    def default_params(self) -> OcrParams:
+        return self._default_params
+
+    def check_params(self, params: OcrParams) -> None:
+        """Every OcrParams value is supported in-process."""
+
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "fingerprint": self._fingerprint,
             "models": {m.name: m.digest[:16] for m in self._model_list()},
-            "params": self._params,
+            "max_image_side": self._settings.ocr_max_image_side,
             **self._runtime,
         }
 
@@ -116,7 +122,7 @@ class PaddleOcrEngine:
             if self._pipeline is not None:
                 return
             self._pipeline = self._build()
-        self.recognize(_warmup_image())
+        self.recognize(OcrRequest(b"", _warmup_image(), self._default_params))
 
     def _build(self) -> Any:
         # paddlex checks model hosters on import unless told not to; we never download.
@@ -141,37 +147,45 @@ class PaddleOcrEngine:
             "text_recognition_model_dir": str(self._models.rec.path),
             "use_doc_orientation_classify": False,
             "use_doc_unwarping": False,
-            "use_textline_orientation": s.ocr_textline_orientation,
-            "text_det_limit_side_len": s.ocr_det_limit_side_len,
-            "text_det_limit_type": s.ocr_det_limit_type,
-            "text_det_thresh": s.ocr_det_thresh,
-            "text_det_box_thresh": s.ocr_det_box_thresh,
-            "text_det_unclip_ratio": s.ocr_det_unclip_ratio,
-            "text_rec_score_thresh": s.ocr_rec_score_thresh,
+            "use_textline_orientation": True,  # per-call switch, see recognize()
+            "text_rec_score_thresh": 0.0,  # keep every line: protocols filter at render time
             "device": device,
             "engine": "paddle_static",
             "engine_config": engine_config,
         }
-        if self._models.cls is not None:
-            kwargs["textline_orientation_model_name"] = self._models.cls.name
-            kwargs["textline_orientation_model_dir"] = str(self._models.cls.path)
+        assert self._models.cls is not None
+        kwargs["textline_orientation_model_name"] = self._models.cls.name
+        kwargs["textline_orientation_model_dir"] = str(self._models.cls.path)
         log.info("loading PaddleOCR (%s, fingerprint %s)", device, self._fingerprint)
         return PaddleOCR(**kwargs)
 
-    def recognize(self, image: DecodedImage) -> OcrResult:
+    def recognize(self, request: OcrRequest) -> OcrResult:
         if self._pipeline is None:
             raise EngineError("engine not loaded")
+        image, p = request.image, request.params
         small, scale = bounded(image, self._settings.ocr_max_image_side)
         bgr = np.ascontiguousarray(small.pixels[:, :, ::-1])
         try:
             with self._lock:
-                outputs = self._pipeline.predict(bgr)
+                outputs = self._pipeline.predict(
+                    bgr,
+                    use_textline_orientation=p.textline_orientation,
+                    text_det_limit_side_len=p.det_limit_side_len,
+                    text_det_limit_type=p.det_limit_type,
+                    text_det_thresh=p.det_thresh,
+                    text_det_box_thresh=p.det_box_thresh,
+                    text_det_unclip_ratio=p.det_unclip_ratio,
+                    text_rec_score_thresh=0.0,
+                )
         except Exception as exc:  # the runtime raises anything; never let it be cached
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
         raw = outputs[0]
+        angles = list(raw.get("textline_orientation_angles") or [])
+        if len(angles) != len(raw["rec_texts"]):
+            angles = [-1] * len(raw["rec_texts"])
         lines = []
-        for text, score, poly in zip(
-            raw["rec_texts"], raw["rec_scores"], raw["rec_polys"], strict=True
+        for text, score, poly, angle in zip(
+            raw["rec_texts"], raw["rec_scores"], raw["rec_polys"], angles, strict=True
         ):
             box = tuple(
                 (
@@ -180,7 +194,7 @@ class PaddleOcrEngine:
                 )
                 for x, y in np.asarray(poly).reshape(-1, 2)[:4]
             )
-            lines.append(OcrLine(text=str(text), score=float(score), box=box))  # type: ignore[arg-type]
+            lines.append(OcrLine(str(text), float(score), box, int(angle)))  # type: ignore[arg-type]
         return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
 
 

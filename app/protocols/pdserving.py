@@ -1,19 +1,46 @@
 """PaddleOCR pdserving's result string (PROTOCOLS.md §3).
 
 ``value[0]`` is Python ``str()`` of ``[[(text, score), [[x, y] x4]], ...]`` with coordinates as
-floats, exactly what deploy/pdserving/web_service.py emits, and what clients ``eval()``.
-Scores are plain Python floats, so numpy >= 2 reprs (``np.float32(..)``) never leak in.
+floats, exactly what deploy/pdserving/web_service.py emits (lines scoring below the drop
+score left out), and what clients ``eval()``. Scores are plain Python floats, so numpy >= 2
+reprs (``np.float32(..)``) never leak in.
 """
 
 from __future__ import annotations
 
-from app.engines.base import OcrResult
+import ast
+
+from app.engines.base import OcrLine, OcrResult
 
 
-def result_string(result: OcrResult) -> str:
+def result_string(result: OcrResult, min_score: float) -> str:
     return str(
         [
             [(line.text, float(line.score)), [[float(x), float(y)] for x, y in line.box]]
-            for line in result.lines
+            for line in result.filtered(min_score)
         ]
     )
+
+
+def parse_result_string(text: str, key: str) -> list[OcrLine]:
+    """Lines from a remote pipeline's answer, parsed with ``ast.literal_eval`` (never eval).
+
+    ``result`` holds ``[[(text, score), box], ...]``; the older ``res`` form holds texts only
+    (boxes unknown: all-zero, score 1.0 as the remote gave none).
+    """
+    value = ast.literal_eval(text)
+    if not isinstance(value, list):
+        raise ValueError("result is not a list")
+    lines = []
+    for item in value:
+        if key == "res":
+            if not isinstance(item, str):
+                raise ValueError("res items must be strings")
+            lines.append(OcrLine(item, 1.0, ((0, 0), (0, 0), (0, 0), (0, 0))))
+            continue
+        (text, score), box = item
+        points = tuple((round(float(x)), round(float(y))) for x, y in box)
+        if not isinstance(text, str) or len(points) != 4:
+            raise ValueError("malformed result line")
+        lines.append(OcrLine(text, float(score), points))  # type: ignore[arg-type]
+    return lines

@@ -1,0 +1,185 @@
+"""A remote Paddle Serving OCR pipeline as the engine (``OCR_ENGINE=serving``).
+
+The miss path sends the original image bytes to ``SERVING_URL`` (``grpc://host:port`` or
+``http://host:port``) in the pdserving form and parses the answer's string with
+``ast.literal_eval`` (never ``eval``). Transport errors are retried a bounded number of
+times; timeouts and application errors are not. The backend's identity (URL, service name,
+configured model version) is the engine fingerprint, so pointing at another backend or
+model version never serves the old entries.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from app.config import Settings
+from app.engines.base import (
+    RESULT_SCHEMA_VERSION,
+    EngineError,
+    EngineTimeout,
+    OcrParams,
+    OcrRequest,
+    OcrResult,
+    UnsupportedParams,
+)
+from app.protocols.pdserving import parse_result_string
+
+log = logging.getLogger(__name__)
+
+
+class _Transient(Exception):
+    """A transport failure worth retrying (connection refused/reset, unavailable)."""
+
+
+class ServingEngine:
+    kind = "serving"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._url = settings.serving_url
+        self._grpc = self._url.startswith("grpc://")
+        identity = {
+            "kind": self.kind,
+            "schema": RESULT_SCHEMA_VERSION,
+            "url": self._url,
+            "service": settings.serving_service_name,
+            "model_version": settings.serving_model_version,
+        }
+        self._fingerprint = hashlib.sha256(
+            json.dumps(identity, sort_keys=True).encode()
+        ).hexdigest()[:16]
+        self._default_params = settings.default_params()
+        self._lock = threading.Lock()
+        self._stub: Any = None
+        self._session: requests.Session | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def default_params(self) -> OcrParams:
+        return self._default_params
+
+    def check_params(self, params: OcrParams) -> None:
+        if params != self._default_params:
+            raise UnsupportedParams(
+                "the remote Paddle Serving pipeline runs with its own configuration; "
+                "per-request OCR options are not supported by OCR_ENGINE=serving"
+            )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "fingerprint": self._fingerprint,
+            "url": self._url,
+            "service": self._settings.serving_service_name,
+            "model_version": self._settings.serving_model_version,
+        }
+
+    def prepare(self) -> None:
+        """Nothing to import up front."""
+
+    def load(self) -> None:
+        """Open the connection pool (a gRPC channel, or a pooled HTTP session)."""
+        with self._lock:
+            if self._grpc and self._stub is None:
+                import grpc
+
+                from app.grpc_server import pb2_grpc
+
+                size = self._settings.grpc_max_message_bytes
+                channel = grpc.insecure_channel(
+                    self._url.removeprefix("grpc://"),
+                    options=[
+                        ("grpc.max_receive_message_length", size),
+                        ("grpc.max_send_message_length", size),
+                    ],
+                )
+                self._stub = pb2_grpc.PipelineServiceStub(channel)
+            elif not self._grpc and self._session is None:
+                session = requests.Session()
+                adapter = HTTPAdapter(pool_maxsize=self._settings.web_threads, max_retries=0)
+                session.mount("http://", adapter)
+                session.mount("https://", adapter)
+                self._session = session
+
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        if self._stub is None and self._session is None:
+            self.load()
+        payload = base64.b64encode(request.data).decode()
+        attempts = self._settings.serving_retries + 1
+        for attempt in range(attempts):
+            try:
+                key, value = self._call_grpc(payload) if self._grpc else self._call_http(payload)
+                break
+            except _Transient as exc:
+                log.warning("serving backend unreachable (attempt %d/%d): %s",
+                            attempt + 1, attempts, exc)  # fmt: skip
+                if attempt + 1 == attempts:
+                    raise EngineError(f"serving backend unreachable: {exc}") from None
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+        try:
+            lines = parse_result_string(value, key)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise EngineError("serving backend answered an unparseable result") from None
+        image = request.image
+        return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
+
+    def _call_grpc(self, payload: str) -> tuple[str, str]:
+        import grpc
+
+        from app.grpc_server import pb2
+
+        message = pb2.Request(key=["image"], value=[payload])
+        try:
+            reply = self._stub.inference(message, timeout=self._settings.serving_timeout_seconds)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise _Transient(code.name) from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise EngineTimeout("serving backend timed out") from None
+            raise EngineError(f"serving backend failed: {code.name}") from None
+        return _pick(reply.err_no, reply.err_msg, list(reply.key), list(reply.value))
+
+    def _call_http(self, payload: str) -> tuple[str, str]:
+        assert self._session is not None
+        url = f"{self._url}/{self._settings.serving_service_name}/prediction"
+        body = json.dumps({"key": ["image"], "value": [payload]})
+        try:
+            resp = self._session.post(
+                url, data=body, timeout=self._settings.serving_timeout_seconds
+            )
+        except requests.ConnectionError as exc:
+            if isinstance(exc, requests.ReadTimeout):
+                raise EngineTimeout("serving backend timed out") from None
+            raise _Transient(exc.__class__.__name__) from None
+        except requests.Timeout:
+            raise EngineTimeout("serving backend timed out") from None
+        if resp.status_code != 200:
+            raise EngineError(f"serving backend answered HTTP {resp.status_code}")
+        try:
+            data = resp.json()
+            return _pick(data["err_no"], data["err_msg"], data["key"], data["value"])
+        except (ValueError, KeyError, TypeError):
+            raise EngineError("serving backend answered malformed JSON") from None
+
+
+def _pick(err_no: int, err_msg: str, keys: list[str], values: list[str]) -> tuple[str, str]:
+    """The (key, value) holding the OCR result: ``result`` (text+box) or older ``res``."""
+    if err_no != 0:
+        raise EngineError(f"serving backend err_no {err_no}: {err_msg[:200]}")
+    for wanted in ("result", "res"):
+        if wanted in keys and keys.index(wanted) < len(values):
+            return wanted, values[keys.index(wanted)]
+    raise EngineError("serving backend answered no 'result' or 'res' key")

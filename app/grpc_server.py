@@ -1,0 +1,93 @@
+"""gRPC ``baidu.paddle_serving.pipeline_serving.PipelineService/inference``.
+
+Runs inside each gunicorn worker, beside HTTP, on the same cache and engine: every worker
+binds GRPC_PORT with SO_REUSEPORT (grpcio's default on Linux) and the kernel spreads
+connections over them, so gRPC costs no extra engine memory. Stubs come from the .proto in
+app/protocols/proto, compiled at import time (grpcio-tools): one source of truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from app import metrics
+from app.cache.region import OcrCache
+from app.config import Settings
+from app.protocols import pipeline
+
+log = logging.getLogger(__name__)
+
+PROTO = "app/protocols/proto/pipeline_service.proto"
+pb2, pb2_grpc = grpc.protos_and_services(PROTO)
+METHOD = "/baidu.paddle_serving.pipeline_serving.PipelineService/inference"
+
+
+def _tensors(request: Any) -> list[pipeline.Tensor]:
+    return [pipeline.Tensor(t.name, t.elem_type, list(t.str_data)) for t in request.tensors]
+
+
+class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-defined,misc]
+    def __init__(self, cache: OcrCache, settings: Settings) -> None:
+        self._cache = cache
+        self._settings = settings
+
+    def inference(self, request: Any, context: grpc.ServicerContext) -> Any:
+        started = time.perf_counter()
+        answer = self._answer(request, context)
+        if answer.err_no == 0:
+            context.set_trailing_metadata((("x-cache", answer.cache_status),))
+        metrics.REQUESTS.labels(protocol="grpc", status=str(answer.err_no)).inc()
+        metrics.REQUEST_SECONDS.labels(protocol="grpc", cache=answer.cache_status).observe(
+            time.perf_counter() - started
+        )
+        return pb2.Response(
+            err_no=answer.err_no, err_msg=answer.err_msg, key=answer.keys, value=answer.values
+        )
+
+    def _answer(self, request: Any, context: grpc.ServicerContext) -> pipeline.PipelineAnswer:
+        # Upstream checks the name only when the client sets one (PipelineClient does not).
+        if request.name and request.name != self._settings.pipeline_service_name:
+            return pipeline.PipelineAnswer(
+                err_no=pipeline.SERVICE_NAME_ERROR, err_msg=pipeline.SERVICE_NAME_MESSAGE
+            )
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before start")
+        try:
+            req = pipeline.build_request(
+                list(request.key), list(request.value), _tensors(request),
+                request.logid, request.clientip,
+            )  # fmt: skip
+        except pipeline.PipelineError as exc:
+            return pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+        log.debug("grpc logid=%s clientip=%s method=%s", req.logid, req.clientip, request.method)
+        return pipeline.answer(
+            self._cache, req, self._settings.ocr_rec_score_thresh,
+            self._settings.max_images_per_request,
+        )  # fmt: skip
+
+
+def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple[grpc.Server, int]:
+    """Start serving; returns the server and the bound port (``port=0`` picks a free one)."""
+    size = settings.grpc_max_message_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.web_threads, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.max_receive_message_length", size),
+            ("grpc.max_send_message_length", size),
+            ("grpc.so_reuseport", 1),
+        ],
+    )
+    pb2_grpc.add_PipelineServiceServicer_to_server(PipelineServicer(cache, settings), server)
+    bind = f"{settings.host}:{settings.grpc_port if port is None else port}"
+    bound = server.add_insecure_port(bind)
+    if bound == 0:
+        raise RuntimeError(f"gRPC could not bind {bind}")
+    server.start()
+    log.info("gRPC PipelineService on %s", bind)
+    return server, bound

@@ -1,0 +1,37 @@
+"""Rendering PDF pages to images offline (pypdfium2), for PaddleX ``fileType 0`` requests."""
+
+from __future__ import annotations
+
+import io
+
+from app.imaging import ImageTooLarge, InvalidImage
+
+
+def render_pages(data: bytes, max_pages: int, scale: float, max_pixels: int) -> list[bytes]:
+    """PNG bytes of the first ``max_pages`` pages (upstream also keeps only the first N).
+
+    Each page's PNG is what gets hashed and cached, so the same PDF page is a hit whether it
+    arrives alone or inside another document (for the same renderer version and scale).
+    """
+    import pypdfium2 as pdfium
+
+    try:
+        pdf = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as exc:
+        raise InvalidImage(f"not a readable PDF: {exc}") from None
+    try:
+        pages = []
+        for index in range(min(len(pdf), max_pages)):
+            page = pdf[index]
+            width, height = page.get_size()
+            if width * scale * height * scale > max_pixels:
+                raise ImageTooLarge(f"PDF page {index + 1} renders over {max_pixels} pixels")
+            image = page.render(scale=scale).to_pil()
+            buf = io.BytesIO()
+            image.save(buf, format="PNG", compress_level=1)
+            pages.append(buf.getvalue())
+        if not pages:
+            raise InvalidImage("PDF has no pages")
+        return pages
+    finally:
+        pdf.close()

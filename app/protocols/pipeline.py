@@ -1,0 +1,162 @@
+"""Paddle Serving pipeline semantics shared by HTTP (``POST /{name}/{method}``) and gRPC
+(``PipelineService/inference``): request fields -> images -> one cache call -> the
+pdserving answer (PROTOCOLS.md §1-3), with upstream's ``err_no`` codes and messages."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.cache.region import CacheControls, OcrCache
+from app.engines.base import EngineError, EngineTimeout, UnsupportedParams
+from app.imaging import InvalidImage
+from app.protocols import pdserving
+from app.protocols.b64 import decode_base64
+from app.protocols.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+OK = 0
+SERVICE_NAME_ERROR = 3002
+INPUT_PARAMS_ERROR = 5000
+TIMEOUT = 6000
+TYPE_ERROR = 7000
+PACKING_ERROR = 8000
+UNKNOWN_ERROR = 10000
+
+SERVICE_NAME_MESSAGE = "Failed to inference: Service name error."
+PROFILE_KEY = "pipeline.profile"
+TENSOR_STRING = 12
+TENSOR_BYTES = 13  # np.load(allow_pickle=True) upstream: refused, never unpickled
+
+
+class PipelineError(Exception):
+    def __init__(self, err_no: int, message: str) -> None:
+        super().__init__(message)
+        self.err_no = err_no
+
+
+@dataclass
+class PipelineRequest:
+    images: list[tuple[str, str]] = field(default_factory=list)  # (key, base64 text)
+    logid: int = 0
+    clientip: str = ""
+    profile: bool = False
+
+
+@dataclass
+class PipelineAnswer:
+    err_no: int = OK
+    err_msg: str = ""
+    keys: list[str] = field(default_factory=list)
+    values: list[str] = field(default_factory=list)
+    cache_status: str = "none"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """The fields of a pipeline Tensor we read (from JSON or protobuf)."""
+
+    name: Any
+    elem_type: Any
+    str_data: Any
+
+
+def op_error(logid: int, message: str, function: str = "preprocess") -> str:
+    """An exception message in the form upstream's ops produce."""
+    return f"Log_id: {logid}  Raise_msg: {message}  ClassName: DetOp  FunctionName: {function}"
+
+
+def build_request(
+    keys: Any, values: Any, tensors: Iterable[Tensor], logid: Any, clientip: Any
+) -> PipelineRequest:
+    req = PipelineRequest()
+    try:
+        req.logid = int(logid or 0)
+    except (TypeError, ValueError):
+        raise PipelineError(TYPE_ERROR, "logid must be an integer") from None
+    req.clientip = str(clientip or "")[:64]
+    if not isinstance(keys, Sequence) or not isinstance(values, Sequence):
+        raise PipelineError(TYPE_ERROR, "key and value must be lists of strings")
+    if isinstance(keys, str) or isinstance(values, str):
+        raise PipelineError(TYPE_ERROR, "key and value must be lists of strings")
+    if len(values) < len(keys):
+        raise PipelineError(
+            PACKING_ERROR, f"Failed to unpack request: {len(keys)} keys but {len(values)} values"
+        )
+    pairs: list[tuple[Any, Any]] = list(zip(keys, values[: len(keys)], strict=True))
+    pairs.extend(_tensor_pairs(tensors))
+    for key, value in pairs:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise PipelineError(TYPE_ERROR, "key and value must be lists of strings")
+        if key == PROFILE_KEY:
+            req.profile = value == "1"
+        else:
+            req.images.append((key, value))
+    if not req.images:
+        raise PipelineError(
+            INPUT_PARAMS_ERROR, op_error(req.logid, "no image in request (key 'image')")
+        )
+    return req
+
+
+def _tensor_pairs(tensors: Iterable[Tensor]) -> list[tuple[Any, Any]]:
+    pairs = []
+    for tensor in tensors:
+        if tensor.elem_type == TENSOR_BYTES:
+            raise PipelineError(
+                TYPE_ERROR, "elem_type 13 (pickled bytes) is not accepted; send elem_type 12"
+            )
+        if tensor.elem_type != TENSOR_STRING:
+            raise PipelineError(TYPE_ERROR, f"elem_type {tensor.elem_type!r} is not an image")
+        pieces = tensor.str_data
+        if not isinstance(pieces, Sequence) or not all(isinstance(p, str) for p in pieces):
+            raise PipelineError(TYPE_ERROR, "str_data must be a list of strings")
+        pairs.append((tensor.name, "".join(pieces)))  # elem_type 12: pieces concatenated
+    return pairs
+
+
+def response_keys(req: PipelineRequest) -> list[str]:
+    """One image answers under ``result`` (pdserving); several answer under their own keys."""
+    if len(req.images) == 1:
+        return ["result"]
+    return [key for key, _ in req.images]
+
+
+def answer(
+    cache: OcrCache, req: PipelineRequest, min_score: float, max_images: int
+) -> PipelineAnswer:
+    """Run a parsed request through the cache; errors come back as ``err_no``."""
+    try:
+        if len(req.images) > max_images:
+            raise PipelineError(
+                INPUT_PARAMS_ERROR,
+                op_error(req.logid, f"{len(req.images)} images, over the limit of {max_images}"),
+            )
+        try:
+            images = [decode_base64(text, strict=False) for _, text in req.images]
+        except BadRequest as exc:
+            raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
+        started = time.perf_counter()
+        try:
+            outcomes = cache.get_or_compute_many(images, controls=CacheControls(bypass=req.profile))
+        except (InvalidImage, UnsupportedParams) as exc:
+            raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
+        except EngineTimeout as exc:
+            raise PipelineError(TIMEOUT, op_error(req.logid, str(exc), "process")) from None
+        except EngineError as exc:
+            raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc), "process")) from None
+    except PipelineError as exc:
+        log.info("pipeline logid=%s clientip=%s err_no=%s", req.logid, req.clientip, exc.err_no)
+        return PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+    keys = response_keys(req)
+    values = [pdserving.result_string(o.result, min_score) for o in outcomes]
+    status = ",".join(sorted({o.status.value for o in outcomes}))
+    if req.profile:
+        keys.append(PROFILE_KEY)
+        values.append(f"total_ms:{(time.perf_counter() - started) * 1000:.3f}")
+    log.debug("pipeline logid=%s clientip=%s cache=%s", req.logid, req.clientip, status)
+    return PipelineAnswer(keys=keys, values=values, cache_status=status)
