@@ -89,5 +89,5 @@ def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple
     if bound == 0:
         raise RuntimeError(f"gRPC could not bind {bind}")
     server.start()
-    log.info("gRPC PipelineService on %s", bind)
+    log.info("gRPC PipelineService on %s:%d", settings.host, bound)
     return server, bound

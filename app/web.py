@@ -124,7 +124,9 @@ def create_app(
     def paddlex_ocr() -> Response:
         log_id = paddlex.new_log_id()
         try:
-            req = paddlex.parse(request.get_data(), engine.default_params, min_score)
+            req = paddlex.parse(
+                request.get_data(), engine.default_params, settings.paddlex_rec_score_thresh
+            )
             log_id = req.log_id
             images, is_pdf = _paddlex_images(req, settings)
             outcomes = cache.get_or_compute_many(images, req.params, _cache_controls())

@@ -7,6 +7,10 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# Paddle must load before grpcio in a process: the other order intermittently aborts inside
+# libpaddle's initialisation (seen here ~1 run in 6). The service keeps this order too
+# (engine.prepare() runs before the worker starts gRPC).
+import paddle  # noqa: F401, I001
 import pytest
 import redis
 
@@ -80,3 +84,52 @@ def make_app(
 @pytest.fixture()
 def client(make_app: Callable[..., object]):  # type: ignore[no-untyped-def]
     return make_app().test_client()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def stock_client_dir() -> Path:
+    """paddle-serving-server 0.9.0 (pure Python), installed --no-deps once per checkout."""
+    import subprocess
+    import sys
+
+    target = ROOT / ".venv" / "stock-client" / "paddle-serving-server-0.9.0"
+    if not (target / "paddle_serving_server" / "pipeline" / "pipeline_client.py").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             "--no-deps", "--target", str(target), "paddle-serving-server==0.9.0"],
+            check=True,
+        )  # fmt: skip
+    return target
+
+
+def run_stock_client(target: Path, endpoint: str, image: Path, *modes: str) -> list[dict]:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "stock_client.py"), str(target), endpoint,
+         str(image), *modes],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture()
+def grpc_front(make_app):  # type: ignore[no-untyped-def]
+    """An app plus its gRPC server on a free port: (flask app, "127.0.0.1:port")."""
+    from app import grpc_server
+
+    def start(**overrides: object):  # type: ignore[no-untyped-def]
+        app = make_app(**overrides)
+        ocr = app.extensions["ocr"]
+        settings = ocr["settings"].with_overrides(host="127.0.0.1")
+        server, port = grpc_server.start(ocr["cache"], settings, port=0)
+        started.append(server)
+        return app, f"127.0.0.1:{port}"
+
+    started: list = []
+    yield start
+    for server in started:
+        server.stop(grace=None)
