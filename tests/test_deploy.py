@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import dockerfile
 from tests.conftest import ROOT
 
 BIN = Path(sys.executable).parent  # the venv's bin: hadolint, docker-compose, ...
@@ -46,49 +47,29 @@ def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 # ---------------------------------------------------------------------------- Dockerfiles
 
 
-def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    pairs = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            pairs.append((word.upper(), rest.strip()))
-    return pairs
-
-
-def _final_stage(dockerfile: Path) -> list[tuple[str, str]]:
-    pairs = _instructions(dockerfile)
-    last_from = max(i for i, (word, _) in enumerate(pairs) if word == "FROM")
-    return pairs[last_from:]
-
-
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
-def test_hadolint(dockerfile: Path) -> None:
-    result = _run([_tool("hadolint"), "--failure-threshold", "warning", "--no-color", dockerfile])
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint(path: Path) -> None:
+    result = _run([_tool("hadolint"), "--failure-threshold", "warning", "--no-color", path])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
-def test_images_run_non_root_under_tini_with_a_healthcheck(dockerfile: Path) -> None:
-    final = _final_stage(dockerfile)
-    words = {word for word, _ in final}
-    assert {"USER", "HEALTHCHECK", "ENTRYPOINT", "EXPOSE"} <= words
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_images_run_non_root_under_tini_with_a_healthcheck(path: Path) -> None:
+    final = dockerfile.final_stage(path)
+    assert {"USER", "HEALTHCHECK", "ENTRYPOINT", "EXPOSE"} <= {word for word, _ in final}
     user = [args for word, args in final if word == "USER"][-1]
     assert user.split(":")[0] == "10001"
-    entrypoint = json.loads([args for word, args in final if word == "ENTRYPOINT"][-1])
+    entrypoint = dockerfile.exec_form(path, "ENTRYPOINT")
     assert Path(entrypoint[0]).name == "tini" and "--" in entrypoint
-    for image in _base_images(dockerfile):
+    for image in _base_images(path):
         assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), image
 
 
-def _base_images(dockerfile: Path) -> list[str]:
+def _base_images(path: Path) -> list[str]:
     """The images the stages start FROM, build-arg defaults substituted, stage names skipped."""
-    pairs = _instructions(dockerfile)
-    defaults = dict(a.split("=", 1) for w, a in pairs if w == "ARG" and "=" in a)
+    defaults = dockerfile.build_args(path)
     stages, images = set(), []
-    for word, args in pairs:
+    for word, args in dockerfile.instructions(path):
         if word == "FROM":
             image, *alias = args.split()
             image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], image)
@@ -100,21 +81,21 @@ def _base_images(dockerfile: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
 def test_front_images_expose_http_and_grpc_and_run_the_entrypoint(name: str) -> None:
-    final = _final_stage(DOCKER / name)
+    final = dockerfile.final_stage(DOCKER / name)
     exposed = {int(p) for word, args in final if word == "EXPOSE" for p in args.split()}
     assert exposed == FRONT_PORTS
-    entrypoint = json.loads([args for word, args in final if word == "ENTRYPOINT"][-1])
-    assert entrypoint[-1] == "/opt/ocr/docker/entrypoint.sh"
+    assert dockerfile.exec_form(DOCKER / name, "ENTRYPOINT")[-1] == "/opt/ocr/docker/entrypoint.sh"
+    assert dockerfile.exec_form(DOCKER / name, "CMD") == ["serve"]
     healthcheck = [args for word, args in final if word == "HEALTHCHECK"][-1]
     assert "healthcheck.py" in healthcheck
 
 
 def test_cpu_image_is_multi_stage_slim_without_build_tools() -> None:
-    pairs = _instructions(DOCKER / "Dockerfile")
-    assert sum(word == "FROM" for word, _ in pairs) == 2
-    base = next(args for word, args in pairs if word == "ARG" and args.startswith("PYTHON_IMAGE"))
-    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm", base)
-    final = _final_stage(DOCKER / "Dockerfile")
+    path = DOCKER / "Dockerfile"
+    assert sum(word == "FROM" for word, _ in dockerfile.instructions(path)) == 2
+    base = dockerfile.build_args(path)["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base)
+    final = dockerfile.final_stage(path)
     installs = " ".join(args for word, args in final if word == "RUN")
     for tool in ("build-essential", "gcc", "g++", "make ", "git"):
         assert tool not in installs
@@ -290,12 +271,8 @@ def test_compose_serving_sidecar_ports_differ_from_the_fronts(compose_tmp: Path)
 
 def _serving_model_version() -> str:
     """What the sidecar image serves, as the fronts must name it (it is part of their key)."""
-    args = dict(
-        a.split("=", 1)
-        for w, a in _instructions(DOCKER / "Dockerfile.serving")
-        if w == "ARG" and "=" in a
-    )
-    return f"paddleocr-{args['PADDLEOCR_VERSION']}-PP-OCRv3"
+    version = dockerfile.build_args(DOCKER / "Dockerfile.serving")["PADDLEOCR_VERSION"]
+    return f"paddleocr-{version}-PP-OCRv3"
 
 
 def test_compose_without_redis_password_refuses_to_start(compose_tmp: Path) -> None:

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import importlib.util
-import json
 import os
-import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -27,44 +25,12 @@ import redis
 import requests
 
 from app.embedded_redis import EmbeddedRedis, free_port
+from tests import dockerfile
 from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_EN
 
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 VENV_BIN = Path(sys.executable).parent
-
-
-def _final_stage(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of the last stage, continuation lines joined."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    pairs = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            pairs.append((word.upper(), rest.strip()))
-    last_from = max(i for i, (word, _) in enumerate(pairs) if word == "FROM")
-    return pairs[last_from:]
-
-
-def dockerfile_env(dockerfile: Path) -> dict[str, str]:
-    """The ENV the final stage sets (KEY=VALUE form, $VAR/${VAR} expanded like Docker)."""
-    env: dict[str, str] = {}
-    for word, args in _final_stage(dockerfile):
-        if word != "ENV":
-            continue
-        for item in shlex.split(args):
-            key, _, value = item.partition("=")
-            env[key] = re.sub(
-                r"\$\{?(\w+)\}?",
-                lambda m: env.get(m.group(1), os.environ.get(m.group(1), "")),
-                value,
-            )
-    return env
-
-
-def dockerfile_cmd(dockerfile: Path) -> list[str]:
-    return json.loads([args for word, args in _final_stage(dockerfile) if word == "CMD"][-1])
 
 
 @dataclass
@@ -88,7 +54,7 @@ def service(
     redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("entrypoint")
-    env = dockerfile_env(DOCKERFILE)
+    env = dockerfile.env(DOCKERFILE)
     assert env["OCR_WORK_DIR"] and env["HOME"] and env["PROMETHEUS_MULTIPROC_DIR"]
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",  # `python` is the venv's
@@ -104,20 +70,22 @@ def service(
     with open(log, "wb") as out:
         # Started from elsewhere: the script must find the app by itself, as in the image.
         proc = subprocess.Popen(
-            [str(ENTRYPOINT), *dockerfile_cmd(DOCKERFILE)],
+            [str(ENTRYPOINT), *dockerfile.exec_form(DOCKERFILE, "CMD")],
             cwd=tmp,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, to clean up workers on failure
         )
     svc = Service(proc, int(env["HTTP_PORT"]), int(env["GRPC_PORT"]), env, log)
     try:
         _wait_ready(svc)
         yield svc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        # Whatever is left of its process group (the workers too, if the master died first).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _wait_ready(svc: Service, timeout: float = 120) -> None:
@@ -248,10 +216,10 @@ class _Load:
                     return
                 begun = time.monotonic()
                 self.started.append(begun)
+            status: object
             try:
                 # no-cache: recompute every time, so requests are slow enough to be in flight.
-                status: object = _post(self.base, data, **{"Cache-Control": "no-cache"})
-                status = status.status_code  # type: ignore[attr-defined]
+                status = _post(self.base, data, **{"Cache-Control": "no-cache"}).status_code
             except requests.RequestException as exc:
                 status = repr(exc)
             with self.lock:

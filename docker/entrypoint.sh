@@ -1,0 +1,18 @@
+#!/bin/sh
+# Container entry point of docker/Dockerfile and docker/Dockerfile.gpu (under tini):
+#   entrypoint.sh [serve|check-config|prepare-models]   (default: serve)
+# `python -m app serve` runs HTTP (gunicorn) and gRPC in the foreground. `exec` makes it this
+# process, so the SIGTERM that tini/docker/kubelet forwards reaches it directly: gunicorn stops
+# accepting, finishes in-flight requests (graceful_timeout) and the command exits 0.
+set -eu
+
+# Run from the directory that holds the `app` package (/opt/ocr in the image).
+cd "$(dirname "$0")/.."
+
+# paddlex writes ~/.paddlex, ~/.cache at start-up; HOME is under the writable /tmp.
+mkdir -p "${HOME:?HOME must be set}"
+
+if [ "$#" -eq 0 ]; then
+    set -- serve
+fi
+exec python -m app "$@"
