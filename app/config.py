@@ -82,8 +82,16 @@ def _prefix(name: str, raw: str) -> str:
 
 def _redis_url(name: str, raw: str) -> str:
     value = raw.strip()
-    if value and not value.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"{name}: expected a redis://, rediss:// or unix:// URL")
+    schemes = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
+    if value and not value.startswith(schemes):
+        raise ConfigError(f"{name}: expected one of {', '.join(schemes)} URLs")
+    if value.startswith(("redis+sentinel://", "redis+cluster://")):
+        from app.cache.redis_client import parse
+
+        try:
+            parse(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
     return value
 
 
@@ -131,6 +139,11 @@ class Settings:
     cache_ttl_jitter: float = env("CACHE_TTL_JITTER", _float(0.0, 0.5), 0.1)
     cache_key_prefix: str = env("CACHE_KEY_PREFIX", _prefix, "ocr")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
+    cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
+    cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)
+    # Cross-process single-flight (a Redis lease per key being computed).
+    singleflight_lease_ms: int = env("SINGLEFLIGHT_LEASE_MS", _int(100, 3_600_000), 10_000)
+    singleflight_wait_seconds: float = env("SINGLEFLIGHT_WAIT_SECONDS", _float(0.0, 3600.0), 60.0)
 
     # Engine.
     ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving"), "paddle")
@@ -146,7 +159,6 @@ class Settings:
     ocr_det_unclip_ratio: float = env("OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), 1.5)
     ocr_rec_score_thresh: float = env("OCR_REC_SCORE_THRESH", _float(0.0, 1.0), 0.5)
     ocr_textline_orientation: bool = env("OCR_TEXTLINE_ORIENTATION", _bool, False)
-    ocr_warm_on_start: bool = env("OCR_WARM_ON_START", _bool, True)
 
     # Remote Paddle Serving pipeline (OCR_ENGINE=serving).
     serving_url: str = env("SERVING_URL", _serving_url, "")

@@ -31,6 +31,7 @@ CACHE_REQUESTS = Counter(
     "Cache lookups by outcome (error = Redis failed, answered from the engine)",
     ["result"],
 )
+CACHE_TIER_HITS = Counter("ocr_cache_tier_hits_total", "Cache hits by tier (l1, l2)", ["tier"])
 REDIS_ERRORS = Counter(
     "ocr_redis_errors_total", "Redis operations that failed or were skipped", ["op", "reason"]
 )

@@ -35,15 +35,42 @@ def _worker(port: int, req: Request, count: int, deadline: float, out: mp.Queue)
     out.put((latencies, errors))
 
 
+def _grpc_worker(endpoint: str, b64: str, count: int, deadline: float, out: mp.Queue) -> None:
+    import grpc  # imported in the child only: the parent process never starts grpc
+
+    from app.grpc_server import pb2, pb2_grpc
+
+    stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
+    request = pb2.Request(key=["image"], value=[b64])
+    latencies, errors = [], 0
+    for _ in range(count):
+        if time.monotonic() > deadline:
+            break
+        start = time.perf_counter()
+        reply = stub.inference(request, timeout=120)
+        latencies.append(time.perf_counter() - start)
+        errors += reply.err_no != 0
+    out.put((latencies, errors))
+
+
 def run(port: int, req: Request, concurrency: int, total: int, max_seconds: float) -> dict:
-    """Send ``total`` requests over ``concurrency`` connections; returns rate and latencies."""
+    """Send ``total`` HTTP requests over ``concurrency`` connections."""
+    return _pool(_worker, (port, req), concurrency, total, max_seconds)
+
+
+def run_grpc(endpoint: str, b64: str, concurrency: int, total: int, max_seconds: float) -> dict:
+    """Send ``total`` PipelineService/inference calls over ``concurrency`` channels."""
+    return _pool(_grpc_worker, (endpoint, b64), concurrency, total, max_seconds)
+
+
+def _pool(target, args: tuple, concurrency: int, total: int, max_seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    """Rate and latencies of ``total`` requests spread over ``concurrency`` processes."""
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()
     per = max(1, total // concurrency)
     deadline = time.monotonic() + max_seconds
     procs = [
-        ctx.Process(target=_worker, args=(port, req, per, deadline, out))
-        for _ in range(concurrency)
+        ctx.Process(target=target, args=(*args, per, deadline, out)) for _ in range(concurrency)
     ]
     start = time.perf_counter()
     for p in procs:

@@ -55,6 +55,8 @@ def base_settings(
         redis_url=redis_server.url,
         ocr_work_dir=str(tmp_path_factory.mktemp("models")),
         request_timeout_seconds=120,
+        # Most tests look at the Redis tier; tests/test_l1.py turns L1 on.
+        cache_l1_bytes=0,
     )
 
 

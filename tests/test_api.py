@@ -77,7 +77,7 @@ def test_entry_has_ttl_with_jitter(client, redis_client, base_settings):
     (key,) = redis_client.keys("ocr:*")
     ttl = redis_client.ttl(key)
     assert base_settings.cache_ttl_seconds * 0.9 - 5 <= ttl <= base_settings.cache_ttl_seconds
-    assert key.decode().endswith(digest_image(WORD_CH.read_bytes()).md5)
+    assert key.decode().endswith("{" + digest_image(WORD_CH.read_bytes()).md5 + "}")
 
 
 def test_configured_ttl_and_prefix(make_app, redis_client):

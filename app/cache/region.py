@@ -1,6 +1,10 @@
 """``OcrCache.get_or_compute``: the one front door from a canonical request to a result.
 
-fingerprint -> key -> Redis (L2) -> single-flight -> engine -> encode -> SET EX ttl.
+L1 (in-process LRU) -> L2 (Redis, one MGET per request) -> single-flight -> engine ->
+encode -> SET EX ttl. Single-flight has two layers: threads of one process share one
+computation per key (``SingleFlight``), and processes and replicas elect one computer per
+key with a Redis lease (SET NX PX, random token, renewed while computing, released by its
+owner only); the others wait for its pub/sub notification, bounded, then compute themselves.
 Every protocol adapter calls this, so an image first seen over one protocol is a hit over
 all of them.
 """
@@ -9,15 +13,20 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 
 from app import metrics
 from app.cache import codec
-from app.cache.keys import ImageDigest, build_key, digest_image
+from app.cache.keys import ImageDigest, build_key, digest_image, done_channel, lease_key
+from app.cache.l1 import L1Cache
+from app.cache.notify import Notifier
 from app.cache.singleflight import SingleFlight
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -67,6 +76,13 @@ class OcrCache:
         self._decode = decode
         self._wait_for_engine = wait_for_engine
         self._flights: SingleFlight[Outcome] = SingleFlight()
+        self._l1 = L1Cache(
+            settings.cache_l1_bytes if settings.cache_enabled else 0,
+            settings.cache_l1_max_age_seconds,
+        )
+        self._notifier = (
+            Notifier(self._store, settings.cache_key_prefix) if self._store is not None else None
+        )
 
     @property
     def store(self) -> RedisStore | None:
@@ -76,11 +92,18 @@ class OcrCache:
     def engine(self) -> Engine:
         return self._engine
 
+    @property
+    def l1(self) -> L1Cache:
+        return self._l1
+
+    def _task(self, params: OcrParams) -> str:
+        """The task segment: the task and the digest of its effective parameters, so equal
+        parameters share entries however a protocol spelled them."""
+        return f"ocr-{params.digest()}"
+
     def key_for(self, digest: ImageDigest, params: OcrParams) -> str:
-        """The task segment names the task and the digest of its effective parameters, so
-        equal parameters share entries however a protocol spelled them."""
-        task = f"ocr-{params.digest()}"
-        return build_key(self._settings.cache_key_prefix, self._engine.fingerprint, task, digest)
+        prefix, fingerprint = self._settings.cache_key_prefix, self._engine.fingerprint
+        return build_key(prefix, fingerprint, self._task(params), digest)
 
     def get_or_compute(
         self,
@@ -96,7 +119,7 @@ class OcrCache:
         params: OcrParams | None = None,
         controls: CacheControls = CacheControls(),
     ) -> list[Outcome]:
-        """Results in request order; all lookups share one Redis round trip (MGET)."""
+        """Results in request order; all L2 lookups share one Redis round trip (MGET)."""
         params = params or self._engine.default_params
         self._engine.check_params(params)  # UnsupportedParams: a client error
         if self._store is None or controls.bypass:
@@ -105,38 +128,51 @@ class OcrCache:
             return [Outcome(self._compute(data, params), CacheStatus.BYPASS) for data in images]
 
         digests = [digest_image(data) for data in images]
-        keys = [self.key_for(d, params) for d in digests]
-        if controls.no_cache:
-            ok, values = True, [None] * len(keys)
-        else:
-            ok, values = self._store.get_many(keys)
-        outcomes = []
-        for data, digest, key, value in zip(images, digests, keys, values, strict=True):
-            hit = self._decode_entry(value, digest)
+        task = self._task(params)
+        outcomes: list[Outcome | None] = [None] * len(images)
+        if not controls.no_cache:
+            for i, digest in enumerate(digests):
+                hit = self._l1.get((self._engine.fingerprint, task, digest.sha256))
+                if hit is not None:
+                    metrics.CACHE_REQUESTS.labels(result="hit").inc()
+                    metrics.CACHE_TIER_HITS.labels(tier="l1").inc()
+                    outcomes[i] = Outcome(hit, CacheStatus.HIT)
+        pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
+        keys = {i: self.key_for(digests[i], params) for i in pending}
+        ok, values = True, [None] * len(pending)
+        if pending and not controls.no_cache:
+            ok, values = self._store.get_many([keys[i] for i in pending])
+        for i, value in zip(pending, values, strict=True):
+            hit = self._read(value, digests[i], task)
             if hit is not None:
                 metrics.CACHE_REQUESTS.labels(result="hit").inc()
-                outcomes.append(Outcome(hit, CacheStatus.HIT))
+                metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
+                outcomes[i] = Outcome(hit, CacheStatus.HIT)
                 continue
-            miss = partial(self._miss, data, params, digest, key, controls, recheck=ok)
-            outcome, shared = self._flights.do(key, miss)
+            miss = partial(self._miss, images[i], params, digests[i], keys[i], controls, ok)
+            outcome, shared = self._flights.do(keys[i], miss)
             if shared:
                 outcome = Outcome(outcome.result, CacheStatus.COALESCED)
             label = "error" if not ok else outcome.status.value.lower()
             metrics.CACHE_REQUESTS.labels(result=label).inc()
-            outcomes.append(outcome)
-        return outcomes
+            outcomes[i] = outcome
+        return outcomes  # type: ignore[return-value]
 
-    def _decode_entry(self, value: bytes | None, digest: ImageDigest) -> OcrResult | None:
+    def _read(self, value: bytes | None, digest: ImageDigest, task: str) -> OcrResult | None:
+        """Decode an L2 value (a miss if unusable) and keep it in L1 until it expires."""
         if value is None:
             return None
-        data = codec.decode(value, digest.sha256, self._engine.fingerprint)
-        if data is None:
+        entry = codec.decode(value, digest.sha256, self._engine.fingerprint)
+        if entry is None:
             log.info("cache entry for %s is unusable; treating as a miss", digest.md5)
             return None
         try:
-            return OcrResult.from_dict(data)
+            result = OcrResult.from_dict(entry.result)
         except (KeyError, TypeError, ValueError):
             return None
+        l1_key = (self._engine.fingerprint, task, digest.sha256)
+        self._l1.put(l1_key, result, entry.expires_at - time.time())
+        return result
 
     def _miss(
         self,
@@ -145,24 +181,132 @@ class OcrCache:
         digest: ImageDigest,
         key: str,
         controls: CacheControls,
-        recheck: bool,
+        redis_ok: bool,
     ) -> Outcome:
+        """One thread of this process computes ``key``; across processes, the lease decides."""
         assert self._store is not None
-        if recheck and not controls.no_cache:
+        task = self._task(params)
+        recheck = redis_ok and not controls.no_cache
+        if recheck:
             # Another computation may have finished between our read and our turn.
-            _, (value,) = self._store.get_many([key])
-            hit = self._decode_entry(value, digest)
+            hit = self._read(self._store.get_many([key])[1][0], digest, task)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT)
-        result = self._compute(data, params)
+        image = self._decode(data)  # InvalidImage: a client error, before any lease
+        if not redis_ok or controls.no_cache:
+            return self._compute_and_store(image, data, params, digest, key, controls)
+        deadline = time.monotonic() + self._settings.singleflight_wait_seconds
+        lease = lease_key(key)
+        channel = done_channel(self._settings.cache_key_prefix, key)
+        while True:
+            token = secrets.token_hex(16)
+            ttl_ms = self._settings.singleflight_lease_ms
+            acquired = self._store.acquire_lease(lease, token, ttl_ms)
+            if acquired is None:  # Redis went away: single-flight is in-process only now
+                return self._compute_and_store(image, data, params, digest, key, controls)
+            if acquired:
+                return self._compute_as_owner(
+                    image, data, params, digest, key, controls, lease, token, channel
+                )
+            waited = self._wait_for_owner(key, digest, task, lease, channel, deadline)
+            if waited is not None:
+                return Outcome(waited, CacheStatus.COALESCED)
+            if time.monotonic() >= deadline:
+                log.warning("waited %.0fs for another computation of %s; computing here",
+                            self._settings.singleflight_wait_seconds, digest.md5)  # fmt: skip
+                return self._compute_and_store(image, data, params, digest, key, controls)
+            # The owner failed or died (its lease is gone or expiring): try to take over.
+
+    def _wait_for_owner(
+        self, key: str, digest: ImageDigest, task: str, lease: str, channel: str, deadline: float
+    ) -> OcrResult | None:
+        """Block on the owner's notification (not a poll); None if no result came."""
+        assert self._notifier is not None and self._store is not None
+        event = self._notifier.register(channel)
+        try:
+            hit = self._read(self._store.get_many([key])[1][0], digest, task)
+            if hit is not None:
+                return hit
+            if not self._store.exists(lease):
+                return None  # released without a result (owner failed): take over now
+            # At most one lease period per round: a crashed owner's lease expires by then.
+            timeout = min(deadline - time.monotonic(), self._settings.singleflight_lease_ms / 1000)
+            event.wait(max(0.0, timeout))
+            return self._read(self._store.get_many([key])[1][0], digest, task)
+        finally:
+            self._notifier.unregister(channel, event)
+
+    def _compute_as_owner(
+        self,
+        image: DecodedImage,
+        data: bytes,
+        params: OcrParams,
+        digest: ImageDigest,
+        key: str,
+        controls: CacheControls,
+        lease: str,
+        token: str,
+        channel: str,
+    ) -> Outcome:
+        assert self._store is not None
+        outcome = "error"
+        try:
+            with self._renewing(lease, token):
+                # The previous owner may have stored the result just before we took over.
+                hit = self._read(self._store.get_many([key])[1][0], digest, self._task(params))
+                if hit is not None:
+                    outcome = "ok"
+                    return Outcome(hit, CacheStatus.HIT)
+                result = self._compute_and_store(image, data, params, digest, key, controls)
+                outcome = "ok"
+                return result
+        finally:
+            self._store.release_lease(lease, token)
+            self._store.publish(channel, outcome)
+
+    @contextmanager
+    def _renewing(self, lease: str, token: str) -> Iterator[None]:
+        """Keep the lease alive while computing: renew every third of its period."""
+        assert self._store is not None
+        store, ttl_ms = self._store, self._settings.singleflight_lease_ms
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(ttl_ms / 3000):
+                if not store.renew_lease(lease, token, ttl_ms):
+                    log.warning("lost the single-flight lease %s", lease)
+                    return
+
+        thread = threading.Thread(target=renew, name="lease-renew", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _compute_and_store(
+        self,
+        image: DecodedImage,
+        data: bytes,
+        params: OcrParams,
+        digest: ImageDigest,
+        key: str,
+        controls: CacheControls,
+    ) -> Outcome:
+        assert self._store is not None
+        result = self._run_engine(image, data, params)
         if not controls.no_store:
+            ttl = self._ttl()
             entry = codec.encode(
                 result.to_dict(),
                 digest.sha256,
                 self._engine.fingerprint,
                 self._settings.cache_compress_min_bytes,
+                ttl,
             )
-            self._store.set(key, entry, self._ttl())
+            self._store.set(key, entry, ttl)
+            self._l1.put((self._engine.fingerprint, self._task(params), digest.sha256), result, ttl)
         return Outcome(result, CacheStatus.MISS)
 
     def _ttl(self) -> int:
@@ -171,7 +315,9 @@ class OcrCache:
         return max(1, ttl - random.randint(0, jitter)) if jitter else ttl
 
     def _compute(self, data: bytes, params: OcrParams) -> OcrResult:
-        image = self._decode(data)  # InvalidImage propagates: a client error, never cached
+        return self._run_engine(self._decode(data), data, params)
+
+    def _run_engine(self, image: DecodedImage, data: bytes, params: OcrParams) -> OcrResult:
         self._wait_for_engine()
         start = time.perf_counter()
         kind = self._engine.kind

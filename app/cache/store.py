@@ -1,7 +1,7 @@
 """The Redis tier (L2): short timeouts, one retry, a circuit breaker, never an exception.
 
-Every method answers even when Redis is down: reads report a miss and writes are dropped,
-so a Redis outage costs cache hits, not requests.
+Every method answers even when Redis is down: reads report a miss, writes are dropped and
+lease operations say "unavailable", so a Redis outage costs cache hits, not requests.
 """
 
 from __future__ import annotations
@@ -11,15 +11,24 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from app import metrics
+from app.cache import redis_client
 from app.cache.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (redis.RedisError, OSError)
+
+# Owner-only lease operations: compare the random token, then act (atomic in Redis).
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 
 class RedisStore:
@@ -29,18 +38,15 @@ class RedisStore:
         timeout_ms: int,
         connect_timeout_ms: int,
         breaker: CircuitBreaker,
-        client: redis.Redis | None = None,
+        client: Any = None,
     ) -> None:
         self._breaker = breaker
-        self._client = client or redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_ms / 1000,
-            socket_connect_timeout=connect_timeout_ms / 1000,
-            # One immediate retry covers a pooled connection that died with a restart.
-            retry=Retry(NoBackoff(), 1),
-            retry_on_timeout=False,
-            health_check_interval=30,
-        )
+        self._url = url
+        self._timeouts = (timeout_ms / 1000, connect_timeout_ms / 1000)
+        self._client = client or redis_client.connect(url, *self._timeouts)
+        self._cluster = redis_client.is_cluster(self._client)
+        self._release = self._client.register_script(_RELEASE)
+        self._renew = self._client.register_script(_RENEW)
 
     @property
     def breaker_state(self) -> str:
@@ -61,13 +67,40 @@ class RedisStore:
         return True, value
 
     def get_many(self, keys: Sequence[str]) -> tuple[bool, list[bytes | None]]:
-        """(ok, values) in one round trip; on failure (False, all None)."""
-        ok, values = self._call("get", lambda: self._client.mget(list(keys)))
+        """(ok, values) in one round trip (per node on a cluster); on failure all None."""
+        keys = list(keys)
+        if self._cluster and len(keys) > 1:
+            ok, values = self._call("get", lambda: self._client.mget_nonatomic(keys))
+        else:
+            ok, values = self._call("get", lambda: self._client.mget(keys))
         return (True, list(values)) if ok else (False, [None] * len(keys))
 
     def set(self, key: str, value: bytes, ttl_seconds: int) -> bool:
         ok, _ = self._call("set", lambda: self._client.set(key, value, ex=ttl_seconds))
         return ok
+
+    def acquire_lease(self, key: str, token: str, ttl_ms: int) -> bool | None:
+        """True: ours; False: someone else holds it; None: Redis unavailable."""
+        ok, got = self._call("lease", lambda: self._client.set(key, token, nx=True, px=ttl_ms))
+        return bool(got) if ok else None
+
+    def renew_lease(self, key: str, token: str, ttl_ms: int) -> bool:
+        ok, renewed = self._call("lease", lambda: self._renew(keys=[key], args=[token, ttl_ms]))
+        return ok and bool(renewed)
+
+    def release_lease(self, key: str, token: str) -> None:
+        self._call("lease", lambda: self._release(keys=[key], args=[token]))
+
+    def exists(self, key: str) -> bool | None:
+        ok, count = self._call("lease", lambda: self._client.exists(key))
+        return bool(count) if ok else None
+
+    def publish(self, channel: str, message: str) -> None:
+        self._call("publish", lambda: self._client.publish(channel, message))
+
+    def pubsub_client(self) -> Any:
+        """A client for a long-lived subscription (blocking reads need no short timeout)."""
+        return redis_client.connect(self._url, None, self._timeouts[1])
 
     def ping(self) -> bool:
         ok, _ = self._call("ping", self._client.ping)
@@ -76,9 +109,12 @@ class RedisStore:
     def eviction_policy(self) -> str | None:
         """The server's ``maxmemory-policy``, or None when it cannot be read (e.g. ACLs)."""
         try:
-            return self._client.config_get("maxmemory-policy").get("maxmemory-policy")
+            policy = self._client.config_get("maxmemory-policy")
         except _REDIS_ERRORS:
             return None
+        if policy and all(isinstance(v, dict) for v in policy.values()):
+            policy = next(iter(policy.values()))  # per node on a cluster: the first one's
+        return policy.get("maxmemory-policy") if policy else None
 
     def close(self) -> None:
         self._client.close()

@@ -1,0 +1,92 @@
+"""L1: an in-process, bytes-bounded LRU of decoded results in front of Redis.
+
+A hot image then costs no Redis round trip, no decompression and no JSON parsing. Entries
+are keyed by (engine fingerprint, task, SHA-256 of the image), so an L1 hit needs no MD5 and
+cannot be another image's result. Each entry expires with its Redis TTL, and at the latest
+after ``max_age`` seconds, which bounds how long a purge elsewhere can go unnoticed here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from app.engines.base import OcrResult
+
+# Rough per-object overheads of the decoded result (dataclasses, tuples, ints, floats).
+_RESULT_OVERHEAD = 400
+_LINE_OVERHEAD = 420
+
+
+def result_size(result: OcrResult) -> int:
+    """Approximate memory of a decoded result, in bytes (a bound, not an exact count)."""
+    text = sum(len(line.text.encode()) for line in result.lines) + len(
+        (getattr(result, "text", None) or "").encode()
+    )
+    return _RESULT_OVERHEAD + _LINE_OVERHEAD * len(result.lines) + text
+
+
+class L1Cache:
+    def __init__(self, max_bytes: int, max_age_seconds: float) -> None:
+        self._max_bytes = max_bytes
+        self._max_age = max_age_seconds
+        self._entries: OrderedDict[tuple[str, str, str], tuple[OcrResult, float, int]] = (
+            OrderedDict()
+        )
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self._max_bytes > 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[str, str, str]) -> OcrResult | None:
+        if not self._max_bytes:
+            return None
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            result, expires, size = entry
+            if expires <= time.monotonic():
+                del self._entries[key]
+                self._bytes -= size
+                return None
+            self._entries.move_to_end(key)
+            return result
+
+    def put(self, key: tuple[str, str, str], result: OcrResult, ttl_seconds: float) -> None:
+        if not self._max_bytes or ttl_seconds <= 0:
+            return
+        size = result_size(result)
+        if size > self._max_bytes:
+            return
+        expires = time.monotonic() + min(ttl_seconds, self._max_age)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._entries[key] = (result, expires, size)
+            self._bytes += size
+            while self._bytes > self._max_bytes:
+                _, (_, _, evicted) = self._entries.popitem(last=False)
+                self._bytes -= evicted
+
+    def discard(self, key: tuple[str, str, str]) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0

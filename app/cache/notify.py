@@ -1,0 +1,88 @@
+"""Cross-process "computation finished" notifications over Redis pub/sub.
+
+One listener thread per process holds one pattern subscription (``{prefix}:done:*``) and
+wakes the local threads waiting on a key, so a waiter blocks on an Event instead of
+polling Redis. If Redis is unreachable the listener retries in the background and waiters
+simply run into their (bounded) timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from app.cache.store import RedisStore
+
+log = logging.getLogger(__name__)
+
+
+class Notifier:
+    def __init__(self, store: RedisStore, prefix: str) -> None:
+        self._store = store
+        self._pattern = f"{prefix}:done:*"
+        self._lock = threading.Lock()
+        self._waiters: dict[str, list[threading.Event]] = {}
+        self._subscribed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ocr-notify", daemon=True)
+                self._thread.start()
+        # The first waiter gives the subscription a moment, so no notification is missed.
+        self._subscribed.wait(0.5)
+
+    def register(self, channel: str) -> threading.Event:
+        """Register before re-checking the cache; then ``wait`` on the returned event."""
+        self._ensure_started()
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(channel, []).append(event)
+        return event
+
+    def unregister(self, channel: str, event: threading.Event) -> None:
+        with self._lock:
+            events = self._waiters.get(channel, [])
+            if event in events:
+                events.remove(event)
+            if not events:
+                self._waiters.pop(channel, None)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            client: Any = None
+            try:
+                client = self._store.pubsub_client()
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.psubscribe(self._pattern)
+                self._subscribed.set()
+                backoff = 0.1
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message and message.get("type") == "pmessage":
+                        self._wake(message["channel"])
+            except Exception as exc:  # any Redis/socket failure: resubscribe later
+                self._subscribed.clear()
+                log.debug("notification listener: %s; retrying", exc.__class__.__name__)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                if client is not None:
+                    try:
+                        client.close()
+                    except Exception:  # noqa: S110 - closing a broken client
+                        pass
+
+    def _wake(self, channel: bytes | str) -> None:
+        name = channel.decode() if isinstance(channel, bytes) else channel
+        with self._lock:
+            events = list(self._waiters.get(name, []))
+        for event in events:
+            event.set()
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,101 @@
+"""Building the redis-py client for ``REDIS_URL``: one node, Sentinel or Cluster.
+
+- ``redis://``, ``rediss://``, ``unix://`` — redis-py's own URL parsing.
+- ``redis+sentinel://[user:pass@]host:port[,host:port]/service[/db]`` — redis-py's
+  ``Sentinel``; the client follows the master through failovers.
+- ``redis+cluster://[user:pass@]host:port[,host:port]`` — redis-py's ``RedisCluster``.
+
+Every form gets the same short timeouts and one immediate retry (redis-py's ``Retry``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+SENTINEL = "redis+sentinel://"
+CLUSTER = "redis+cluster://"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    kind: str  # "single" | "sentinel" | "cluster"
+    hosts: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    service: str | None
+    db: int
+
+
+def parse(url: str) -> Endpoint:
+    """Parse the Sentinel and Cluster forms (``single`` URLs go to redis-py as they are)."""
+    if not url.startswith((SENTINEL, CLUSTER)):
+        return Endpoint("single", (), None, None, None, 0)
+    kind = "sentinel" if url.startswith(SENTINEL) else "cluster"
+    rest = url.split("://", 1)[1]
+    auth, _, rest = rest.rpartition("@")
+    hostlist, _, path = rest.partition("/")
+    hosts = []
+    for item in hostlist.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"bad host:port {item!r}")
+        hosts.append((host.strip("[]"), int(port)))
+    username, password = None, None
+    if auth:
+        user, sep, secret = auth.partition(":")
+        username, password = (unquote(user) or None), (unquote(secret) if sep else None)
+    parts = [p for p in path.split("/") if p]
+    service, db = None, 0
+    if kind == "cluster" and parts:
+        raise ValueError("redis+cluster:// takes no path (clusters have one db)")
+    if kind == "sentinel":
+        if not parts:
+            raise ValueError("redis+sentinel:// needs a /service name")
+        service = parts[0]
+        db = int(parts[1]) if len(parts) > 1 else 0
+    return Endpoint(kind, tuple(hosts), username, password, service, db)
+
+
+def connect(url: str, timeout_s: float, connect_timeout_s: float, **extra: Any) -> Any:
+    """A client for ``url`` (``redis.Redis`` or ``RedisCluster``) with our timeouts."""
+    common: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        # One immediate retry covers a pooled connection that died with a restart.
+        "retry": Retry(NoBackoff(), 1),
+        **extra,
+    }
+    endpoint = parse(url)
+    if endpoint.kind == "single":
+        return redis.Redis.from_url(url, health_check_interval=30, **common)
+    auth = {"username": endpoint.username, "password": endpoint.password}
+    if endpoint.kind == "sentinel":
+        sentinel = Sentinel(
+            list(endpoint.hosts),
+            sentinel_kwargs={
+                "socket_timeout": timeout_s,
+                "socket_connect_timeout": connect_timeout_s,
+                **auth,
+            },
+            **common,
+        )
+        return sentinel.master_for(endpoint.service, db=endpoint.db, **auth)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in endpoint.hosts],
+        # A failed node is given up on quickly: the engine answers meanwhile.
+        cluster_error_retry_attempts=1,
+        **auth,
+        **common,
+    )
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)

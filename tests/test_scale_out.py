@@ -1,0 +1,154 @@
+"""Single-flight across workers and instances, end to end: real `python -m app serve`
+instances (gunicorn, 2 workers each) sharing one Redis server, as in production."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from app.embedded_redis import EmbeddedRedis, free_port
+from tests.conftest import CORPUS, ROOT
+from tests.helpers import b64, metric_sum
+
+SMALL = [
+    "paddleocr_word_en_1.png", "paddleocr_word_ch_4.jpg", "paddleocr_word_ar_1.jpg",
+    "paddleocr_word_ko_1.jpg", "paddleocr_word_ja_1.jpg", "paddleocr_word_ru_1.jpg",
+    "rapidocr_short.png", "paddleocr_casia_0.jpg",
+]  # fmt: skip
+
+
+class Instance:
+    def __init__(self, redis_url: str, tmp, workers: int, **env: str) -> None:  # type: ignore[no-untyped-def]
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        full = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        full.update(
+            HOST="127.0.0.1", HTTP_PORT=str(self.port), REDIS_URL=redis_url,
+            WEB_CONCURRENCY=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
+            OCR_WORK_DIR=str(tmp / "models"),
+            PROMETHEUS_MULTIPROC_DIR=str(tmp / f"metrics-{self.port}"),
+            SINGLEFLIGHT_LEASE_MS="1500", LOG_LEVEL="warning", **env,
+        )  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=full, start_new_session=True
+        )
+        self.workers = workers
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline, streak = time.monotonic() + timeout, 0
+        while streak < 3 * self.workers:
+            assert self.proc.poll() is None, "instance died"
+            assert time.monotonic() < deadline, "instance never became ready"
+            try:
+                streak = streak + 1 if requests.get(f"{self.base}/readyz", timeout=2).ok else 0
+            except requests.RequestException:
+                streak = 0
+            time.sleep(0.3)
+
+    def engine_calls(self) -> float:
+        return metric_sum(requests.get(f"{self.base}/metrics").text, "ocr_engine_calls_total")
+
+    def ocr(self, data: bytes) -> requests.Response:
+        return requests.post(f"{self.base}/v1/ocr", json={"image": b64(data)}, timeout=120)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):  # type: ignore[no-untyped-def]
+    tmp = tmp_path_factory.mktemp("scale")
+    with EmbeddedRedis() as server:
+        instances = [Instance(server.url, tmp, workers=2) for _ in range(2)]
+        try:
+            for instance in instances:
+                instance.wait_ready()
+            yield server, instances, tmp
+        finally:
+            for instance in instances:
+                instance.stop()
+
+
+def total_calls(instances) -> float:  # type: ignore[no-untyped-def]
+    return sum(i.engine_calls() for i in instances)
+
+
+def test_32_identical_cold_requests_one_engine_call(cluster):
+    _, instances, _ = cluster
+    data = (CORPUS / "tesseract_phototest.png").read_bytes()
+    before = total_calls(instances)
+    barrier = threading.Barrier(32)
+
+    def one(i: int):  # type: ignore[no-untyped-def]
+        barrier.wait()
+        resp = instances[i % 2].ocr(data)
+        return resp.status_code, resp.headers["X-Cache"], resp.json()["lines"]
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    assert total_calls(instances) - before == 1
+    assert [r[0] for r in results] == [200] * 32
+    assert all(r[2] == results[0][2] for r in results) and results[0][2]
+    statuses = [r[1] for r in results]
+    assert statuses.count("MISS") == 1 and set(statuses) <= {"MISS", "COALESCED", "HIT"}
+
+
+def test_trace_with_repeats_computes_each_distinct_image_once(cluster):
+    _, instances, _ = cluster
+    trace = SMALL + SMALL[:6]  # 14 requests, 8 distinct: 43 % repeats
+    random.Random(7).shuffle(trace)
+    before = total_calls(instances)
+
+    def one(item):  # type: ignore[no-untyped-def]
+        i, name = item
+        return instances[i % 2].ocr((CORPUS / name).read_bytes()).status_code
+
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(one, enumerate(trace))) == [200] * len(trace)
+    assert total_calls(instances) - before == len(set(trace))
+
+
+def test_owner_killed_mid_computation_a_waiter_completes(cluster):
+    server, instances, tmp = cluster
+    import redis
+
+    client = redis.Redis.from_url(server.url)
+    owner = Instance(server.url, tmp, workers=1)
+    try:
+        owner.wait_ready()
+        data = (CORPUS / "sroie_019.jpg").read_bytes()
+        threading.Thread(target=lambda: _quiet(owner.ocr, data), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not client.keys("ocr:*:lease"):
+            assert time.monotonic() < deadline, "the owner never took the lease"
+            time.sleep(0.01)
+        result: dict = {}
+        waiter = threading.Thread(target=lambda: result.update(resp=instances[0].ocr(data)))
+        waiter.start()
+        time.sleep(0.3)  # the waiter is now waiting on the owner's lease
+        owner.stop(signal.SIGKILL)  # master and worker, mid-computation
+        waiter.join(120)
+        resp = result["resp"]
+        assert resp.status_code == 200 and resp.json()["lines"]
+        assert resp.headers["X-Cache"] == "MISS"  # the waiter took over and computed
+        assert instances[0].ocr(data).headers["X-Cache"] == "HIT"
+    finally:
+        owner.stop(signal.SIGKILL)
+
+
+def _quiet(fn, *args):  # type: ignore[no-untyped-def]
+    try:
+        fn(*args)
+    except requests.RequestException:
+        pass  # the owner is killed on purpose

@@ -1,0 +1,118 @@
+"""Single-flight: one computation per key across threads (in-process) and across caches
+that share only Redis (two app instances in one test process stand for two processes: they
+share nothing but the Redis server, exactly like gunicorn workers or replicas)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from app.cache.keys import digest_image, lease_key
+from tests.conftest import PHOTOTEST, WORD_CH
+from tests.helpers import b64, metric_sum
+
+
+def engine_calls(client) -> float:  # type: ignore[no-untyped-def]
+    return metric_sum(client.get("/metrics").text, "ocr_engine_calls_total")
+
+
+def fire(clients, data: bytes, n: int):  # type: ignore[no-untyped-def]
+    barrier = threading.Barrier(n)
+
+    def one(i: int):  # type: ignore[no-untyped-def]
+        barrier.wait()
+        resp = clients[i % len(clients)].post("/v1/ocr", json={"image": b64(data)})
+        body = resp.get_json()
+        return resp.status_code, resp.headers.get("X-Cache"), body.get("lines", body)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_threads_of_one_process_share_one_computation(make_app):
+    client = make_app().test_client()
+    before = engine_calls(client)
+    results = fire([client], PHOTOTEST.read_bytes(), 8)
+    assert engine_calls(client) - before == 1
+    assert {r[0] for r in results} == {200}
+    statuses = sorted(r[1] for r in results)
+    assert statuses.count("MISS") == 1 and set(statuses) <= {"MISS", "COALESCED", "HIT"}
+    assert all(r[2] == results[0][2] for r in results)
+
+
+def test_caches_sharing_only_redis_elect_one_computer(make_app):
+    clients = [make_app().test_client() for _ in range(4)]
+    before = engine_calls(clients[0])
+    results = fire(clients, PHOTOTEST.read_bytes(), 16)
+    assert engine_calls(clients[0]) - before == 1
+    assert {r[0] for r in results} == {200}
+    assert all(r[2] == results[0][2] for r in results)
+    assert sorted(r[1] for r in results).count("MISS") == 1
+
+
+def test_dead_owner_lease_expires_and_a_waiter_takes_over(make_app, redis_client):
+    """A lease left by a killed process (no renewals, never released) delays, not blocks."""
+    app = make_app(singleflight_lease_ms=800)
+    client = app.test_client()
+    data = WORD_CH.read_bytes()
+    cache = app.extensions["ocr"]["cache"]
+    key = cache.key_for(digest_image(data), cache.engine.default_params)
+    redis_client.set(lease_key(key), "token-of-a-dead-process", px=800)
+    started = time.monotonic()
+    resp = client.post("/v1/ocr", json={"image": b64(data)})
+    assert resp.status_code == 200 and resp.headers["X-Cache"] == "MISS"
+    assert 0.5 < time.monotonic() - started < 10
+    assert redis_client.get(lease_key(key)) is None  # ours was released
+
+
+def test_bounded_wait_then_compute_here(make_app, redis_client):
+    app = make_app(singleflight_lease_ms=60_000, singleflight_wait_seconds=0.5)
+    data = WORD_CH.read_bytes()
+    cache = app.extensions["ocr"]["cache"]
+    key = cache.key_for(digest_image(data), cache.engine.default_params)
+    redis_client.set(lease_key(key), "a-stuck-owner", px=60_000)
+    started = time.monotonic()
+    resp = app.test_client().post("/v1/ocr", json={"image": b64(data)})
+    assert resp.status_code == 200 and resp.headers["X-Cache"] == "MISS"
+    assert time.monotonic() - started < 10
+
+
+def test_failed_computation_is_not_shared_as_a_result(make_app, redis_client, engine):
+    """The in-process followers of a failing computation get its error once; nothing cached."""
+    from app.engines.base import EngineError
+
+    calls = []
+    gate = threading.Event()
+
+    class Failing:
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(engine, name)
+
+        def recognize(self, request):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            gate.wait(2)
+            raise EngineError("engine crashed")
+
+    client = make_app(engine_override=Failing()).test_client()
+    threading.Timer(0.3, gate.set).start()  # all four requests are in flight by then
+    results = fire([client], WORD_CH.read_bytes(), 4)
+    assert [r[0] for r in results] == [503] * 4
+    assert all(r[2]["error"]["message"] == "engine crashed" for r in results)
+    assert len(calls) == 1
+    assert redis_client.keys("ocr:*") == []
+
+
+def test_lease_is_released_and_notified(make_app, redis_client):
+    client = make_app().test_client()
+    pubsub = redis_client.pubsub()
+    pubsub.psubscribe("ocr:done:*")
+    client.post("/v1/ocr", json={"image": b64(PHOTOTEST.read_bytes())})
+    messages = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not messages:
+        message = pubsub.get_message(timeout=0.5)
+        if message and message["type"] == "pmessage":
+            messages.append(message)
+    assert messages and messages[0]["data"] == b"ok"
+    assert redis_client.keys("*:lease") == []
