@@ -62,7 +62,12 @@ class EmbeddedRedis:
         self._dir = self._dir or tempfile.mkdtemp(prefix="ocr-redis-")
         args = [server_binary()]
         if self.conf is not None:
-            args.append(str(self.conf))
+            # A private copy: CONFIG REWRITE (Sentinel does it on failover) must never edit
+            # the caller's file, e.g. docker/redis.conf in the repository.
+            conf = Path(self._dir) / "redis.conf"
+            if not conf.exists():
+                shutil.copyfile(self.conf, conf)
+            args.append(str(conf))
         args += [
             "--port",
             str(self.port),

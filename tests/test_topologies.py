@@ -1,0 +1,166 @@
+"""Scale-out Redis topologies on loopback, with real failovers: a master is killed by pid
+while requests keep coming. Proven: no failed client request (the engine answers during the
+failover), nothing served wrong, caching resumes by itself afterwards."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from app.embedded_redis import EmbeddedRedis, free_port
+from tests.conftest import CORPUS
+from tests.helpers import b64
+
+IMAGES = ["paddleocr_word_en_1.png", "rapidocr_short.png", "paddleocr_word_ru_1.jpg"]
+
+
+def _expected(client) -> dict[str, list]:  # type: ignore[no-untyped-def]
+    return {
+        name: client.post("/v1/ocr", json={"image": b64((CORPUS / name).read_bytes())}).get_json()[
+            "lines"
+        ]
+        for name in IMAGES
+    }
+
+
+def _drive_through_failover(app, kill, expected, seconds: float = 8.0) -> list[str]:  # type: ignore[no-untyped-def]
+    """Requests before, during and after ``kill()``; every answer must be 200 and right."""
+    client = app.test_client()
+    statuses, killed = [], False
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if not killed and time.monotonic() - started > 1.0:
+            kill()
+            killed = True
+        for name in IMAGES:
+            resp = client.post("/v1/ocr", json={"image": b64((CORPUS / name).read_bytes())})
+            assert resp.status_code == 200
+            assert resp.get_json()["lines"] == expected[name], name
+            statuses.append(resp.headers["X-Cache"])
+        time.sleep(0.05)
+    return statuses
+
+
+def _caching_resumes(app, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    """A fresh image is stored and then hit, through the new master."""
+    client = app.test_client()
+    data = (CORPUS / "paddleocr_word_ko_1.jpg").read_bytes()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        client.post("/v1/ocr", json={"image": b64(data)}, headers={"Cache-Control": "no-cache"})
+        if client.post("/v1/ocr", json={"image": b64(data)}).headers["X-Cache"] == "HIT":
+            return
+        time.sleep(0.3)
+    raise AssertionError("caching did not resume after the failover")
+
+
+@pytest.fixture()
+def sentinel_setup(tmp_path: Path):  # type: ignore[no-untyped-def]
+    master = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"sentinel monitor ocrmaster 127.0.0.1 {master.port} 1\n"
+        "sentinel down-after-milliseconds ocrmaster 1000\n"
+        "sentinel failover-timeout ocrmaster 3000\n"
+    )
+    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start()
+    _wait(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up")
+    _wait(lambda: redis.Redis(port=sentinel.port).sentinel_master("ocrmaster")["num-slaves"] >= 1)
+    yield master, replica, sentinel
+    for server in (sentinel, replica, master):
+        server.cleanup()
+
+
+def test_sentinel_failover(make_app, sentinel_setup):
+    master, replica, sentinel = sentinel_setup
+    url = f"redis+sentinel://127.0.0.1:{sentinel.port}/ocrmaster/0"
+    app = make_app(redis_url=url, redis_breaker_cooldown_seconds=0.5)
+    expected = _expected(app.test_client())
+    statuses = _drive_through_failover(app, lambda: master.proc.kill(), expected)
+    assert "HIT" in statuses
+    _wait(lambda: redis.Redis(port=replica.port).info("replication")["role"] == "master", 30)
+    _caching_resumes(app)
+
+
+@pytest.fixture()
+def cluster_nodes():  # type: ignore[no-untyped-def]
+    args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--cluster-config-file", "nodes.conf"]  # fmt: skip
+    nodes = [EmbeddedRedis(extra_args=args, port=_cluster_port()).start() for _ in range(6)]
+    clients = [redis.Redis(port=n.port) for n in nodes]
+    masters, replicas = clients[:3], clients[3:]
+    bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
+    for client, (lo, hi) in zip(masters, bounds, strict=True):
+        client.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+    for node in nodes[1:]:
+        clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+    _wait(lambda: all(len(c.execute_command("CLUSTER", "NODES").splitlines()) == 6
+                      for c in clients))  # fmt: skip
+    for master, replica in zip(masters, replicas, strict=True):
+        replica.execute_command("CLUSTER", "REPLICATE", master.execute_command("CLUSTER", "MYID"))
+    _wait(lambda: all(c.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
+                      for c in clients))  # fmt: skip
+    _wait(lambda: all(r.info("replication").get("master_link_status") == "up" for r in replicas))
+    yield nodes
+    for node in nodes:
+        node.cleanup()
+
+
+def test_cluster_failover(make_app, cluster_nodes):
+    seeds = ",".join(f"127.0.0.1:{n.port}" for n in cluster_nodes[:2])
+    app = make_app(redis_url=f"redis+cluster://{seeds}", redis_breaker_cooldown_seconds=0.5)
+    client = app.test_client()
+    expected = _expected(client)
+    # Kill the master that holds the first image's entry.
+    probe = redis.Redis(port=cluster_nodes[0].port)
+    key = next(k for k in _all_keys(cluster_nodes) if k.startswith(b"ocr:"))
+    slot = probe.execute_command("CLUSTER", "KEYSLOT", key)
+    master_port = next(
+        int(master[1])
+        for lo, hi, master, *_ in probe.execute_command("CLUSTER", "SLOTS")
+        if lo <= slot <= hi
+    )
+    victim = next(n for n in cluster_nodes if n.port == master_port)
+    statuses = _drive_through_failover(app, lambda: victim.proc.kill(), expected)
+    assert "HIT" in statuses
+    survivor = redis.Redis(port=next(n for n in cluster_nodes if n is not victim).port)
+    _wait(lambda: b"cluster_state:ok" in survivor.execute_command("CLUSTER", "INFO"), 30)
+    _caching_resumes(app)
+
+
+def _all_keys(nodes) -> list[bytes]:  # type: ignore[no-untyped-def]
+    return [k for n in nodes[:3] for k in redis.Redis(port=n.port).keys("*")]
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    while True:
+        port = free_port()
+        if port + 10000 <= 65535 and _is_free(port + 10000):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _wait(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
