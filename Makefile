@@ -23,8 +23,8 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check app tests bench
-	$(BIN)/ruff format --check app tests bench
+	$(BIN)/ruff check app tests bench gunicorn.conf.py
+	$(BIN)/ruff format --check app tests bench gunicorn.conf.py
 
 bench: install
 	$(BIN)/python -m bench.run

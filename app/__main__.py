@@ -8,25 +8,13 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 
 from app.config import ConfigError, Settings
 
 
-def _prepare_metrics_dir() -> str:
-    """A clean prometheus multiprocess directory (stale files would double-count)."""
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.path.join(
-        tempfile.gettempdir(), f"ocr-cache-metrics-{os.getpid()}"
-    )
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path, exist_ok=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
-    return path
-
-
 def serve(settings: Settings) -> int:
     from app.embedded_redis import EmbeddedRedis
-    from app.gunicorn_app import GunicornApp
+    from app.gunicorn_app import GunicornApp, prepare_metrics_dir
 
     log = logging.getLogger("app")
     embedded = None
@@ -34,7 +22,7 @@ def serve(settings: Settings) -> int:
         embedded = EmbeddedRedis().start()
         os.environ["REDIS_URL"] = embedded.url
         log.info("REDIS_URL unset: started a private Redis at %s (docker/redis.conf)", embedded.url)
-    metrics_dir = _prepare_metrics_dir()
+    metrics_dir = prepare_metrics_dir()
     try:
         GunicornApp(settings).run()
     except SystemExit as exc:

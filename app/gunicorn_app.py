@@ -7,6 +7,8 @@ fork. ``gthread`` workers let cache hits be served while a worker's engine is bu
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -27,6 +29,7 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "loglevel": settings.log_level.lower(),
         "accesslog": None,
         "errorlog": "-",
+        "on_starting": prepare_metrics_dir,
         "child_exit": _child_exit,
         "post_worker_init": _start_grpc,
         "worker_exit": _stop_grpc,
@@ -48,6 +51,18 @@ def _stop_grpc(server: Any, worker: Any) -> None:
     grpc = wsgi.extensions["ocr"].get("grpc") if wsgi is not None else None
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
+
+
+def prepare_metrics_dir(server: Any = None) -> str:
+    """A clean prometheus multiprocess directory, set before any worker forks (stale files
+    from an earlier run would double-count)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.path.join(
+        tempfile.gettempdir(), f"ocr-cache-metrics-{os.getpid()}"
+    )
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
 
 
 def _child_exit(server: Any, worker: Any) -> None:

@@ -97,4 +97,10 @@ def percentiles(latencies: list[float]) -> dict:
     def pct(p: float) -> float:
         return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000
 
-    return {"p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "n": len(xs)}
+    return {
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "max_ms": xs[-1] * 1000,
+        "n": len(xs),
+    }

@@ -101,3 +101,45 @@ def test_readyz_is_503_until_the_engine_is_loaded(make_app, base_settings):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert client.get("/readyz").get_json()["engine"] == "ready"
+
+
+def test_gunicorn_cli_with_the_config_file(tmp_path, redis_server):
+    """`gunicorn -c gunicorn.conf.py "app.web:create_app()"` runs the same service: HTTP,
+    gRPC from the worker, metrics summed through the multiprocess directory."""
+    import grpc
+
+    from app.grpc_server import pb2, pb2_grpc
+
+    port, grpc_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(
+        HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port), WEB_CONCURRENCY="1",
+        REDIS_URL=redis_server.url, OCR_WORK_DIR=str(tmp_path / "models"),
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), CACHE_KEY_PREFIX="gunicorn-cli",
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "app.web:create_app()"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc)
+        data = WORD_EN.read_bytes()
+        statuses = [
+            requests.post(f"{base}/v1/ocr", json={"image": b64(data)}, timeout=60).headers[
+                "X-Cache"
+            ]
+            for _ in range(2)
+        ]
+        assert statuses == ["MISS", "HIT"]
+        stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        reply, call = stub.inference.with_call(
+            pb2.Request(key=["image"], value=[b64(data)]), timeout=30
+        )
+        assert reply.err_no == 0 and dict(call.trailing_metadata())["x-cache"] == "HIT"
+        metrics = requests.get(f"{base}/metrics", timeout=5).text
+        assert metric_sum(metrics, "ocr_engine_calls_total") == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
