@@ -6,6 +6,8 @@ one-line message naming the variable, which the entry point prints before exitin
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -111,6 +113,62 @@ def env(var: str, parse: Callable[[str, str], Any], default: Any) -> Any:
     return field(default=default, metadata={"env": var, "parse": parse})
 
 
+def secret(var: str, parse: Callable[[str, str], Any], default: Any) -> Any:
+    """A secret: from ``var`` or from the file named by ``{var}_FILE`` (Kubernetes/Docker
+    secrets); never in the settings' repr, never printed."""
+    return field(default=default, repr=False, metadata={"env": var, "parse": parse, "secret": True})
+
+
+def _encryption_keys(name: str, raw: str) -> tuple[tuple[str, bytes], ...]:
+    """``kid:base64key[,kid:base64key...]``; AES key sizes only; the first one encrypts."""
+    keys = []
+    for item in raw.split(","):
+        kid, sep, encoded = item.strip().partition(":")
+        if not sep or not kid or len(kid) > 32 or not all(c.isalnum() or c in "-_" for c in kid):
+            raise ConfigError(f"{name}: expected kid:base64key items (kid: 1-32 of [A-Za-z0-9_-])")
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{name}: key {kid!r} is not valid base64") from None
+        if len(key) not in (16, 24, 32):
+            raise ConfigError(f"{name}: key {kid!r} must be 16, 24 or 32 bytes (AES)")
+        if any(kid == existing for existing, _ in keys):
+            raise ConfigError(f"{name}: key id {kid!r} appears twice")
+        keys.append((kid, key))
+    return tuple(keys)
+
+
+def _token(name: str, raw: str) -> str:
+    value = raw.strip()
+    if len(value) < 16:
+        raise ConfigError(f"{name}: must be at least 16 characters")
+    return value
+
+
+def _header_name(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value and not all(c.isalnum() or c == "-" for c in value):
+        raise ConfigError(f"{name}: expected an HTTP header name, got {raw!r}")
+    return value
+
+
+def _existing_file(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value and not os.path.isfile(value):
+        raise ConfigError(f"{name}: no such file {value!r}")
+    return value
+
+
+def _read_secret_file(var: str, path: str) -> str | None:
+    if not path.strip():
+        return None
+    try:
+        with open(path.strip(), encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"{var}: cannot read {path.strip()!r}: {exc.strerror}") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     """The service's configuration; build it with ``Settings.from_env()``."""
@@ -127,7 +185,14 @@ class Settings:
     pipeline_service_name: str = env("PIPELINE_SERVICE_NAME", _prefix, "ocr")
 
     # Cache (L2 = Redis).
-    redis_url: str = env("REDIS_URL", _redis_url, "")
+    redis_url: str = field(
+        default="", repr=False, metadata={"env": "REDIS_URL", "parse": _redis_url}
+    )  # may carry a password
+    redis_username: str = env("REDIS_USERNAME", _text, "")
+    redis_password: str = secret("REDIS_PASSWORD", _text, "")
+    redis_tls_ca_file: str = env("REDIS_TLS_CA_FILE", _existing_file, "")
+    redis_tls_cert_file: str = env("REDIS_TLS_CERT_FILE", _existing_file, "")
+    redis_tls_key_file: str = env("REDIS_TLS_KEY_FILE", _existing_file, "")
     redis_timeout_ms: int = env("REDIS_TIMEOUT_MS", _int(1, 60_000), 50)
     redis_connect_timeout_ms: int = env("REDIS_CONNECT_TIMEOUT_MS", _int(1, 60_000), 50)
     redis_breaker_failures: int = env("REDIS_BREAKER_FAILURES", _int(1, 1000), 3)
@@ -138,6 +203,12 @@ class Settings:
     cache_ttl_seconds: int = env("CACHE_TTL_SECONDS", _int(1, 10 * 365 * 86400), 86400)
     cache_ttl_jitter: float = env("CACHE_TTL_JITTER", _float(0.0, 0.5), 0.1)
     cache_key_prefix: str = env("CACHE_KEY_PREFIX", _prefix, "ocr")
+    cache_ttl_max_seconds: int = env("CACHE_TTL_MAX_SECONDS", _int(1, 10 * 365 * 86400), 2_592_000)
+    cache_tenant_header: str = env("CACHE_TENANT_HEADER", _header_name, "")
+    cache_encryption_keys: tuple[tuple[str, bytes], ...] = secret(
+        "CACHE_ENCRYPTION_KEYS", _encryption_keys, ()
+    )
+    admin_token: str = secret("ADMIN_TOKEN", _token, "")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
     cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
     cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)
@@ -149,6 +220,8 @@ class Settings:
     ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving"), "paddle")
     ocr_device: str = env("OCR_DEVICE", _choice("cpu", "gpu"), "cpu")
     ocr_cpu_threads: int = env("OCR_CPU_THREADS", _int(1, 64), 1)
+    ocr_timeout_seconds: float = env("OCR_TIMEOUT_SECONDS", _float(0.001, 3600.0), 60.0)
+    engine_unready_after_failures: int = env("ENGINE_UNREADY_AFTER_FAILURES", _int(1, 1000), 5)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
     ocr_max_image_side: int = env("OCR_MAX_IMAGE_SIDE", _int(64, 20_000), 4096)
@@ -187,9 +260,12 @@ class Settings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = environ.get(f.metadata["env"])
+            var = f.metadata["env"]
+            raw = environ.get(var)
+            if (raw is None or not raw.strip()) and f.metadata.get("secret"):
+                raw = _read_secret_file(f"{var}_FILE", environ.get(f"{var}_FILE", ""))
             if raw is not None and raw.strip() != "":
-                values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+                values[f.name] = f.metadata["parse"](var, raw)
         return cls(**values)
 
     def __post_init__(self) -> None:
@@ -209,6 +285,11 @@ class Settings:
     def url_hosts(self) -> frozenset[str]:
         return frozenset(
             h.strip().lower() for h in self.url_input_allowed_hosts.split(",") if h.strip()
+        )
+
+    def is_secret(self, field_name: str) -> bool:
+        return field_name == "redis_url" or any(
+            f.name == field_name and f.metadata.get("secret") for f in fields(self)
         )
 
     def with_overrides(self, **changes: Any) -> Settings:

@@ -38,8 +38,8 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
 
 def _start_grpc(worker: Any) -> None:
     """Serve gRPC from this worker too, on the same cache (SO_REUSEPORT shares the port)."""
-    ocr = worker.wsgi.extensions["ocr"]
-    if ocr["settings"].grpc_enabled:
+    ocr = getattr(worker.wsgi, "extensions", {}).get("ocr")  # None: not our app
+    if ocr is not None and ocr["settings"].grpc_enabled:
         from app import grpc_server
 
         ocr["grpc"], _ = grpc_server.start(ocr["cache"], ocr["settings"])
@@ -48,7 +48,8 @@ def _start_grpc(worker: Any) -> None:
 def _stop_grpc(server: Any, worker: Any) -> None:
     """Graceful: in-flight RPCs get up to the request timeout to finish."""
     wsgi = getattr(worker, "wsgi", None)
-    grpc = wsgi.extensions["ocr"].get("grpc") if wsgi is not None else None
+    ocr = getattr(wsgi, "extensions", {}).get("ocr") or {}
+    grpc = ocr.get("grpc")
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
 

@@ -39,6 +39,11 @@ def build_cache(
             CircuitBreaker(
                 settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds
             ),
+            username=settings.redis_username,
+            password=settings.redis_password,
+            tls_ca_file=settings.redis_tls_ca_file,
+            tls_cert_file=settings.redis_tls_cert_file,
+            tls_key_file=settings.redis_tls_key_file,
         )
     if settings.cache_enabled and store is None:
         log.warning("REDIS_URL is not set: every request goes to the engine")

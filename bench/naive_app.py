@@ -13,6 +13,7 @@ import redis
 from flask import Flask, jsonify, request
 
 from app.config import Settings
+from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.imaging import decode_image
 
@@ -30,6 +31,7 @@ def ocr():  # type: ignore[no-untyped-def]
     cached = cache.get(key)
     if cached:
         return jsonify(json.loads(cached))
-    result = engine.recognize(decode_image(data, 60_000_000)).to_dict()
+    image = decode_image(data, 60_000_000)
+    result = engine.recognize(OcrRequest(data, image, engine.default_params)).to_dict()
     cache.setex(key, 86400, json.dumps(result))
     return jsonify(result)

@@ -59,7 +59,7 @@ def test_params_change_the_output(engine):
 
 def test_large_pages_are_shrunk_and_boxes_mapped_back(base_settings, engine):
     small = PaddleOcrEngine(base_settings.with_overrides(ocr_max_image_side=320))
-    small._pipeline = engine._pipeline  # same loaded runtime, different memory bound
+    small._pipeline, small._runner = engine._pipeline, engine._runner  # same loaded runtime
     full = _ocr(engine, PHOTOTEST)
     bounded = _ocr(small, PHOTOTEST)
     assert (bounded.width, bounded.height) == (640, 480)

@@ -48,3 +48,8 @@ def lease_key(key: str) -> str:
 def done_channel(prefix: str, key: str) -> str:
     """Pub/sub channel announcing that ``key``'s computation ended."""
     return f"{prefix}:done:{key}"
+
+
+def purge_channel(prefix: str) -> str:
+    """Pub/sub channel telling every process to drop its L1 after a purge."""
+    return f"{prefix}:purge"

@@ -1,26 +1,33 @@
-"""Cross-process "computation finished" notifications over Redis pub/sub.
+"""Cross-process notifications over Redis pub/sub: "computation finished" and "purged".
 
 One listener thread per process holds one pattern subscription (``{prefix}:done:*``) and
 wakes the local threads waiting on a key, so a waiter blocks on an Event instead of
-polling Redis. If Redis is unreachable the listener retries in the background and waiters
-simply run into their (bounded) timeout.
+polling Redis; a message on ``{prefix}:purge`` drops this process's L1. If Redis is
+unreachable the listener retries in the background and waiters simply run into their
+(bounded) timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from app.cache.keys import purge_channel
 from app.cache.store import RedisStore
 
 log = logging.getLogger(__name__)
 
 
 class Notifier:
-    def __init__(self, store: RedisStore, prefix: str) -> None:
+    def __init__(
+        self, store: RedisStore, prefix: str, on_purge: Callable[[], None] = lambda: None
+    ) -> None:
         self._store = store
         self._pattern = f"{prefix}:done:*"
+        self._purge_channel = purge_channel(prefix)
+        self._on_purge = on_purge
         self._lock = threading.Lock()
         self._waiters: dict[str, list[threading.Event]] = {}
         self._subscribed = threading.Event()
@@ -59,12 +66,15 @@ class Notifier:
                 client = self._store.pubsub_client()
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.psubscribe(self._pattern)
+                pubsub.subscribe(self._purge_channel)
                 self._subscribed.set()
                 backoff = 0.1
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "pmessage":
                         self._wake(message["channel"])
+                    elif message and message.get("type") == "message":
+                        self._on_purge()
             except Exception as exc:  # any Redis/socket failure: resubscribe later
                 self._subscribed.clear()
                 log.debug("notification listener: %s; retrying", exc.__class__.__name__)

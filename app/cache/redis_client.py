@@ -64,8 +64,31 @@ def parse(url: str) -> Endpoint:
     return Endpoint(kind, tuple(hosts), username, password, service, db)
 
 
-def connect(url: str, timeout_s: float, connect_timeout_s: float, **extra: Any) -> Any:
-    """A client for ``url`` (``redis.Redis`` or ``RedisCluster``) with our timeouts."""
+def connect(
+    url: str,
+    timeout_s: float | None,
+    connect_timeout_s: float,
+    *,
+    username: str = "",
+    password: str = "",
+    tls_ca_file: str = "",
+    tls_cert_file: str = "",
+    tls_key_file: str = "",
+    **extra: Any,
+) -> Any:
+    """A client for ``url`` (``redis.Redis`` or ``RedisCluster``) with our timeouts.
+
+    ``username``/``password`` (from REDIS_USERNAME / REDIS_PASSWORD[_FILE]) apply where the
+    URL has none; the TLS files apply to ``rediss://`` (and turn TLS on for the Sentinel and
+    Cluster forms).
+    """
+    tls: dict[str, Any] = {}
+    if tls_ca_file:
+        tls["ssl_ca_certs"] = tls_ca_file
+    if tls_cert_file:
+        tls["ssl_certfile"] = tls_cert_file
+    if tls_key_file:
+        tls["ssl_keyfile"] = tls_key_file
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": connect_timeout_s,
@@ -75,8 +98,15 @@ def connect(url: str, timeout_s: float, connect_timeout_s: float, **extra: Any) 
     }
     endpoint = parse(url)
     if endpoint.kind == "single":
-        return redis.Redis.from_url(url, health_check_interval=30, **common)
-    auth = {"username": endpoint.username, "password": endpoint.password}
+        secured = tls if url.startswith("rediss://") else {}
+        auth_kw = {k: v for k, v in (("username", username), ("password", password)) if v}
+        return redis.Redis.from_url(url, health_check_interval=30, **auth_kw, **secured, **common)
+    auth = {
+        "username": endpoint.username or username or None,
+        "password": endpoint.password or password or None,
+    }
+    if tls:
+        common.update(ssl=True, **tls)
     if endpoint.kind == "sentinel":
         sentinel = Sentinel(
             list(endpoint.hosts),

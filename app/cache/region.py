@@ -17,20 +17,36 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 
 from app import metrics
-from app.cache import codec
-from app.cache.keys import ImageDigest, build_key, digest_image, done_channel, lease_key
+from app.cache.codec import Codec
+from app.cache.keys import (
+    ImageDigest,
+    build_key,
+    digest_image,
+    done_channel,
+    lease_key,
+    purge_channel,
+)
 from app.cache.l1 import L1Cache
 from app.cache.notify import Notifier
 from app.cache.singleflight import SingleFlight
 from app.cache.store import RedisStore
 from app.config import Settings
-from app.engines.base import Engine, EngineError, OcrParams, OcrRequest, OcrResult
+from app.engines.base import (
+    Engine,
+    EngineError,
+    EngineTimeout,
+    OcrParams,
+    OcrRequest,
+    OcrResult,
+)
 from app.imaging import DecodedImage
 
 log = logging.getLogger(__name__)
@@ -45,11 +61,14 @@ class CacheStatus(StrEnum):
 
 @dataclass(frozen=True)
 class CacheControls:
-    """Per-request controls (from ``Cache-Control`` or the protocol)."""
+    """Per-request controls (from ``Cache-Control``, ``X-Cache-TTL``, the tenant header or
+    the protocol)."""
 
     bypass: bool = False  # neither read nor write (e.g. pipeline.profile)
     no_cache: bool = False  # do not read; recompute and refresh
     no_store: bool = False  # do not write
+    ttl: int | None = None  # TTL override for writes, already bounded by the caller
+    namespace: str = ""  # tenant namespace: its own keys, never shared
 
 
 @dataclass(frozen=True)
@@ -69,19 +88,26 @@ class OcrCache:
         store: RedisStore | None,
         decode: Decoder,
         wait_for_engine: Callable[[], None] = lambda: None,
+        on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     ) -> None:
         self._settings = settings
         self._engine = engine
         self._store = store if settings.cache_enabled else None
         self._decode = decode
         self._wait_for_engine = wait_for_engine
+        self._on_engine_outcome = on_engine_outcome
+        self._codec = Codec(settings.cache_compress_min_bytes, settings.cache_encryption_keys)
+        # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS.
+        self._engine_pool = ThreadPoolExecutor(settings.web_threads, thread_name_prefix="engine")
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
             settings.cache_l1_bytes if settings.cache_enabled else 0,
             settings.cache_l1_max_age_seconds,
         )
         self._notifier = (
-            Notifier(self._store, settings.cache_key_prefix) if self._store is not None else None
+            Notifier(self._store, settings.cache_key_prefix, on_purge=self._l1.clear)
+            if self._store is not None
+            else None
         )
 
     @property
@@ -101,9 +127,18 @@ class OcrCache:
         parameters share entries however a protocol spelled them."""
         return f"ocr-{params.digest()}"
 
-    def key_for(self, digest: ImageDigest, params: OcrParams) -> str:
-        prefix, fingerprint = self._settings.cache_key_prefix, self._engine.fingerprint
-        return build_key(prefix, fingerprint, self._task(params), digest)
+    def prefix(self, namespace: str = "") -> str:
+        """``{CACHE_KEY_PREFIX}`` or, for a tenant, ``{CACHE_KEY_PREFIX}.{tenant}``."""
+        base = self._settings.cache_key_prefix
+        return f"{base}.{namespace}" if namespace else base
+
+    def key_for(self, digest: ImageDigest, params: OcrParams, namespace: str = "") -> str:
+        return build_key(
+            self.prefix(namespace), self._engine.fingerprint, self._task(params), digest
+        )
+
+    def _l1_key(self, namespace: str, task: str, digest: ImageDigest) -> tuple[str, ...]:
+        return (self.prefix(namespace), self._engine.fingerprint, task, digest.sha256)
 
     def get_or_compute(
         self,
@@ -132,18 +167,18 @@ class OcrCache:
         outcomes: list[Outcome | None] = [None] * len(images)
         if not controls.no_cache:
             for i, digest in enumerate(digests):
-                hit = self._l1.get((self._engine.fingerprint, task, digest.sha256))
+                hit = self._l1.get(self._l1_key(controls.namespace, task, digest))
                 if hit is not None:
                     metrics.CACHE_REQUESTS.labels(result="hit").inc()
                     metrics.CACHE_TIER_HITS.labels(tier="l1").inc()
                     outcomes[i] = Outcome(hit, CacheStatus.HIT)
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
-        keys = {i: self.key_for(digests[i], params) for i in pending}
+        keys = {i: self.key_for(digests[i], params, controls.namespace) for i in pending}
         ok, values = True, [None] * len(pending)
         if pending and not controls.no_cache:
             ok, values = self._store.get_many([keys[i] for i in pending])
         for i, value in zip(pending, values, strict=True):
-            hit = self._read(value, digests[i], task)
+            hit = self._read(value, digests[i], task, keys[i], controls.namespace)
             if hit is not None:
                 metrics.CACHE_REQUESTS.labels(result="hit").inc()
                 metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
@@ -158,11 +193,13 @@ class OcrCache:
             outcomes[i] = outcome
         return outcomes  # type: ignore[return-value]
 
-    def _read(self, value: bytes | None, digest: ImageDigest, task: str) -> OcrResult | None:
+    def _read(
+        self, value: bytes | None, digest: ImageDigest, task: str, key: str, namespace: str
+    ) -> OcrResult | None:
         """Decode an L2 value (a miss if unusable) and keep it in L1 until it expires."""
         if value is None:
             return None
-        entry = codec.decode(value, digest.sha256, self._engine.fingerprint)
+        entry = self._codec.decode(value, digest.sha256, self._engine.fingerprint, key)
         if entry is None:
             log.info("cache entry for %s is unusable; treating as a miss", digest.md5)
             return None
@@ -170,8 +207,7 @@ class OcrCache:
             result = OcrResult.from_dict(entry.result)
         except (KeyError, TypeError, ValueError):
             return None
-        l1_key = (self._engine.fingerprint, task, digest.sha256)
-        self._l1.put(l1_key, result, entry.expires_at - time.time())
+        self._l1.put(self._l1_key(namespace, task, digest), result, entry.expires_at - time.time())
         return result
 
     def _miss(
@@ -187,9 +223,10 @@ class OcrCache:
         assert self._store is not None
         task = self._task(params)
         recheck = redis_ok and not controls.no_cache
+        ns = controls.namespace
         if recheck:
             # Another computation may have finished between our read and our turn.
-            hit = self._read(self._store.get_many([key])[1][0], digest, task)
+            hit = self._read(self._store.get_many([key])[1][0], digest, task, key, ns)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT)
         image = self._decode(data)  # InvalidImage: a client error, before any lease
@@ -197,7 +234,7 @@ class OcrCache:
             return self._compute_and_store(image, data, params, digest, key, controls)
         deadline = time.monotonic() + self._settings.singleflight_wait_seconds
         lease = lease_key(key)
-        channel = done_channel(self._settings.cache_key_prefix, key)
+        channel = done_channel(self._settings.cache_key_prefix, key)  # one channel space
         while True:
             token = secrets.token_hex(16)
             ttl_ms = self._settings.singleflight_lease_ms
@@ -208,7 +245,7 @@ class OcrCache:
                 return self._compute_as_owner(
                     image, data, params, digest, key, controls, lease, token, channel
                 )
-            waited = self._wait_for_owner(key, digest, task, lease, channel, deadline)
+            waited = self._wait_for_owner(key, digest, task, ns, lease, channel, deadline)
             if waited is not None:
                 return Outcome(waited, CacheStatus.COALESCED)
             if time.monotonic() >= deadline:
@@ -218,13 +255,20 @@ class OcrCache:
             # The owner failed or died (its lease is gone or expiring): try to take over.
 
     def _wait_for_owner(
-        self, key: str, digest: ImageDigest, task: str, lease: str, channel: str, deadline: float
+        self,
+        key: str,
+        digest: ImageDigest,
+        task: str,
+        ns: str,
+        lease: str,
+        channel: str,
+        deadline: float,
     ) -> OcrResult | None:
         """Block on the owner's notification (not a poll); None if no result came."""
         assert self._notifier is not None and self._store is not None
         event = self._notifier.register(channel)
         try:
-            hit = self._read(self._store.get_many([key])[1][0], digest, task)
+            hit = self._read(self._store.get_many([key])[1][0], digest, task, key, ns)
             if hit is not None:
                 return hit
             if not self._store.exists(lease):
@@ -232,7 +276,7 @@ class OcrCache:
             # At most one lease period per round: a crashed owner's lease expires by then.
             timeout = min(deadline - time.monotonic(), self._settings.singleflight_lease_ms / 1000)
             event.wait(max(0.0, timeout))
-            return self._read(self._store.get_many([key])[1][0], digest, task)
+            return self._read(self._store.get_many([key])[1][0], digest, task, key, ns)
         finally:
             self._notifier.unregister(channel, event)
 
@@ -253,7 +297,8 @@ class OcrCache:
         try:
             with self._renewing(lease, token):
                 # The previous owner may have stored the result just before we took over.
-                hit = self._read(self._store.get_many([key])[1][0], digest, self._task(params))
+                value = self._store.get_many([key])[1][0]
+                hit = self._read(value, digest, self._task(params), key, controls.namespace)
                 if hit is not None:
                     outcome = "ok"
                     return Outcome(hit, CacheStatus.HIT)
@@ -297,16 +342,11 @@ class OcrCache:
         assert self._store is not None
         result = self._run_engine(image, data, params)
         if not controls.no_store:
-            ttl = self._ttl()
-            entry = codec.encode(
-                result.to_dict(),
-                digest.sha256,
-                self._engine.fingerprint,
-                self._settings.cache_compress_min_bytes,
-                ttl,
-            )
+            ttl = controls.ttl or self._ttl()
+            fingerprint = self._engine.fingerprint
+            entry = self._codec.encode(result.to_dict(), digest.sha256, fingerprint, ttl, key)
             self._store.set(key, entry, ttl)
-            self._l1.put((self._engine.fingerprint, self._task(params), digest.sha256), result, ttl)
+            self._l1.put(self._l1_key(controls.namespace, self._task(params), digest), result, ttl)
         return Outcome(result, CacheStatus.MISS)
 
     def _ttl(self) -> int:
@@ -321,11 +361,32 @@ class OcrCache:
         self._wait_for_engine()
         start = time.perf_counter()
         kind = self._engine.kind
+        timeout = self._settings.ocr_timeout_seconds
+        future = self._engine_pool.submit(self._engine.recognize, OcrRequest(data, image, params))
         try:
-            result = self._engine.recognize(OcrRequest(data, image, params))
+            result = future.result(timeout=timeout)
+        except FutureTimeout:
+            # The call goes on in its thread (a runtime cannot be interrupted safely); its
+            # late result is dropped, and the next calls queue behind it on the engine.
+            metrics.ENGINE_CALLS.labels(engine=kind, outcome="timeout").inc()
+            self._on_engine_outcome(False)
+            raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS={timeout:g}") from None
         except EngineError:
             metrics.ENGINE_CALLS.labels(engine=kind, outcome="error").inc()
+            self._on_engine_outcome(False)
             raise
+        self._on_engine_outcome(True)
         metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
         metrics.ENGINE_SECONDS.labels(engine=kind).observe(time.perf_counter() - start)
         return result
+
+    def purge(self, namespace: str | None = None, md5: str | None = None) -> int:
+        """Delete a namespace's entries, or one image's entries in a namespace, without
+        blocking Redis (SCAN + UNLINK in batches); every process drops its L1."""
+        assert self._store is not None
+        prefix = self.prefix(namespace or "")
+        pattern = f"{prefix}:*{{{md5}}}*" if md5 else f"{prefix}:*"
+        removed = self._store.scan_unlink(pattern)
+        self._l1.clear()
+        self._store.publish(purge_channel(self._settings.cache_key_prefix), prefix)
+        return removed

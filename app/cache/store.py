@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.exceptions import ClusterError, ResponseError
 
 from app import metrics
 from app.cache import redis_client
@@ -19,6 +20,14 @@ from app.cache.breaker import CircuitBreaker
 log = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (redis.RedisError, OSError)
+
+
+def _describe(exc: BaseException) -> str:
+    """Class name, plus the server's error code for answered errors (e.g. OOM, NOPERM)."""
+    if isinstance(exc, ResponseError) and exc.args:
+        return f"{exc.__class__.__name__} {str(exc.args[0]).split(' ', 1)[0]}"
+    return exc.__class__.__name__
+
 
 # Owner-only lease operations: compare the random token, then act (atomic in Redis).
 _RELEASE = """
@@ -39,11 +48,14 @@ class RedisStore:
         connect_timeout_ms: int,
         breaker: CircuitBreaker,
         client: Any = None,
+        **options: str,
     ) -> None:
+        """``options``: username, password and TLS files for ``redis_client.connect``."""
         self._breaker = breaker
         self._url = url
+        self._options = options
         self._timeouts = (timeout_ms / 1000, connect_timeout_ms / 1000)
-        self._client = client or redis_client.connect(url, *self._timeouts)
+        self._client = client or redis_client.connect(url, *self._timeouts, **options)
         self._cluster = redis_client.is_cluster(self._client)
         self._release = self._client.register_script(_RELEASE)
         self._renew = self._client.register_script(_RENEW)
@@ -59,9 +71,15 @@ class RedisStore:
         try:
             value = fn()
         except _REDIS_ERRORS as exc:
-            self._breaker.failure()
+            # A server that answers with an error (OOM under noeviction, NOPERM) is up:
+            # only transport failures open the circuit.
+            answered = isinstance(exc, ResponseError) and not isinstance(exc, ClusterError)
+            if answered:
+                self._breaker.success()
+            else:
+                self._breaker.failure()
             metrics.REDIS_ERRORS.labels(op=op, reason=exc.__class__.__name__).inc()
-            log.warning("redis %s failed: %s", op, exc.__class__.__name__)
+            log.warning("redis %s failed: %s", op, _describe(exc))
             return False, None
         self._breaker.success()
         return True, value
@@ -100,7 +118,46 @@ class RedisStore:
 
     def pubsub_client(self) -> Any:
         """A client for a long-lived subscription (blocking reads need no short timeout)."""
-        return redis_client.connect(self._url, None, self._timeouts[1])
+        return redis_client.connect(self._url, None, self._timeouts[1], **self._options)
+
+    def scan_unlink(self, pattern: str, batch: int = 500) -> int:
+        """Delete keys matching ``pattern`` in batches (SCAN + UNLINK): Redis is never
+        blocked the way KEYS or a big DEL would block it. Returns how many were removed."""
+        removed = 0
+
+        def run() -> int:
+            nonlocal removed
+            chunk: list[bytes] = []
+            for key in self._client.scan_iter(match=pattern, count=batch):
+                chunk.append(key)
+                if len(chunk) >= batch:
+                    removed += self._unlink(chunk)
+                    chunk = []
+            if chunk:
+                removed += self._unlink(chunk)
+            return removed
+
+        self._call("purge", run)
+        return removed
+
+    def _unlink(self, keys: list[bytes]) -> int:
+        if not self._cluster:
+            return int(self._client.unlink(*keys))
+        pipe = self._client.pipeline(transaction=False)  # keys may span slots
+        for key in keys:
+            pipe.unlink(key)
+        return sum(int(n) for n in pipe.execute())
+
+    def stats(self) -> dict[str, Any]:
+        """Server memory and eviction figures for /admin/stats ({} when unavailable)."""
+        ok, info = self._call("stats", lambda: self._client.info())
+        if not ok or not isinstance(info, dict):
+            return {}
+        if info and all(isinstance(v, dict) for v in info.values()):
+            info = next(iter(info.values()))  # per node on a cluster: the first one's
+        wanted = ("used_memory", "maxmemory", "maxmemory_policy", "evicted_keys",
+                  "expired_keys", "keyspace_hits", "keyspace_misses", "redis_version")  # fmt: skip
+        return {k: info[k] for k in wanted if k in info}
 
     def ping(self) -> bool:
         ok, _ = self._call("ping", self._client.ping)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,10 @@ class PaddleOcrEngine:
             json.dumps(identity, sort_keys=True).encode()
         ).hexdigest()[:16]
         self._pipeline: Any = None
-        self._lock = threading.Lock()
+        # The predictors are built and always called on this one thread: Paddle Inference
+        # with oneDNN failed with an opaque std::exception here when one predictor was called
+        # from many threads in turn, even one at a time. It also serializes the calls.
+        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle")
 
     def _model_list(self) -> list[paddle_models.ModelDir]:
         models = [self._models.det, self._models.rec]
@@ -118,11 +122,12 @@ class PaddleOcrEngine:
                     signal.signal(sig, handler)
 
     def load(self) -> None:
-        with self._lock:
-            if self._pipeline is not None:
-                return
+        self._runner.submit(self._load_here).result()
+
+    def _load_here(self) -> None:
+        if self._pipeline is None:
             self._pipeline = self._build()
-        self.recognize(OcrRequest(b"", _warmup_image(), self._default_params))
+            self._recognize_here(OcrRequest(b"", _warmup_image(), self._default_params))
 
     def _build(self) -> Any:
         # paddlex checks model hosters on import unless told not to; we never download.
@@ -160,24 +165,27 @@ class PaddleOcrEngine:
         return PaddleOCR(**kwargs)
 
     def recognize(self, request: OcrRequest) -> OcrResult:
+        return self._runner.submit(self._recognize_here, request).result()
+
+    def _recognize_here(self, request: OcrRequest) -> OcrResult:
         if self._pipeline is None:
             raise EngineError("engine not loaded")
         image, p = request.image, request.params
         small, scale = bounded(image, self._settings.ocr_max_image_side)
         bgr = np.ascontiguousarray(small.pixels[:, :, ::-1])
         try:
-            with self._lock:
-                outputs = self._pipeline.predict(
-                    bgr,
-                    use_textline_orientation=p.textline_orientation,
-                    text_det_limit_side_len=p.det_limit_side_len,
-                    text_det_limit_type=p.det_limit_type,
-                    text_det_thresh=p.det_thresh,
-                    text_det_box_thresh=p.det_box_thresh,
-                    text_det_unclip_ratio=p.det_unclip_ratio,
-                    text_rec_score_thresh=0.0,
-                )
+            outputs = self._pipeline.predict(
+                bgr,
+                use_textline_orientation=p.textline_orientation,
+                text_det_limit_side_len=p.det_limit_side_len,
+                text_det_limit_type=p.det_limit_type,
+                text_det_thresh=p.det_thresh,
+                text_det_box_thresh=p.det_box_thresh,
+                text_det_unclip_ratio=p.det_unclip_ratio,
+                text_rec_score_thresh=0.0,
+            )
         except Exception as exc:  # the runtime raises anything; never let it be cached
+            log.warning("paddle inference failed: %s", str(exc)[-500:])
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
         raw = outputs[0]
         angles = list(raw.get("textline_orientation_angles") or [])
