@@ -1,5 +1,7 @@
-"""Loads the engine in the background at start-up, so /readyz can say when it is ready and
-the first request does not pay for the load (it waits for it instead of failing)."""
+"""The engine's lifecycle as /readyz reports it: loaded in the background at start-up (the
+first request waits for it instead of paying for it), then healthy or failing: after
+``unready_after`` consecutive engine errors or timeouts the worker reports unready until a
+call succeeds again."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ log = logging.getLogger(__name__)
 
 
 class EngineState:
-    def __init__(self, engine: Engine, wait_seconds: float) -> None:
+    def __init__(self, engine: Engine, wait_seconds: float, unready_after: int = 5) -> None:
         self.engine = engine
         self._wait_seconds = wait_seconds
+        self._unready_after = unready_after
+        self._consecutive_failures = 0
         self._ready = threading.Event()
         self.error: str | None = None
         self.load_seconds: float | None = None
@@ -37,7 +41,23 @@ class EngineState:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        return self._ready.is_set() and not self.failing
+
+    @property
+    def failing(self) -> bool:
+        return self._consecutive_failures >= self._unready_after
+
+    @property
+    def status(self) -> str:
+        if self.error:
+            return "failed"
+        if not self._ready.is_set():
+            return "loading"
+        return "failing" if self.failing else "ready"
+
+    def record(self, ok: bool) -> None:
+        """Called after every engine call (not for client errors)."""
+        self._consecutive_failures = 0 if ok else self._consecutive_failures + 1
 
     def wait(self) -> None:
         if self._ready.wait(self._wait_seconds):

@@ -18,7 +18,8 @@ import grpc
 from app import metrics
 from app.cache.region import OcrCache
 from app.config import Settings
-from app.protocols import pipeline
+from app.protocols import controls, pipeline
+from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,16 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
                 list(request.key), list(request.value), _tensors(request),
                 request.logid, request.clientip,
             )  # fmt: skip
+            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            cache_controls = controls.parse(metadata, self._settings)
         except pipeline.PipelineError as exc:
             return pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+        except BadRequest as exc:
+            return pipeline.PipelineAnswer(err_no=pipeline.INPUT_PARAMS_ERROR, err_msg=str(exc))
         log.debug("grpc logid=%s clientip=%s method=%s", req.logid, req.clientip, request.method)
         return pipeline.answer(
             self._cache, req, self._settings.ocr_rec_score_thresh,
-            self._settings.max_images_per_request,
+            self._settings.max_images_per_request, cache_controls,
         )  # fmt: skip
 
 

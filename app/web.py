@@ -9,17 +9,17 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app import metrics
+from app import admin, metrics
 from app.cache.breaker import CircuitBreaker
 from app.cache.region import CacheControls, OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
 from app.engine_state import EngineState
 from app.engines import build_engine
-from app.engines.base import Engine, EngineError, UnsupportedParams
+from app.engines.base import Engine, EngineError, EngineTimeout, UnsupportedParams
 from app.imaging import DecodedImage, InvalidImage, decode_image
 from app.pdf import render_pages
-from app.protocols import fetch, paddlex, pipeline, pipeline_http, rest
+from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest
 from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,16 @@ def build_cache(
         return decode_image(data, settings.max_image_pixels)
 
     engine.prepare()
-    state = EngineState(engine, wait_seconds=float(settings.request_timeout_seconds))
+    state = EngineState(
+        engine,
+        wait_seconds=float(settings.request_timeout_seconds),
+        unready_after=settings.engine_unready_after_failures,
+    )
     state.start()
-    return OcrCache(settings, engine, store, decode, wait_for_engine=state.wait), state
+    cache = OcrCache(
+        settings, engine, store, decode, wait_for_engine=state.wait, on_engine_outcome=state.record
+    )
+    return cache, state
 
 
 def create_app(
@@ -74,7 +81,8 @@ def create_app(
 
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
-    app.extensions["ocr"] = {"cache": cache, "settings": settings}
+    app.extensions["ocr"] = {"cache": cache, "settings": settings, "engine_state": state}
+    admin.register(app, settings.admin_token, cache, state)
 
     @app.before_request
     def _start_timer() -> None:
@@ -90,11 +98,14 @@ def create_app(
     def v1_ocr() -> Any:
         try:
             data, threshold = rest.parse(request, min_score)
-            outcome = cache.get_or_compute(data, controls=_cache_controls())
+            outcome = cache.get_or_compute(data, controls=_controls(settings))
         except (BadRequest, InvalidImage) as exc:
             code = getattr(exc, "code", "invalid_image")
             observe("rest", 400, "none")
             return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
+        except EngineTimeout as exc:
+            observe("rest", 504, "none")
+            return Response(rest.error_body("engine_timeout", str(exc)), status=504, mimetype=JSON)
         except EngineError as exc:
             observe("rest", 503, "none")
             return Response(rest.error_body("engine_error", str(exc)), status=503, mimetype=JSON)
@@ -114,11 +125,18 @@ def create_app(
         else:
             try:
                 req = pipeline_http.parse(request.get_data())
+                controls = _controls(settings)
             except pipeline.PipelineError as exc:
                 answer = pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+            except BadRequest as exc:
+                answer = pipeline.PipelineAnswer(
+                    err_no=pipeline.INPUT_PARAMS_ERROR, err_msg=str(exc)
+                )
             else:
                 log.debug("pipeline %s/%s logid=%s", name, method, req.logid)
-                answer = pipeline.answer(cache, req, min_score, settings.max_images_per_request)
+                answer = pipeline.answer(
+                    cache, req, min_score, settings.max_images_per_request, controls
+                )
         observe("pipeline_http", 200, answer.cache_status)
         response = Response(pipeline_http.render(answer), mimetype=JSON)
         if answer.err_no == 0:
@@ -134,7 +152,7 @@ def create_app(
             )
             log_id = req.log_id
             images, is_pdf = _paddlex_images(req, settings)
-            outcomes = cache.get_or_compute_many(images, req.params, _cache_controls())
+            outcomes = cache.get_or_compute_many(images, req.params, _controls(settings))
         except (BadRequest, InvalidImage, UnsupportedParams) as exc:
             observe("paddlex", 422, "none")
             return Response(paddlex.error(log_id, 422, str(exc)), status=422, mimetype=JSON)
@@ -173,10 +191,7 @@ def create_app(
 
     @app.get("/readyz")
     def readyz() -> Any:
-        body: dict[str, Any] = {
-            "engine": "ready" if state.ready else ("failed" if state.error else "loading"),
-            "fingerprint": engine.fingerprint,
-        }
+        body: dict[str, Any] = {"engine": state.status, "fingerprint": engine.fingerprint}
         if state.error:
             body["engine_error"] = state.error
         store_ = cache.store
@@ -228,9 +243,8 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
     return pages, True
 
 
-def _cache_controls() -> CacheControls:
-    directives = {d.strip().lower() for d in request.headers.get("Cache-Control", "").split(",")}
-    return CacheControls(no_cache="no-cache" in directives, no_store="no-store" in directives)
+def _controls(settings: Settings) -> CacheControls:
+    return controls.parse(request.headers, settings)
 
 
 def _warn_if_not_evicting(store: RedisStore) -> None:

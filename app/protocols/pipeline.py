@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.cache.region import CacheControls, OcrCache
@@ -127,7 +127,11 @@ def response_keys(req: PipelineRequest) -> list[str]:
 
 
 def answer(
-    cache: OcrCache, req: PipelineRequest, min_score: float, max_images: int
+    cache: OcrCache,
+    req: PipelineRequest,
+    min_score: float,
+    max_images: int,
+    controls: CacheControls = CacheControls(),
 ) -> PipelineAnswer:
     """Run a parsed request through the cache; errors come back as ``err_no``."""
     try:
@@ -142,7 +146,8 @@ def answer(
             raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
         started = time.perf_counter()
         try:
-            outcomes = cache.get_or_compute_many(images, controls=CacheControls(bypass=req.profile))
+            controls = replace(controls, bypass=controls.bypass or req.profile)
+            outcomes = cache.get_or_compute_many(images, controls=controls)
         except (InvalidImage, UnsupportedParams) as exc:
             raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
         except EngineTimeout as exc:

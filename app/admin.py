@@ -1,0 +1,75 @@
+"""The admin API: ``POST /admin/purge`` and ``GET /admin/stats``.
+
+Only with ``Authorization: Bearer $ADMIN_TOKEN`` (compared in constant time); without a
+configured token the routes do not exist (404). Purges never block Redis (SCAN + UNLINK in
+batches) and tell every process to drop its L1.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from typing import Any
+
+from flask import Blueprint, Flask, Response, jsonify, request
+
+from app.cache.region import OcrCache
+from app.engine_state import EngineState
+
+_MD5 = re.compile(r"^[0-9a-f]{32}$")
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> None:
+    if not token:
+        return
+    admin = Blueprint("admin", __name__, url_prefix="/admin")
+    expected = f"Bearer {token}".encode()
+
+    @admin.before_request
+    def _authorize() -> Any:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return _error(401, "unauthorized", "a valid Authorization: Bearer token is required")
+        return None
+
+    @admin.post("/purge")
+    def purge() -> Any:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            return _error(
+                400, "invalid_json", 'body must be {"namespace": ...} and/or {"md5": ...}'
+            )
+        namespace = body.get("namespace", "")
+        md5 = body.get("md5")
+        if not isinstance(namespace, str) or (namespace and not _NAMESPACE.match(namespace)):
+            return _error(
+                400, "invalid_namespace", "namespace: a tenant name, or empty for the default"
+            )
+        if md5 is not None and (not isinstance(md5, str) or not _MD5.match(md5)):
+            return _error(400, "invalid_md5", "md5: 32 lower-case hex digits")
+        if cache.store is None:
+            return _error(409, "no_cache", "caching is disabled on this service")
+        removed = cache.purge(namespace=namespace or None, md5=md5)
+        return jsonify({"removed": removed, "prefix": cache.prefix(namespace), "md5": md5})
+
+    @admin.get("/stats")
+    def stats() -> Any:
+        store = cache.store
+        return jsonify(
+            {
+                "engine": {**cache.engine.describe(), "status": state.status},
+                "l1": {"entries": len(cache.l1), "bytes": cache.l1.size_bytes},
+                "redis": (
+                    {"breaker": store.breaker_state, **store.stats()}
+                    if store
+                    else {"state": "disabled"}
+                ),
+            }
+        )
+
+    app.register_blueprint(admin)
+
+
+def _error(status: int, code: str, message: str) -> tuple[Response, int]:
+    return jsonify({"error": {"code": code, "message": message}}), status

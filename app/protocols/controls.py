@@ -1,0 +1,55 @@
+"""Per-request cache controls from HTTP headers or gRPC metadata (same names).
+
+- ``Cache-Control: no-cache`` recomputes and refreshes; ``no-store`` does not write.
+- ``X-Cache-TTL: <seconds>`` overrides the TTL of what this request writes, within
+  1..CACHE_TTL_MAX_SECONDS.
+- the header named by ``CACHE_TENANT_HEADER`` (when set) selects a tenant namespace: its own
+  keys, its own L1 entries, never another tenant's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from app.cache.region import CacheControls
+from app.config import Settings
+from app.protocols.errors import BadRequest
+
+TTL_HEADER = "X-Cache-TTL"
+_TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) -> CacheControls:
+    """``headers`` is case-insensitive for HTTP; gRPC metadata keys are lower-case."""
+
+    def get(name: str) -> str | None:
+        return headers.get(name) or headers.get(name.lower())
+
+    directives = {d.strip().lower() for d in (get("Cache-Control") or "").split(",")}
+    ttl = None
+    raw_ttl = get(TTL_HEADER)
+    if raw_ttl is not None:
+        if not raw_ttl.strip().isdigit() or not 1 <= int(raw_ttl) <= settings.cache_ttl_max_seconds:
+            raise BadRequest(
+                f"{TTL_HEADER} must be whole seconds in 1..{settings.cache_ttl_max_seconds}",
+                "invalid_ttl",
+            )
+        ttl = int(raw_ttl)
+    namespace = ""
+    if settings.cache_tenant_header:
+        tenant = get(settings.cache_tenant_header)
+        if tenant is not None:
+            if not _TENANT.match(tenant):
+                raise BadRequest(
+                    f"{settings.cache_tenant_header} must be 1-64 of [A-Za-z0-9_-]",
+                    "invalid_tenant",
+                )
+            namespace = tenant
+    return CacheControls(
+        bypass=bypass,
+        no_cache="no-cache" in directives,
+        no_store="no-store" in directives,
+        ttl=ttl,
+        namespace=namespace,
+    )
