@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app import metrics
 from app.cache.breaker import CircuitBreaker
+from app.cache.extraction_index import ExtractionIndex
 from app.cache.region import CacheControls, OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -64,6 +65,7 @@ def create_app(
     logging.getLogger("app").setLevel(settings.log_level)
     engine = engine or build_engine(settings)
     cache, state = build_cache(settings, engine, store)
+    extractions = ExtractionIndex(cache, settings)
     engine_description = engine.describe()
     min_score = settings.ocr_rec_score_thresh
 
@@ -84,10 +86,17 @@ def create_app(
     @app.post("/v1/ocr")
     def v1_ocr() -> Any:
         try:
-            data, threshold = rest.parse(request, min_score)
-            outcome = cache.get_or_compute(data, controls=_cache_controls())
-        except (BadRequest, InvalidImage) as exc:
-            code = getattr(exc, "code", "invalid_image")
+            req = rest.parse(request, min_score)
+            params = req.params(
+                engine.default_params, settings.default_task(), settings.hunyuan_target_language
+            )
+            outcome = extractions.get_or_compute(req.data, params, _cache_controls())
+        except (BadRequest, InvalidImage, UnsupportedParams) as exc:
+            code = (
+                "unsupported_params"
+                if isinstance(exc, UnsupportedParams)
+                else getattr(exc, "code", "invalid_image")
+            )
             observe("rest", 400, "none")
             return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
         except EngineError as exc:
@@ -95,7 +104,7 @@ def create_app(
             return Response(rest.error_body("engine_error", str(exc)), status=503, mimetype=JSON)
         observe("rest", 200, outcome.status.value)
         return Response(
-            rest.render(outcome, engine_description, threshold),
+            rest.render(outcome, engine_description, req.min_score, params.task),
             mimetype=JSON,
             headers={"X-Cache": outcome.status.value},
         )

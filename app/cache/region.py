@@ -79,8 +79,17 @@ class OcrCache:
     def key_for(self, digest: ImageDigest, params: OcrParams) -> str:
         """The task segment names the task and the digest of its effective parameters, so
         equal parameters share entries however a protocol spelled them."""
-        task = f"ocr-{params.digest()}"
+        task = f"{params.task}-{params.digest()}"
         return build_key(self._settings.cache_key_prefix, self._engine.fingerprint, task, digest)
+
+    def peek(self, image_bytes: bytes, params: OcrParams) -> OcrResult | None:
+        """The stored result for exactly these params, or None: never computes, never writes
+        (lets a caller answer from a related entry, e.g. extraction field subsets)."""
+        if self._store is None:
+            return None
+        digest = digest_image(image_bytes)
+        _, (value,) = self._store.get_many([self.key_for(digest, params)])
+        return self._decode_entry(value, digest)
 
     def get_or_compute(
         self,

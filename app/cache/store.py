@@ -69,6 +69,23 @@ class RedisStore:
         ok, _ = self._call("set", lambda: self._client.set(key, value, ex=ttl_seconds))
         return ok
 
+    def members(self, key: str) -> tuple[bool, set[bytes]]:
+        """(ok, the members of set ``key``); on failure (False, empty set)."""
+        ok, value = self._call("smembers", lambda: self._client.smembers(key))
+        return (True, set(value)) if ok else (False, set())
+
+    def add_member(self, key: str, member: str, ttl_seconds: int) -> bool:
+        """SADD and EXPIRE in one round trip (MULTI), so a set lives as long as its entries."""
+
+        def run() -> Any:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.sadd(key, member)
+            pipe.expire(key, ttl_seconds)
+            return pipe.execute()
+
+        ok, _ = self._call("sadd", run)
+        return ok
+
     def ping(self) -> bool:
         ok, _ = self._call("ping", self._client.ping)
         return ok
