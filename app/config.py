@@ -191,7 +191,7 @@ class Settings:
     )
     hunyuan_retries: int = env("HUNYUAN_RETRIES", _int(0, 10), 2)
     hunyuan_max_tokens: int = env("HUNYUAN_MAX_TOKENS", _int(16, 131072), 16384)
-    # How long the engine waits at start-up for vLLM to list the model (it loads for minutes).
+    # How long /readyz waits at start-up for vLLM to list the model (it loads for minutes).
     hunyuan_startup_wait_seconds: float = env(
         "HUNYUAN_STARTUP_WAIT_SECONDS", _float(0.0, 3600.0), 900.0
     )

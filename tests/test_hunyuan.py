@@ -468,6 +468,33 @@ def test_wrong_model_name_or_key_fails_the_load(base_settings, fake, tmp_path):
     )
 
 
+def test_unreachable_vllm_delays_readiness_then_misses_fail_and_hits_are_served(
+    base_settings, fake, redis_client
+):
+    from app.embedded_redis import free_port
+
+    settings = hunyuan_settings(base_settings, fake)
+    app = create_app(settings, engine=HunyuanEngine(settings))
+    client = app.test_client()
+    assert ocr(client, PHOTOTEST.read_bytes()).headers["X-Cache"] == "MISS"  # one entry
+    down = hunyuan_settings(
+        base_settings,
+        fake,
+        hunyuan_base_url=f"http://127.0.0.1:{free_port()}",
+        hunyuan_startup_wait_seconds=0.5,
+    )
+    engine = HunyuanEngine(down)
+    started = time.monotonic()
+    engine.load()  # waits, then gives up without failing
+    assert 0.5 <= time.monotonic() - started < 3
+    client = create_app(down, engine=engine).test_client()
+    while client.get("/readyz").status_code != 200:
+        time.sleep(0.02)
+    assert ocr(client, PHOTOTEST.read_bytes()).headers["X-Cache"] == "HIT"
+    miss = ocr(client, PHOTOTEST.read_bytes(), task="parsing")
+    assert miss.status_code == 503 and "connection failed" in miss.get_json()["error"]["message"]
+
+
 def test_free_text_prompts_and_unsupported_tasks_are_client_errors(front, fake):
     _, client = front()
     data = PHOTOTEST.read_bytes()

@@ -212,8 +212,13 @@ class HunyuanEngine:
         """Nothing to import up front."""
 
     def load(self) -> None:
-        """Open the pool, then wait (up to HUNYUAN_STARTUP_WAIT_SECONDS) for vLLM to serve
-        the configured model: /readyz stays 503 until it does."""
+        """Open the pool, then wait (up to HUNYUAN_STARTUP_WAIT_SECONDS) for vLLM to serve the
+        configured model, so /readyz stays 503 while a fresh deployment downloads weights.
+
+        A vLLM still unreachable after the wait does not fail the load: the front then serves
+        cache hits and answers misses with an engine error until vLLM is back. A vLLM that
+        serves another model, or refuses the key, does fail it (a configuration error).
+        """
         client = self._ensure_client()
         if self._model_checked:
             return
@@ -224,8 +229,11 @@ class HunyuanEngine:
                 break
             except (openai.APIConnectionError, openai.InternalServerError) as exc:
                 if time.monotonic() >= deadline:
-                    raise EngineError(f"vLLM did not answer /v1/models: {exc}") from None
-                time.sleep(2.0)
+                    log.warning(
+                        "vLLM did not answer /v1/models (%s); misses fail until it does", exc
+                    )
+                    return
+                time.sleep(max(0.01, min(2.0, deadline - time.monotonic())))
             except openai.APIStatusError as exc:
                 raise EngineError(f"vLLM refused /v1/models: HTTP {exc.status_code}") from None
         if self._settings.hunyuan_model not in served:
