@@ -541,7 +541,7 @@ def test_pool_is_sized_to_the_threads_that_call_the_engine(front, fake, base_set
     assert app.extensions["ocr"]["cache"].engine.pool_size == 2
     both = HunyuanEngine(hunyuan_settings(base_settings, fake, web_threads=3))
     assert both.pool_size == 6  # HTTP and gRPC threads
-    fake.delay = 0.2
+    fake.delay = 0.3
     data = PHOTOTEST.read_bytes()
     requests = [
         {"task": "parsing"},
@@ -647,3 +647,40 @@ def test_result_text_round_trips_and_line_results_are_unchanged():
     assert OcrResult.from_dict(line_result.to_dict()) == line_result
     with pytest.raises(ValueError):
         OcrResult.from_dict({**text_result.to_dict(), "text": 5})
+
+
+# --- deployment ---------------------------------------------------------------------------------
+
+
+def test_deployment_pins_one_revision_for_vllm_and_the_front():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    compose = yaml.safe_load((ROOT / "docker" / "compose.hunyuan.yml").read_text())
+    vllm, front = compose["services"]["vllm"], compose["services"]["front-hunyuan"]
+    command = vllm["command"]
+    revision = command[command.index("--revision") + 1]
+    assert front["environment"]["HUNYUAN_MODEL_REVISION"] == revision
+    assert command[0] == front["environment"]["HUNYUAN_MODEL"] == "tencent/HunyuanOCR"
+    for flag in ("--no-enable-prefix-caching", "--mm-processor-cache-gb"):
+        assert flag in command
+    assert command[command.index("--mm-processor-cache-gb") + 1] == "0"
+    assert not vllm["image"].endswith(":latest") and "gpu" in str(vllm["deploy"])
+
+    overlay = ROOT / "k8s" / "overlays" / "hunyuan"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    (env,) = [g for g in kustomization["configMapGenerator"] if g["name"] == "ocr-cache-env"]
+    literals = dict(item.split("=", 1) for item in env["literals"])
+    assert literals["HUNYUAN_MODEL_REVISION"] == revision
+    assert literals["HUNYUAN_MODEL_GENERATION"] == front["environment"]["HUNYUAN_MODEL_GENERATION"]
+    settings = Settings.from_env(literals)  # the overlay's values pass validation
+    assert settings.hunyuan_model_revision == revision
+    deployment = yaml.safe_load((overlay / "vllm-deployment.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--revision") + 1] == "$(HUNYUAN_MODEL_REVISION)"
+    assert (
+        "--no-enable-prefix-caching" in args
+        and container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    )
