@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(settings)
     if args.command == "check-config":
         for key, value in sorted(vars(settings).items()):
-            hidden = key == "redis_url" or settings.is_secret(key)  # may hold a password
-            shown = "<set>" if hidden and value else value
+            shown = "<set>" if settings.is_secret(key) and value else value
             print(f"{settings.env_name(key)}={shown}")
         return 0
     from app.engines import build_engine

@@ -114,11 +114,14 @@ def _log_level(name: str, raw: str) -> str:
     return _choice("debug", "info", "warning", "error", "critical")(name, raw).upper()
 
 
-def env(var: str, parse: Callable[[str, str], Any], default: Any, secret: bool = False) -> Any:
-    """A dataclass field read from environment variable ``var`` (``secret``: never shown)."""
-    return field(
-        default=default, repr=not secret, metadata={"env": var, "parse": parse, "secret": secret}
-    )
+def env(var: str, parse: Callable[[str, str], Any], default: Any) -> Any:
+    """A dataclass field read from environment variable ``var``."""
+    return field(default=default, metadata={"env": var, "parse": parse})
+
+
+def secret(var: str, parse: Callable[[str, str], Any], default: Any) -> Any:
+    """A secret read from ``var``: never in the settings' repr, never printed."""
+    return field(default=default, repr=False, metadata={"env": var, "parse": parse, "secret": True})
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ class Settings:
         "HUNYUAN_TASK", _choice("spotting", "parsing", "extraction", "translation"), "spotting"
     )
     hunyuan_target_language: str = env("HUNYUAN_TARGET_LANGUAGE", _choice("en", "zh"), "en")
-    hunyuan_api_key: str = env("HUNYUAN_API_KEY", _text, "", secret=True)
+    hunyuan_api_key: str = secret("HUNYUAN_API_KEY", _text, "")
     hunyuan_api_key_file: str = env("HUNYUAN_API_KEY_FILE", _text, "")
     hunyuan_timeout_seconds: float = env("HUNYUAN_TIMEOUT_SECONDS", _float(0.1, 3600.0), 120.0)
     hunyuan_connect_timeout_seconds: float = env(
@@ -242,7 +245,9 @@ class Settings:
         return self.hunyuan_task if self.ocr_engine == "hunyuan" else "ocr"
 
     def is_secret(self, field_name: str) -> bool:
-        return any(f.metadata.get("secret") for f in fields(self) if f.name == field_name)
+        return field_name == "redis_url" or any(
+            f.name == field_name and f.metadata.get("secret") for f in fields(self)
+        )
 
     def default_params(self) -> OcrParams:
         return OcrParams(

@@ -75,10 +75,11 @@ class RedisStore:
         return (True, set(value)) if ok else (False, set())
 
     def add_member(self, key: str, member: str, ttl_seconds: int) -> bool:
-        """SADD and EXPIRE in one round trip (MULTI), so a set lives as long as its entries."""
+        """SADD and EXPIRE in one round trip, so a set lives as long as its entries (no MULTI:
+        one key, and plain pipelines work on Redis Cluster too)."""
 
         def run() -> Any:
-            pipe = self._client.pipeline(transaction=True)
+            pipe = self._client.pipeline(transaction=False)
             pipe.sadd(key, member)
             pipe.expire(key, ttl_seconds)
             return pipe.execute()
