@@ -104,6 +104,22 @@ def _serving_url(name: str, raw: str) -> str:
     return value
 
 
+def _http_url(name: str, raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    if value and not value.startswith(("http://", "https://")):
+        raise ConfigError(f"{name}: expected http(s)://host:port")
+    return value
+
+
+def _commit(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value and (len(value) != 40 or any(c not in "0123456789abcdef" for c in value)):
+        raise ConfigError(
+            f"{name}: expected a 40-character commit hash (a branch or tag can move), got {raw!r}"
+        )
+    return value
+
+
 def _log_level(name: str, raw: str) -> str:
     return _choice("debug", "info", "warning", "error", "critical")(name, raw).upper()
 
@@ -217,7 +233,7 @@ class Settings:
     singleflight_wait_seconds: float = env("SINGLEFLIGHT_WAIT_SECONDS", _float(0.0, 3600.0), 60.0)
 
     # Engine.
-    ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving"), "paddle")
+    ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving", "hunyuan"), "paddle")
     ocr_device: str = env("OCR_DEVICE", _choice("cpu", "gpu"), "cpu")
     ocr_cpu_threads: int = env("OCR_CPU_THREADS", _int(1, 64), 1)
     ocr_timeout_seconds: float = env("OCR_TIMEOUT_SECONDS", _float(0.001, 3600.0), 60.0)
@@ -239,6 +255,28 @@ class Settings:
     serving_model_version: str = env("SERVING_MODEL_VERSION", _text, "")
     serving_timeout_seconds: float = env("SERVING_TIMEOUT_SECONDS", _float(0.1, 3600.0), 60.0)
     serving_retries: int = env("SERVING_RETRIES", _int(0, 10), 2)
+
+    # HunyuanOCR behind vLLM's OpenAI-compatible server (OCR_ENGINE=hunyuan).
+    hunyuan_base_url: str = env("HUNYUAN_BASE_URL", _http_url, "")
+    hunyuan_model: str = env("HUNYUAN_MODEL", _text, "tencent/HunyuanOCR")
+    hunyuan_model_revision: str = env("HUNYUAN_MODEL_REVISION", _commit, "")
+    # Which weights the revision holds: selects the prompt table and sampling settings.
+    hunyuan_model_generation: str = env("HUNYUAN_MODEL_GENERATION", _choice("1.0", "1.5"), "1.5")
+    hunyuan_task: str = env(
+        "HUNYUAN_TASK", _choice("spotting", "parsing", "extraction", "translation"), "spotting"
+    )
+    hunyuan_target_language: str = env("HUNYUAN_TARGET_LANGUAGE", _choice("en", "zh"), "en")
+    hunyuan_api_key: str = secret("HUNYUAN_API_KEY", _text, "")
+    hunyuan_timeout_seconds: float = env("HUNYUAN_TIMEOUT_SECONDS", _float(0.1, 3600.0), 120.0)
+    hunyuan_connect_timeout_seconds: float = env(
+        "HUNYUAN_CONNECT_TIMEOUT_SECONDS", _float(0.1, 600.0), 5.0
+    )
+    hunyuan_retries: int = env("HUNYUAN_RETRIES", _int(0, 10), 2)
+    hunyuan_max_tokens: int = env("HUNYUAN_MAX_TOKENS", _int(16, 131072), 16384)
+    # How long /readyz waits at start-up for vLLM to list the model (it loads for minutes).
+    hunyuan_startup_wait_seconds: float = env(
+        "HUNYUAN_STARTUP_WAIT_SECONDS", _float(0.0, 3600.0), 900.0
+    )
 
     # gRPC PipelineService.
     grpc_enabled: bool = env("GRPC_ENABLED", _bool, True)
@@ -271,6 +309,25 @@ class Settings:
     def __post_init__(self) -> None:
         if self.ocr_engine == "serving" and not self.serving_url:
             raise ConfigError("SERVING_URL: required when OCR_ENGINE=serving")
+        if self.ocr_engine == "hunyuan":
+            if not self.hunyuan_base_url:
+                raise ConfigError("HUNYUAN_BASE_URL: required when OCR_ENGINE=hunyuan")
+            if not self.hunyuan_model:
+                raise ConfigError("HUNYUAN_MODEL: required when OCR_ENGINE=hunyuan")
+            if not self.hunyuan_model_revision:
+                raise ConfigError(
+                    "HUNYUAN_MODEL_REVISION: required when OCR_ENGINE=hunyuan (the hub name "
+                    "points at newer weights over time; pin the commit vLLM serves)"
+                )
+
+    def default_task(self) -> str:
+        """The task of a ``/v1/ocr`` request that names none."""
+        return self.hunyuan_task if self.ocr_engine == "hunyuan" else "ocr"
+
+    def is_secret(self, field_name: str) -> bool:
+        return field_name == "redis_url" or any(
+            f.name == field_name and f.metadata.get("secret") for f in fields(self)
+        )
 
     def default_params(self) -> OcrParams:
         return OcrParams(
@@ -285,11 +342,6 @@ class Settings:
     def url_hosts(self) -> frozenset[str]:
         return frozenset(
             h.strip().lower() for h in self.url_input_allowed_hosts.split(",") if h.strip()
-        )
-
-    def is_secret(self, field_name: str) -> bool:
-        return field_name == "redis_url" or any(
-            f.name == field_name and f.metadata.get("secret") for f in fields(self)
         )
 
     def with_overrides(self, **changes: Any) -> Settings:

@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app import admin, metrics
 from app.cache.breaker import CircuitBreaker
+from app.cache.extraction_index import ExtractionIndex
 from app.cache.region import CacheControls, OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -76,6 +77,7 @@ def create_app(
     logging.getLogger("app").setLevel(settings.log_level)
     engine = engine or build_engine(settings)
     cache, state = build_cache(settings, engine, store)
+    extractions = ExtractionIndex(cache, settings)
     engine_description = engine.describe()
     min_score = settings.ocr_rec_score_thresh
 
@@ -97,10 +99,17 @@ def create_app(
     @app.post("/v1/ocr")
     def v1_ocr() -> Any:
         try:
-            data, threshold = rest.parse(request, min_score)
-            outcome = cache.get_or_compute(data, controls=_controls(settings))
-        except (BadRequest, InvalidImage) as exc:
-            code = getattr(exc, "code", "invalid_image")
+            req = rest.parse(request, min_score)
+            params = req.params(
+                engine.default_params, settings.default_task(), settings.hunyuan_target_language
+            )
+            outcome = extractions.get_or_compute(req.data, params, _controls(settings))
+        except (BadRequest, InvalidImage, UnsupportedParams) as exc:
+            code = (
+                "unsupported_params"
+                if isinstance(exc, UnsupportedParams)
+                else getattr(exc, "code", "invalid_image")
+            )
             observe("rest", 400, "none")
             return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
         except EngineTimeout as exc:
@@ -111,7 +120,7 @@ def create_app(
             return Response(rest.error_body("engine_error", str(exc)), status=503, mimetype=JSON)
         observe("rest", 200, outcome.status.value)
         return Response(
-            rest.render(outcome, engine_description, threshold),
+            rest.render(outcome, engine_description, req.min_score, params.task),
             mimetype=JSON,
             headers={"X-Cache": outcome.status.value},
         )
@@ -191,7 +200,8 @@ def create_app(
 
     @app.get("/readyz")
     def readyz() -> Any:
-        body: dict[str, Any] = {"engine": state.status, "fingerprint": engine.fingerprint}
+        status = state.status  # read once: the code and the body must agree
+        body: dict[str, Any] = {"engine": status, "fingerprint": engine.fingerprint}
         if state.error:
             body["engine_error"] = state.error
         store_ = cache.store
@@ -202,7 +212,7 @@ def create_app(
                 "state": "up" if store_.ping() else "down",
                 "breaker": store_.breaker_state,
             }
-        return jsonify(body), (200 if state.ready else 503)
+        return jsonify(body), (200 if status == "ready" else 503)
 
     @app.get("/metrics")
     def metrics_endpoint() -> Response:

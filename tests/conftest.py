@@ -4,6 +4,7 @@ session, and apps built with the factory against them. Nothing here is a fake.""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -78,6 +79,11 @@ def make_app(
             base_settings.with_overrides(**overrides), engine=engine_override or engine
         )
         app.testing = True
+        if engine_override is None:  # the shared engine is loaded: ready within moments
+            state = app.extensions["ocr"]["engine_state"]
+            deadline = time.monotonic() + 30
+            while not state.ready and time.monotonic() < deadline:
+                time.sleep(0.005)
         return app
 
     return factory

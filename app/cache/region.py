@@ -125,7 +125,7 @@ class OcrCache:
     def _task(self, params: OcrParams) -> str:
         """The task segment: the task and the digest of its effective parameters, so equal
         parameters share entries however a protocol spelled them."""
-        return f"ocr-{params.digest()}"
+        return f"{params.task}-{params.digest()}"
 
     def prefix(self, namespace: str = "") -> str:
         """``{CACHE_KEY_PREFIX}`` or, for a tenant, ``{CACHE_KEY_PREFIX}.{tenant}``."""
@@ -139,6 +139,20 @@ class OcrCache:
 
     def _l1_key(self, namespace: str, task: str, digest: ImageDigest) -> tuple[str, ...]:
         return (self.prefix(namespace), self._engine.fingerprint, task, digest.sha256)
+
+    def peek(self, image_bytes: bytes, params: OcrParams, namespace: str = "") -> OcrResult | None:
+        """The stored result for exactly these params, or None: never computes, never writes
+        (lets a caller answer from a related entry, e.g. extraction field subsets)."""
+        if self._store is None:
+            return None
+        digest = digest_image(image_bytes)
+        task = self._task(params)
+        hit = self._l1.get(self._l1_key(namespace, task, digest))
+        if hit is not None:
+            return hit
+        key = self.key_for(digest, params, namespace)
+        _, (value,) = self._store.get_many([key])
+        return self._read(value, digest, task, key, namespace)
 
     def get_or_compute(
         self,

@@ -159,6 +159,24 @@ class RedisStore:
                   "expired_keys", "keyspace_hits", "keyspace_misses", "redis_version")  # fmt: skip
         return {k: info[k] for k in wanted if k in info}
 
+    def members(self, key: str) -> tuple[bool, set[bytes]]:
+        """(ok, the members of set ``key``); on failure (False, empty set)."""
+        ok, value = self._call("smembers", lambda: self._client.smembers(key))
+        return (True, set(value)) if ok else (False, set())
+
+    def add_member(self, key: str, member: str, ttl_seconds: int) -> bool:
+        """SADD and EXPIRE in one round trip, so a set lives as long as its entries (no MULTI:
+        one key, and plain pipelines work on Redis Cluster too)."""
+
+        def run() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.sadd(key, member)
+            pipe.expire(key, ttl_seconds)
+            return pipe.execute()
+
+        ok, _ = self._call("sadd", run)
+        return ok
+
     def ping(self) -> bool:
         ok, _ = self._call("ping", self._client.ping)
         return ok

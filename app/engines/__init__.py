@@ -19,4 +19,8 @@ def build_engine(settings: Settings) -> Engine:
         from app.engines.serving import ServingEngine
 
         return ServingEngine(settings)
+    if settings.ocr_engine == "hunyuan":
+        from app.engines.hunyuan import HunyuanEngine
+
+        return HunyuanEngine(settings)
     raise ValueError(f"unknown engine {settings.ocr_engine!r}")

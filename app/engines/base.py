@@ -21,6 +21,9 @@ class OcrParams:
 
     The recognition score threshold is not here: engines return every recognized line with
     its score and each protocol filters at render time, so one entry serves all thresholds.
+
+    ``task`` names what the engine is asked for ("ocr": lines with boxes, PaddleOCR's only
+    task); ``task_args`` are its normalised, sorted arguments (see ``app.engines.tasks``).
     """
 
     det_limit_side_len: int = 960
@@ -29,10 +32,20 @@ class OcrParams:
     det_box_thresh: float = 0.6
     det_unclip_ratio: float = 1.5
     textline_orientation: bool = False
+    task: str = "ocr"
+    task_args: tuple[tuple[str, str], ...] = ()
 
     def digest(self) -> str:
-        canonical = repr(sorted(asdict(self).items()))
+        items = asdict(self)
+        if self.task == "ocr" and not self.task_args:
+            # Hash exactly as before the task fields existed: existing entries stay valid.
+            del items["task"], items["task_args"]
+        canonical = repr(sorted(items.items()))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def arg_values(self, name: str) -> tuple[str, ...]:
+        """Every value of task argument ``name``, in order."""
+        return tuple(value for key, value in self.task_args if key == name)
 
 
 @dataclass(frozen=True)
@@ -62,18 +75,26 @@ class OcrLine:
 
 @dataclass(frozen=True)
 class OcrResult:
-    """Every detected line in reading order (top-to-bottom, left-to-right), unfiltered."""
+    """Every detected line in reading order (top-to-bottom, left-to-right), unfiltered.
+
+    ``text`` is the payload of text tasks (markdown, extraction JSON, translation); it is
+    None for line tasks, whose answer is ``lines``.
+    """
 
     width: int
     height: int
     lines: tuple[OcrLine, ...] = field(default_factory=tuple)
+    text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "width": self.width,
             "height": self.height,
             "lines": [line.to_dict() for line in self.lines],
         }
+        if self.text is not None:
+            data["text"] = self.text
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OcrResult:
@@ -85,7 +106,12 @@ class OcrResult:
             if not isinstance(raw["text"], str):
                 raise ValueError("malformed line")
             lines.append(OcrLine(raw["text"], float(raw["score"]), box, int(raw["angle"])))
-        return cls(width=int(data["width"]), height=int(data["height"]), lines=tuple(lines))
+        text = data.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ValueError("malformed text")
+        return cls(
+            width=int(data["width"]), height=int(data["height"]), lines=tuple(lines), text=text
+        )
 
     def filtered(self, min_score: float) -> tuple[OcrLine, ...]:
         return tuple(line for line in self.lines if line.score >= min_score)

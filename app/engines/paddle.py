@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from app.config import Settings
-from app.engines import paddle_models
+from app.engines import paddle_models, tasks
 from app.engines.base import (
     RESULT_SCHEMA_VERSION,
     EngineError,
@@ -92,7 +92,8 @@ class PaddleOcrEngine:
         return self._default_params
 
     def check_params(self, params: OcrParams) -> None:
-        """Every OcrParams value is supported in-process."""
+        """Every detection parameter is supported in-process; the task is "ocr"."""
+        tasks.require_ocr(params, self.kind)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -31,6 +31,7 @@ from app.engines.base import (
     OcrResult,
     UnsupportedParams,
 )
+from app.engines.tasks import require_ocr
 from app.protocols.pdserving import parse_result_string
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ServingEngine:
         return self._default_params
 
     def check_params(self, params: OcrParams) -> None:
+        require_ocr(params, self.kind)
         if params != self._default_params:
             raise UnsupportedParams(
                 "the remote Paddle Serving pipeline runs with its own configuration; "

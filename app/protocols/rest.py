@@ -1,39 +1,105 @@
 """``POST /v1/ocr``: multipart field ``file`` or JSON ``{"image": "<base64>"}``; optional
-``min_score`` (0..1, default ``OCR_REC_SCORE_THRESH``) filters lines at render time."""
+``min_score`` (0..1, default ``OCR_REC_SCORE_THRESH``) filters lines at render time.
+
+Optional ``task`` (default: the engine's, ``HUNYUAN_TASK`` for OCR_ENGINE=hunyuan) with its
+arguments ``fields`` (extraction: a JSON list, or repeated / comma-separated form fields) and
+``target_language`` (translation). Free-text prompts are refused: a fixed task set keeps one
+cache entry per task and the model's answers at the quality its card measures.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from flask import Request
 
 from app.cache.region import Outcome
+from app.engines.base import OcrParams
+from app.engines.tasks import EXTRACTION, task_params
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
+
+# Fields that would carry a prompt: refused rather than silently ignored.
+FREE_TEXT_FIELDS = ("prompt", "messages", "instruction", "system", "question", "query")
+
+
+@dataclass(frozen=True)
+class RestRequest:
+    data: bytes
+    min_score: float
+    task: str | None = None
+    fields: list[Any] | None = None
+    target_language: Any = None
+
+    def params(self, defaults: OcrParams, default_task: str, default_language: str) -> OcrParams:
+        """The canonical params; raises ``UnsupportedParams`` for a bad task or argument."""
+        return task_params(
+            defaults, self.task or default_task, self.fields, self.target_language, default_language
+        )
 
 
 def decode_base64_field(text: Any) -> bytes:
     return decode_base64(text)
 
 
-def parse(request: Request, default_min_score: float) -> tuple[bytes, float]:
-    """(image bytes, min_score) from a multipart or JSON request."""
+def parse(request: Request, default_min_score: float) -> RestRequest:
+    """The image, min_score and task spec from a multipart or JSON request."""
     if request.mimetype == "multipart/form-data":
+        form = request.form
+        _refuse_prompts(form)
         upload = request.files.get("file")
         if upload is None:
             raise BadRequest("multipart upload needs a 'file' field", "missing_field")
         data = upload.read()
         if not data:
             raise BadRequest("uploaded file is empty", "empty_image")
-        return data, _min_score(request.form.get("min_score"), default_min_score)
+        fields = None
+        if "fields" in form:
+            fields = [f for raw in form.getlist("fields") for f in raw.split(",") if f.strip()]
+        return RestRequest(
+            data,
+            _min_score(form.get("min_score"), default_min_score),
+            _task(form.get("task")),
+            fields,
+            form.get("target_language"),
+        )
     try:
         body = orjson.loads(request.get_data())
     except orjson.JSONDecodeError:
         raise BadRequest("body must be JSON or multipart/form-data", "invalid_json") from None
     if not isinstance(body, dict) or "image" not in body:
         raise BadRequest("JSON body needs an 'image' field (base64)", "missing_field")
-    return decode_base64(body["image"]), _min_score(body.get("min_score"), default_min_score)
+    _refuse_prompts(body)
+    fields = body.get("fields")
+    if fields is not None and not isinstance(fields, list):
+        raise BadRequest("fields must be a list of strings", "invalid_field")
+    return RestRequest(
+        decode_base64(body["image"]),
+        _min_score(body.get("min_score"), default_min_score),
+        _task(body.get("task")),
+        fields,
+        body.get("target_language"),
+    )
+
+
+def _refuse_prompts(body: Any) -> None:
+    for name in FREE_TEXT_FIELDS:
+        if name in body:
+            raise BadRequest(
+                f"'{name}': free-text prompts are not accepted; choose a task "
+                "(spotting, parsing, extraction with fields, translation with target_language)",
+                "prompt_not_accepted",
+            )
+
+
+def _task(raw: Any) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise BadRequest("task must be a string", "invalid_field")
+    return raw.strip().lower()
 
 
 def _min_score(raw: Any, default: float) -> float:
@@ -48,17 +114,22 @@ def _min_score(raw: Any, default: float) -> float:
     return value
 
 
-def render(outcome: Outcome, engine: dict[str, Any], min_score: float) -> bytes:
+def render(outcome: Outcome, engine: dict[str, Any], min_score: float, task: str) -> bytes:
+    """Lines (line tasks) or ``text`` (text tasks; extraction also as a ``data`` object)."""
     result = outcome.result
-    return orjson.dumps(
-        {
-            "width": result.width,
-            "height": result.height,
-            "lines": [line.to_dict() for line in result.filtered(min_score)],
-            "engine": engine,
-            "cache": outcome.status.value,
-        }
-    )
+    body: dict[str, Any] = {
+        "width": result.width,
+        "height": result.height,
+        "task": task,
+        "lines": [line.to_dict() for line in result.filtered(min_score)],
+    }
+    if result.text is not None:
+        body["text"] = result.text
+        if task == EXTRACTION:
+            body["data"] = orjson.loads(result.text)
+    body["engine"] = engine
+    body["cache"] = outcome.status.value
+    return orjson.dumps(body)
 
 
 def error_body(code: str, message: str) -> bytes:

@@ -1,0 +1,350 @@
+"""HunyuanOCR served by vLLM's OpenAI-compatible API as the engine (``OCR_ENGINE=hunyuan``).
+
+The miss path sends one chat completion per image, shaped as the model card prescribes: an
+empty system message, then one user message holding the image as a ``data:`` URI and the
+task's fixed prompt, greedy sampling. Prompts and sampling come from a versioned table (one
+per model generation); the fingerprint covers engine kind, model name, pinned revision,
+generation and that table, so a new revision or a prompt edit never serves old entries.
+
+Calls go through the official ``openai`` client over one pooled HTTP client per worker,
+sized to the threads that can call the engine at once. The client's own retries are off:
+its policy also retries timeouts and every 5xx, which would multiply a slow generation's
+wait past the request deadline. We retry transport errors, 429 and 503 a bounded number of
+times with exponential backoff (honouring a short ``Retry-After``); a timeout is reported at
+once (``EngineTimeout``); any other refusal is an ``EngineError``. Nothing failed is cached.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import httpx2
+import openai
+from PIL import Image
+
+from app.config import Settings
+from app.engines import hunyuan_output as output
+from app.engines.base import (
+    RESULT_SCHEMA_VERSION,
+    EngineError,
+    EngineTimeout,
+    OcrParams,
+    OcrRequest,
+    OcrResult,
+    UnsupportedParams,
+)
+from app.engines.tasks import (
+    EXTRACTION,
+    FIELD_ARG,
+    LANGUAGE_ARG,
+    PARSING,
+    SPOTTING,
+    TRANSLATION,
+    check_args,
+)
+
+log = logging.getLogger(__name__)
+
+# Bump when a prompt or a sampling setting changes (the table's digest is keyed too).
+PROMPT_TABLE_VERSION = 1
+TASKS = (SPOTTING, PARSING, EXTRACTION, TRANSLATION)
+
+_TRANSLATE_10 = (
+    "先提取文字，再将文字内容翻译为{language}。若是文档，则其中页眉、页脚忽略。"
+    "公式用latex格式表示，表格用html格式表示。"
+)
+_TRANSLATE_15 = (
+    "按照阅读顺序，提取图中文字，公式用latex格式表示，表格用markdown格式表示，"
+    "再将文字内容翻译为{language}。"
+)
+# The card's worked extraction example uses this English wording; 1.5's table has no
+# extraction entry, so both generations use it.
+_EXTRACT = (
+    "Extract the content of the fields: {fields} from the image and return it in JSON format."
+)
+
+# Official prompts. 1.0: the model card's application-oriented prompts (Chinese column);
+# the card words translation into English, the Chinese target swaps the language name as
+# 1.5's pair does. 1.5: the repository's fixed task table (spotting_json, doc_parse,
+# trans_other2en / trans_other2zh).
+PROMPTS: dict[str, dict[str, str]] = {
+    "1.0": {
+        SPOTTING: "检测并识别图片中的文字，将文本坐标格式化输出。",
+        PARSING: (
+            "提取文档图片中正文的所有信息用 markdown 格式表示，其中页眉、页脚部分忽略，"
+            "表格用 html 格式表达，文档中公式用 latex 格式表示，按照阅读顺序组织进行解析。"
+        ),
+        EXTRACTION: _EXTRACT,
+        f"{TRANSLATION}:en": _TRANSLATE_10.format(language="英文"),
+        f"{TRANSLATION}:zh": _TRANSLATE_10.format(language="中文"),
+    },
+    "1.5": {
+        SPOTTING: (
+            "检测并识别图中所有的文字行，请按从上到下、从左到右的阅读顺序进行识别。 "
+            "输出格式为 JSON 数组，每个元素必须包含："
+            '"box": [xmin, ymin, xmax, ymax]（坐标需归一化到 [0, 1000] 范围内）；'
+            '"text": "识别出的文字内容"。 '
+            "注意：请直接输出 JSON 数组，不要包含任何多余的描述性文字。"
+        ),
+        PARSING: (
+            "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，"
+            "表格用html格式表达，文档中公式用latex格式表示，按照阅读顺序组织进行解析。"
+        ),
+        EXTRACTION: _EXTRACT,
+        f"{TRANSLATION}:en": _TRANSLATE_15.format(language="英文"),
+        f"{TRANSLATION}:zh": _TRANSLATE_15.format(language="中文"),
+    },
+}
+# Sampling as each generation's card sets it: greedy (temperature 0). 1.0 (vLLM recipe):
+# top_k 1, repetition_penalty 1.0. 1.5 (official client): top_p 1, top_k -1,
+# repetition_penalty 1.08. vLLM-specific fields travel in extra_body.
+SAMPLING: dict[str, dict[str, Any]] = {
+    "1.0": {"temperature": 0.0, "extra_body": {"top_k": 1, "repetition_penalty": 1.0}},
+    "1.5": {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "extra_body": {"top_k": -1, "repetition_penalty": 1.08, "skip_special_tokens": True},
+    },
+}
+# Formats sent as they came; anything else (and EXIF-rotated images) is sent as PNG of the
+# decoded pixels, so the model sees exactly the image whose size converts its coordinates.
+_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
+_RETRY_STATUS = frozenset({429, 503})
+_MAX_BACKOFF_SECONDS = 4.0
+
+
+class _Transient(Exception):
+    """A failure worth retrying: transport error, 429 or 503."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+def _read_api_key(settings: Settings) -> str:
+    """HUNYUAN_API_KEY, or the file named by HUNYUAN_API_KEY_FILE (read by Settings)."""
+    return settings.hunyuan_api_key or "EMPTY"  # vLLM without --api-key accepts any key
+
+
+class HunyuanEngine:
+    kind = "hunyuan"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        generation = settings.hunyuan_model_generation
+        self._prompts = PROMPTS[generation]
+        self._sampling = SAMPLING[generation]
+        table = json.dumps([self._prompts, self._sampling], sort_keys=True, ensure_ascii=False)
+        self._prompt_table = f"{generation}.{PROMPT_TABLE_VERSION}"
+        identity = {
+            "kind": self.kind,
+            "schema": RESULT_SCHEMA_VERSION,
+            "model": settings.hunyuan_model,
+            "revision": settings.hunyuan_model_revision,
+            "prompt_table": self._prompt_table,
+            "prompt_table_digest": hashlib.sha256(table.encode()).hexdigest(),
+            "max_tokens": settings.hunyuan_max_tokens,
+        }
+        self._fingerprint = hashlib.sha256(
+            json.dumps(identity, sort_keys=True).encode()
+        ).hexdigest()[:16]
+        self._default_params = OcrParams(task=SPOTTING)
+        self._api_key = _read_api_key(settings)
+        # HTTP threads and gRPC threads of one worker may all be waiting on the model.
+        self.pool_size = settings.web_threads * (2 if settings.grpc_enabled else 1)
+        self._client: openai.OpenAI | None = None
+        self._model_checked = False
+        self._lock = threading.Lock()
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def default_params(self) -> OcrParams:
+        """Spotting: what the line protocols (pdserving, PaddleX, gRPC) render."""
+        return self._default_params
+
+    def check_params(self, params: OcrParams) -> None:
+        if params.task not in TASKS:
+            raise UnsupportedParams(
+                f"task {params.task!r} is not offered by OCR_ENGINE=hunyuan; "
+                f"tasks: {', '.join(TASKS)}"
+            )
+        if replace(params, task=SPOTTING, task_args=()) != self._default_params:
+            raise UnsupportedParams(
+                "HunyuanOCR has no detection options; per-request OCR options are not "
+                "supported by OCR_ENGINE=hunyuan"
+            )
+        check_args(params)
+
+    def describe(self) -> dict[str, Any]:
+        s = self._settings
+        return {
+            "kind": self.kind,
+            "fingerprint": self._fingerprint,
+            "model": s.hunyuan_model,
+            "revision": s.hunyuan_model_revision,
+            "prompt_table": self._prompt_table,
+            "url": s.hunyuan_base_url,
+            "max_tokens": s.hunyuan_max_tokens,
+            "tasks": list(TASKS),
+        }
+
+    def prepare(self) -> None:
+        """Nothing to import up front."""
+
+    def load(self) -> None:
+        """Open the pool, then wait (up to HUNYUAN_STARTUP_WAIT_SECONDS) for vLLM to serve the
+        configured model, so /readyz stays 503 while a fresh deployment downloads weights.
+
+        A vLLM still unreachable after the wait does not fail the load: the front then serves
+        cache hits and answers misses with an engine error until vLLM is back. A vLLM that
+        serves another model, or refuses the key, does fail it (a configuration error).
+        """
+        client = self._ensure_client()
+        if self._model_checked:
+            return
+        deadline = time.monotonic() + self._settings.hunyuan_startup_wait_seconds
+        while True:
+            try:
+                served = [m.id for m in client.models.list()]
+                break
+            except (openai.APIConnectionError, openai.InternalServerError) as exc:
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "vLLM did not answer /v1/models (%s); misses fail until it does", exc
+                    )
+                    return
+                time.sleep(max(0.01, min(2.0, deadline - time.monotonic())))
+            except openai.APIStatusError as exc:
+                raise EngineError(f"vLLM refused /v1/models: HTTP {exc.status_code}") from None
+        if self._settings.hunyuan_model not in served:
+            raise EngineError(
+                f"vLLM serves {served}, not HUNYUAN_MODEL={self._settings.hunyuan_model!r}"
+            )
+        self._model_checked = True
+
+    def _ensure_client(self) -> openai.OpenAI:
+        with self._lock:
+            if self._client is None:
+                s = self._settings
+                timeout = openai.Timeout(
+                    s.hunyuan_timeout_seconds, connect=s.hunyuan_connect_timeout_seconds
+                )
+                limits = httpx2.Limits(
+                    max_connections=self.pool_size, max_keepalive_connections=self.pool_size
+                )
+                self._client = openai.OpenAI(
+                    base_url=f"{s.hunyuan_base_url}/v1",
+                    api_key=self._api_key,
+                    timeout=timeout,
+                    max_retries=0,  # see the module docstring
+                    http_client=openai.DefaultHttpxClient(limits=limits, timeout=timeout),
+                )
+            return self._client
+
+    def prompt(self, params: OcrParams) -> str:
+        if params.task == EXTRACTION:
+            quoted = ", ".join(f"'{name}'" for name in params.arg_values(FIELD_ARG))
+            return self._prompts[EXTRACTION].format(fields=f"[{quoted}]")
+        if params.task == TRANSLATION:
+            (language,) = params.arg_values(LANGUAGE_ARG)
+            return self._prompts[f"{TRANSLATION}:{language}"]
+        return self._prompts[params.task]
+
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        params = request.params
+        messages = [
+            {"role": "system", "content": ""},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": _data_uri(request)}},
+                    {"type": "text", "text": self.prompt(params)},
+                ],
+            },
+        ]
+        content = self._complete(messages)
+        image = request.image
+        try:
+            if params.task == SPOTTING:
+                lines = output.parse_spotting(content, image.width, image.height)
+                return OcrResult(width=image.width, height=image.height, lines=lines)
+            if params.task == EXTRACTION:
+                text = output.parse_extraction(content, params.arg_values(FIELD_ARG))
+            else:
+                text = output.parse_text(content)
+        except output.UnparseableOutput as exc:
+            raise EngineError(
+                f"HunyuanOCR answered an unusable {params.task} result: {exc}"
+            ) from None
+        return OcrResult(width=image.width, height=image.height, text=text)
+
+    def _complete(self, messages: list[dict[str, Any]]) -> str:
+        client = self._ensure_client()
+        attempts = self._settings.hunyuan_retries + 1
+        for attempt in range(attempts):
+            try:
+                return self._call(client, messages)
+            except _Transient as exc:
+                log.warning("vLLM unavailable (attempt %d/%d): %s", attempt + 1, attempts, exc)
+                if attempt + 1 == attempts:
+                    raise EngineError(f"vLLM unavailable: {exc}") from None
+                backoff = min(0.25 * 2**attempt, _MAX_BACKOFF_SECONDS) * random.uniform(0.75, 1)
+                time.sleep(min(max(backoff, exc.retry_after or 0.0), _MAX_BACKOFF_SECONDS))
+        raise AssertionError("unreachable")
+
+    def _call(self, client: openai.OpenAI, messages: list[dict[str, Any]]) -> str:
+        try:
+            response = client.chat.completions.create(
+                model=self._settings.hunyuan_model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=self._settings.hunyuan_max_tokens,
+                **self._sampling,
+            )
+        except openai.APITimeoutError:
+            raise EngineTimeout("vLLM did not answer in time") from None
+        except openai.APIConnectionError as exc:
+            raise _Transient(f"connection failed: {exc}") from None
+        except openai.APIStatusError as exc:
+            if exc.status_code in _RETRY_STATUS:
+                raise _Transient(f"HTTP {exc.status_code}", _retry_after(exc)) from None
+            raise EngineError(f"vLLM refused the request: HTTP {exc.status_code}") from None
+        if not response.choices:
+            raise EngineError("vLLM answered no choices")
+        choice = response.choices[0]
+        if choice.finish_reason == "length":
+            log.warning("HunyuanOCR stopped at HUNYUAN_MAX_TOKENS; the answer may be cut")
+        return choice.message.content or ""
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    try:
+        return float(exc.response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def _data_uri(request: OcrRequest) -> str:
+    data, mime = request.data, None
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            rotated = img.getexif().get(0x0112, 1) not in (0, 1)  # EXIF orientation
+            mime = None if rotated else _MIME.get(img.format or "")
+    except (OSError, ValueError):
+        mime = None
+    if mime is None:
+        buf = io.BytesIO()
+        Image.fromarray(request.image.pixels).save(buf, format="PNG")
+        data, mime = buf.getvalue(), "image/png"
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
