@@ -47,7 +47,10 @@ class EmbeddedRedis:
         conf: Path | None = DEFAULT_CONF,
         extra_args: list[str] | None = None,
         port: int | None = None,
+        client_kwargs: dict | None = None,
     ) -> None:
+        """``client_kwargs``: how to reach it for the start-up ping (e.g. TLS settings)."""
+        self.client_kwargs = client_kwargs or {}
         self.conf = conf
         self.extra_args = extra_args or []
         self.port = port or free_port()
@@ -86,7 +89,7 @@ class EmbeddedRedis:
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, **self.client_kwargs)
         deadline = time.monotonic() + timeout
         while True:
             try:

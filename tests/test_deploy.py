@@ -237,7 +237,7 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
         "default": {"redis", "front"},
         "gpu": {"redis", "front", "front-gpu"},
         "serving": {"redis", "front", "paddle-serving", "front-serving"},
-        "hunyuan": {"redis", "front", "vllm"},
+        "hunyuan": {"redis", "front", "vllm", "front-hunyuan"},
         "monitoring": {"redis", "front", "redis-exporter", "prometheus", "grafana"},
     }[profile]
     assert set(services) == expected

@@ -653,7 +653,7 @@ def test_deployment_pins_one_revision_for_vllm_and_the_front():
 
     from tests.conftest import ROOT
 
-    compose = yaml.safe_load((ROOT / "docker" / "compose.hunyuan.yml").read_text())
+    compose = yaml.safe_load((ROOT / "docker" / "docker-compose.yml").read_text())
     vllm, front = compose["services"]["vllm"], compose["services"]["front-hunyuan"]
     command = vllm["command"]
     revision = command[command.index("--revision") + 1]

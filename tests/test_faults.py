@@ -1,0 +1,243 @@
+"""Faults, each against a real redis-server process of its own (and the real engine):
+Redis killed, restarted, paused, slow, out of memory under noeviction, evicting under
+allkeys-lru; unusable entries; engine errors and timeouts. In every case: no failed client
+request, no request stuck behind Redis, recovery without a restart, nothing wrong cached."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+
+import pytest
+import redis
+
+from app.cache.codec import Codec
+from app.cache.keys import digest_image
+from app.embedded_redis import EmbeddedRedis
+from app.engines.base import EngineError
+from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
+from tests.helpers import b64
+
+# The longest a request may take while Redis misbehaves: a small image's engine call plus the
+# Redis timeouts, with room for a loaded 2-core machine; far below the faults' durations
+# (a 3 s pause, a 3 s DEBUG SLEEP), so passing means nobody waited for Redis to come back.
+BOUND_SECONDS = 1.5
+
+
+def ocr(client, data: bytes, **headers):  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    resp = client.post("/v1/ocr", json={"image": b64(data)}, headers=headers)
+    return resp, time.monotonic() - started
+
+
+def fast_app(make_app, server, **overrides):  # type: ignore[no-untyped-def]
+    return make_app(
+        redis_url=server.url, redis_breaker_cooldown_seconds=0.2, **overrides
+    ).test_client()
+
+
+def warm(client, data: bytes) -> list:  # type: ignore[no-untyped-def]
+    first, _ = ocr(client, data)
+    second, _ = ocr(client, data)
+    assert (first.headers["X-Cache"], second.headers["X-Cache"]) == ("MISS", "HIT")
+    return first.get_json()["lines"]
+
+
+def _during(fault, client, data: bytes, expected: list, seconds: float = 2.0) -> int:  # type: ignore[no-untyped-def]
+    """Requests while ``fault`` runs in a thread: all 200, right, and quick."""
+    thread = threading.Thread(target=fault, daemon=True)
+    thread.start()
+    time.sleep(0.1)
+    count, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        resp, took = ocr(client, data)
+        assert resp.status_code == 200 and resp.get_json()["lines"] == expected
+        assert took < BOUND_SECONDS, f"a request waited {took:.2f}s on Redis"
+        count += 1
+    thread.join(10)
+    return count
+
+
+def _recovers(client, data: bytes, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ocr(client, data)[0].headers["X-Cache"] == "HIT":
+            return
+        time.sleep(0.1)
+    raise AssertionError("caching did not come back")
+
+
+def test_redis_paused(make_app):
+    with EmbeddedRedis() as server:
+        client = fast_app(make_app, server)
+        expected = warm(client, SHORT.read_bytes())
+        admin = redis.Redis(port=server.port)
+        count = _during(lambda: admin.execute_command("CLIENT", "PAUSE", 3000, "ALL"),
+                        client, SHORT.read_bytes(), expected)  # fmt: skip
+        assert count >= 3
+        time.sleep(1.2)  # the pause ends
+        _recovers(client, SHORT.read_bytes())
+
+
+def test_redis_slow(make_app):
+    with EmbeddedRedis(extra_args=["--enable-debug-command", "yes"]) as server:
+        client = fast_app(make_app, server)
+        expected = warm(client, SHORT.read_bytes())
+        admin = redis.Redis(port=server.port, socket_timeout=10)
+        count = _during(lambda: admin.execute_command("DEBUG", "SLEEP", 3),
+                        client, SHORT.read_bytes(), expected)  # fmt: skip
+        assert count >= 3
+        time.sleep(1.2)
+        _recovers(client, SHORT.read_bytes())
+
+
+def test_redis_killed_then_restarted(make_app):
+    with EmbeddedRedis() as server:
+        client = fast_app(make_app, server)
+        expected = warm(client, WORD_EN.read_bytes())
+        _during(server.proc.kill, client, WORD_EN.read_bytes(), expected)
+        server.stop()
+        server.start()  # same port, empty: the first request recomputes, then hits
+        _recovers(client, WORD_EN.read_bytes())
+
+
+def test_out_of_memory_under_noeviction(make_app, caplog):
+    args = ["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]
+    with EmbeddedRedis(extra_args=args) as server:
+        with caplog.at_level(logging.WARNING, logger="app"):
+            client = fast_app(make_app, server)
+        assert any("noeviction" in r.getMessage() for r in caplog.records)  # start-up warning
+        cached = warm(client, WORD_EN.read_bytes())
+        filler = redis.Redis(port=server.port)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(100_000):
+                filler.set(f"filler:{i}", b"x" * 1024)
+        # Stay full: freed query buffers would otherwise let small writes through again.
+        filler.config_set("maxmemory", int(filler.info("memory")["used_memory"]) - 200_000)
+        for _ in range(3):  # writes fail with OOM: still answered, and reads still hit
+            resp, _ = ocr(client, WORD_CH.read_bytes())
+            assert resp.status_code == 200 and resp.headers["X-Cache"] == "MISS"
+            resp, _ = ocr(client, WORD_EN.read_bytes())
+            assert resp.headers["X-Cache"] == "HIT" and resp.get_json()["lines"] == cached
+        assert client.get("/readyz").get_json()["redis"]["breaker"] == "closed"
+
+
+def test_eviction_keeps_the_hot_set(make_app):
+    args = ["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru", "--maxmemory-samples", "10"]
+    with EmbeddedRedis(extra_args=args) as server:
+        client = fast_app(make_app, server)
+        hot = [WORD_EN.read_bytes(), SHORT.read_bytes(), WORD_CH.read_bytes()]
+        for data in hot:
+            warm(client, data)
+        filler = redis.Redis(port=server.port)
+        statuses = []
+        for round_ in range(8):  # 8 x 1.25 MB of other entries: 10 MB through a 4 MB cache
+            time.sleep(1.05)  # Redis' LRU clock ticks once a second
+            for data in hot:  # the hot set is used more recently than the older traffic
+                resp, _ = ocr(client, data)
+                assert resp.status_code == 200
+                statuses.append(resp.headers["X-Cache"])
+            pipe = filler.pipeline(transaction=False)
+            for i in range(1250):
+                pipe.set(f"other:{round_}:{i}", b"y" * 1024)
+            pipe.execute()
+        assert int(filler.info("stats")["evicted_keys"]) > 5000
+        assert statuses.count("HIT") >= 0.9 * len(statuses), statuses
+        assert statuses[-6:] == ["HIT"] * 6, statuses
+
+
+@pytest.mark.parametrize("kind", ["wrong_sha", "foreign_schema", "truncated", "other_engine"])
+def test_unusable_entries_are_misses_and_overwritten(client, redis_client, kind):
+    data, other = WORD_EN.read_bytes(), WORD_CH.read_bytes()
+    good = client.post("/v1/ocr", json={"image": b64(data)}).get_json()["lines"]
+    (key,) = redis_client.keys("ocr:*")
+    codec, fp = Codec(0), client.application.extensions["ocr"]["cache"].engine.fingerprint
+    bad = {
+        "wrong_sha": codec.encode(
+            {"width": 1, "height": 1, "lines": []}, digest_image(other).sha256, fp, 60, key.decode()
+        ),
+        "foreign_schema": b"OCR1j" + json.dumps({"v": 2, "result": {}}).encode(),
+        "truncated": redis_client.get(key)[:20],
+        "other_engine": codec.encode(
+            {"width": 1, "height": 1, "lines": []}, digest_image(data).sha256, "0" * 16, 60,
+            key.decode(),
+        ),
+    }[kind]  # fmt: skip
+    redis_client.set(key, bad)
+    resp = client.post("/v1/ocr", json={"image": b64(data)})
+    assert resp.headers["X-Cache"] == "MISS" and resp.get_json()["lines"] == good
+    assert redis_client.get(key) != bad
+    assert client.post("/v1/ocr", json={"image": b64(data)}).headers["X-Cache"] == "HIT"
+
+
+def test_engine_timeout_is_a_clean_error_per_protocol(make_app, redis_client, grpc_front):
+    from app.grpc_server import pb2, pb2_grpc
+
+    data = PHOTOTEST.read_bytes()
+    app, endpoint = grpc_front(ocr_timeout_seconds=0.001)
+    client = app.test_client()
+    rest = client.post("/v1/ocr", json={"image": b64(data)})
+    assert rest.status_code == 504 and rest.get_json()["error"]["code"] == "engine_timeout"
+    body = json.dumps({"key": ["image"], "value": [b64(data)]})
+    assert json.loads(client.post("/ocr/prediction", data=body).data)["err_no"] == 6000
+    paddlex = client.post("/ocr", json={"file": b64(data), "fileType": 1})
+    assert paddlex.status_code == 500 and paddlex.get_json()["errorCode"] == 500
+    import grpc
+
+    stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
+    reply = stub.inference(pb2.Request(key=["image"], value=[b64(data)]), timeout=60)
+    assert reply.err_no == 6000
+    assert redis_client.keys("ocr:*") == []  # nothing cached
+    # The worker recovers: the same image with a normal timeout is computed and cached.
+    healthy = make_app().test_client()
+    resp = healthy.post("/v1/ocr", json={"image": b64(data)})
+    assert resp.status_code == 200 and resp.headers["X-Cache"] == "MISS"
+
+
+def test_engine_that_keeps_failing_makes_readyz_say_so(make_app, engine, redis_client):
+    failing = threading.Event()
+    failing.set()
+
+    class Flaky:
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(engine, name)
+
+        def recognize(self, request):  # type: ignore[no-untyped-def]
+            if failing.is_set():
+                raise EngineError("engine crashed")
+            return engine.recognize(request)
+
+    app = make_app(engine_override=Flaky(), engine_unready_after_failures=3)
+    client = app.test_client()
+    while client.get("/readyz").status_code != 200:
+        time.sleep(0.01)
+    images = [WORD_EN, WORD_CH, SHORT]
+    for path in images:
+        resp = client.post("/v1/ocr", json={"image": b64(path.read_bytes())})
+        assert resp.status_code == 503
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.get_json()["engine"] == "failing"
+    assert redis_client.keys("ocr:*") == []
+    failing.clear()
+    assert client.post("/v1/ocr", json={"image": b64(WORD_EN.read_bytes())}).status_code == 200
+    assert client.get("/readyz").status_code == 200
+
+
+def test_undecodable_input_does_not_count_as_engine_failure(make_app):
+    app = make_app(engine_unready_after_failures=1)
+    client = app.test_client()
+    for _ in range(3):
+        bad = base64.b64encode(b"not an image").decode()
+        assert client.post("/v1/ocr", json={"image": bad}).status_code == 400
+    assert client.get("/readyz").status_code == 200
+
+
+def test_corpus_image_with_exif_orientation_is_answered(client):
+    """A real-world oddity from the corpus (EXIF rotation) goes through like any image."""
+    resp = client.post(
+        "/v1/ocr", json={"image": b64((CORPUS / "rapidocr_img_exif_orientation.jpg").read_bytes())}
+    )
+    assert resp.status_code == 200
