@@ -26,7 +26,10 @@ lint: install
 	$(BIN)/ruff check app tests bench gunicorn.conf.py
 	$(BIN)/ruff format --check app tests bench gunicorn.conf.py
 
+# wrk (Debian) drives the throughput runs when present; else Python client processes.
 bench: install
+	@command -v wrk >/dev/null || apt-get install -y -q wrk >/dev/null 2>&1 || \
+		echo "wrk not installed: throughput measured with Python client processes"
 	$(BIN)/python -m bench.run
 
 clean:

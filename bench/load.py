@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import http.client
 import multiprocessing as mp
+import re
+import shutil
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -16,6 +21,7 @@ class Request:
     path: str
     body: bytes
     headers: dict[str, str]
+    method: str = "POST"
 
 
 def _worker(port: int, req: Request, count: int, deadline: float, out: mp.Queue) -> None:
@@ -25,7 +31,7 @@ def _worker(port: int, req: Request, count: int, deadline: float, out: mp.Queue)
         if time.monotonic() > deadline:
             break
         start = time.perf_counter()
-        conn.request("POST", req.path, body=req.body, headers=req.headers)
+        conn.request(req.method, req.path, body=req.body or None, headers=req.headers)
         resp = conn.getresponse()
         resp.read()
         latencies.append(time.perf_counter() - start)
@@ -104,3 +110,44 @@ def percentiles(latencies: list[float]) -> dict:
         "max_ms": xs[-1] * 1000,
         "n": len(xs),
     }
+
+
+def wrk_available() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def run_wrk(port: int, req: Request, concurrency: int, seconds: float) -> dict:
+    """The same load with wrk (C, event loop): the client then costs far less CPU than the
+    service, so rates compare servers rather than Python clients. 2 client threads."""
+    with tempfile.TemporaryDirectory() as tmp:
+        body = Path(tmp) / "body"
+        body.write_bytes(req.body)
+        script = Path(tmp) / "post.lua"
+        headers = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in req.headers.items())
+        script.write_text(
+            f'wrk.method = "POST"\nlocal f = io.open("{body}", "rb")\n'
+            f'wrk.body = f:read("*all")\nf:close()\n{headers}'
+        )
+        out = subprocess.run(
+            ["wrk", "-t2", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", "-s", str(script),
+             f"http://127.0.0.1:{port}{req.path}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    return {
+        "per_second": rate,
+        "errors": int(errors.group(1)) if errors else 0,
+        "p50_ms": _ms(p50),
+        "p99_ms": _ms(p99),
+        "client": "wrk",
+    }
+
+
+def _ms(match: re.Match | None) -> float | None:
+    if match is None:
+        return None
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[match.group(2)]
+    return float(match.group(1)) * scale

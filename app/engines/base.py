@@ -3,6 +3,7 @@ every protocol renders from."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -36,16 +37,22 @@ class OcrParams:
     task_args: tuple[tuple[str, str], ...] = ()
 
     def digest(self) -> str:
-        items = asdict(self)
-        if self.task == "ocr" and not self.task_args:
-            # Hash exactly as before the task fields existed: existing entries stay valid.
-            del items["task"], items["task_args"]
-        canonical = repr(sorted(items.items()))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        return _params_digest(self)
 
     def arg_values(self, name: str) -> tuple[str, ...]:
         """Every value of task argument ``name``, in order."""
         return tuple(value for key, value in self.task_args if key == name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _params_digest(params: OcrParams) -> str:
+    """Memoized: it is on every request's path, and a handful of param sets recur."""
+    items = asdict(params)
+    if params.task == "ocr" and not params.task_args:
+        # Hash exactly as before the task fields existed: existing entries stay valid.
+        del items["task"], items["task_args"]
+    canonical = repr(sorted(items.items()))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
