@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
@@ -25,6 +26,7 @@ from app.protocols.errors import BadRequest
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()  # served at /openapi.json
 
 
 def build_cache(
@@ -200,6 +202,10 @@ def create_app(
     def metrics_endpoint() -> Response:
         payload, content_type = metrics.render()
         return Response(payload, content_type=content_type)
+
+    @app.get("/openapi.json")
+    def openapi_document() -> Response:
+        return Response(OPENAPI, mimetype=JSON)
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(exc: RequestEntityTooLarge) -> Any:
