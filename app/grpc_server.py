@@ -25,7 +25,23 @@ log = logging.getLogger(__name__)
 
 PROTO = "app/protocols/proto/pipeline_service.proto"
 pb2, pb2_grpc = grpc.protos_and_services(PROTO)
-METHOD = "/baidu.paddle_serving.pipeline_serving.PipelineService/inference"
+SERVICE = "baidu.paddle_serving.pipeline_serving.PipelineService"
+METHOD = f"/{SERVICE}/inference"
+
+
+class Undecodable:
+    """A request body protobuf could not parse (bad wire data, invalid UTF-8 in a string)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _deserialize(data: bytes) -> Any:
+    """``Request.FromString``, but bad bytes become an answer (err_no 8000), not gRPC INTERNAL."""
+    try:
+        return pb2.Request.FromString(data)
+    except Exception as exc:  # protobuf's DecodeError, or any other parse failure
+        return Undecodable(exc.__class__.__name__)
 
 
 def _tensors(request: Any) -> list[pipeline.Tensor]:
@@ -51,6 +67,9 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
         )
 
     def _answer(self, request: Any, context: grpc.ServicerContext) -> pipeline.PipelineAnswer:
+        if isinstance(request, Undecodable):
+            message = f"Failed to unpack request: not a pipeline Request ({request.reason})"
+            return pipeline.PipelineAnswer(err_no=pipeline.PACKING_ERROR, err_msg=message)
         # Upstream checks the name only when the client sets one (PipelineClient does not).
         if request.name and request.name != self._settings.pipeline_service_name:
             return pipeline.PipelineAnswer(
@@ -88,7 +107,7 @@ def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple
             ("grpc.so_reuseport", 1),
         ],
     )
-    pb2_grpc.add_PipelineServiceServicer_to_server(PipelineServicer(cache, settings), server)
+    _add_servicer(server, PipelineServicer(cache, settings))
     bind = f"{settings.host}:{settings.grpc_port if port is None else port}"
     bound = server.add_insecure_port(bind)
     if bound == 0:
@@ -96,3 +115,16 @@ def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple
     server.start()
     log.info("gRPC PipelineService on %s:%d", settings.host, bound)
     return server, bound
+
+
+def _add_servicer(server: grpc.Server, servicer: PipelineServicer) -> None:
+    """What the generated ``add_PipelineServiceServicer_to_server`` does, with ``_deserialize``."""
+    handlers = {
+        "inference": grpc.unary_unary_rpc_method_handler(
+            servicer.inference,
+            request_deserializer=_deserialize,
+            response_serializer=pb2.Response.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

@@ -12,6 +12,12 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 # We enforce our own pixel limit before decoding; Pillow's own check stays as a backstop.
 Image.MAX_IMAGE_PIXELS = 200_000_000
 
+# The only formats Pillow may identify uploads as. Without a list, Image.open tries every
+# plugin: EPS would run Ghostscript, and PSD, ICO, PDF and the rest are attack surface that OCR
+# does not need. MPO (multi-picture JPEG from phones) opens through the JPEG plugin; PPM covers
+# PGM and PBM.
+FORMATS = ("JPEG", "PNG", "BMP", "TIFF", "WEBP", "GIF", "PPM")
+
 
 class InvalidImage(ValueError):
     """The bytes are not an image we can decode (client error, never cached)."""
@@ -39,7 +45,7 @@ def decode_image(data: bytes, max_pixels: int) -> DecodedImage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
             width, height = img.size
             if width < 1 or height < 1:
                 raise InvalidImage("image has zero width or height")
@@ -52,8 +58,11 @@ def decode_image(data: bytes, max_pixels: int) -> DecodedImage:
             rgb = img.convert("RGB")
     except InvalidImage:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, Warning) as exc:
-        raise InvalidImage(f"not a decodable image: {exc.__class__.__name__}") from None
+    except UnidentifiedImageError:
+        accepted = ", ".join(FORMATS)
+        raise InvalidImage(f"not a decodable image (accepted formats: {accepted})") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageTooLarge(f"image is over the pixel limit: {exc}") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidImage(f"not a decodable image: {exc}") from None
     pixels = np.asarray(rgb, dtype=np.uint8)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
@@ -26,6 +27,7 @@ from app.protocols.errors import BadRequest
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()  # served at /openapi.json
 
 
 def build_cache(
@@ -89,6 +91,18 @@ def create_app(
     @app.before_request
     def _start_timer() -> None:
         g.started = time.perf_counter()
+
+    @app.before_request
+    def _limit_streamed_body() -> None:
+        # A chunked body (no Content-Length) is cut at MAX_CONTENT_LENGTH by werkzeug without
+        # an error; reaching the limit means it went on (multipart parsing raises by itself).
+        if (
+            request.method == "POST"
+            and request.content_length is None
+            and request.mimetype != "multipart/form-data"
+        ):
+            if len(request.get_data(cache=True)) >= settings.max_request_bytes:
+                raise RequestEntityTooLarge()
 
     def observe(protocol: str, status: int, cache_status: str) -> None:
         metrics.REQUESTS.labels(protocol=protocol, status=str(status)).inc()
@@ -219,16 +233,25 @@ def create_app(
         payload, content_type = metrics.render()
         return Response(payload, content_type=content_type)
 
+    @app.get("/openapi.json")
+    def openapi_document() -> Response:
+        return Response(OPENAPI, mimetype=JSON)
+
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(exc: RequestEntityTooLarge) -> Any:
         message = f"request body over {settings.max_request_bytes} bytes"
+        if request.path == "/ocr":  # PaddleX clients read the envelope
+            body = paddlex.error(paddlex.new_log_id(), 413, message)
+            return Response(body, status=413, mimetype=JSON)
         return Response(rest.error_body("too_large", message), status=413, mimetype=JSON)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
         code = exc.name.lower().replace(" ", "_")
         body = rest.error_body(code, exc.description or "")
-        return Response(body, status=exc.code or 500, mimetype=JSON)
+        # Keep the exception's own headers (a 405 must list the allowed methods in Allow).
+        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+        return Response(body, status=exc.code or 500, mimetype=JSON, headers=headers)
 
     return app
 

@@ -17,6 +17,7 @@ import orjson
 from PIL import Image, ImageDraw
 
 from app.engines.base import OcrParams, OcrResult
+from app.imaging import FORMATS
 from app.protocols.errors import BadRequest
 
 MAX_OUTPUT_IMAGE_SIDE = 2000  # upstream's default max_output_img_size
@@ -137,7 +138,7 @@ def _bounds(box: tuple[tuple[int, int], ...]) -> list[int]:
 
 def visualize(image_bytes: bytes, result: OcrResult, rec_thresh: float) -> dict[str, str]:
     """``ocrImage`` (boxes drawn) and ``inputImage``, JPEG base64, at most 2000 px a side."""
-    image = Image.open(io.BytesIO(image_bytes)).convert("RGB")
+    image = Image.open(io.BytesIO(image_bytes), formats=FORMATS).convert("RGB")
     drawn = image.copy()
     draw = ImageDraw.Draw(drawn)
     for line in result.filtered(rec_thresh):

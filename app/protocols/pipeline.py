@@ -76,7 +76,7 @@ def build_request(
     req = PipelineRequest()
     try:
         req.logid = int(logid or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a float infinity
         raise PipelineError(TYPE_ERROR, "logid must be an integer") from None
     req.clientip = str(clientip or "")[:64]
     if not isinstance(keys, Sequence) or not isinstance(values, Sequence):
