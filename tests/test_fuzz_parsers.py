@@ -128,12 +128,13 @@ rest_bodies = (
 )
 
 
-def check_rest(parse: Callable[[], tuple[bytes, float]]) -> None:
+def check_rest(parse: Callable[[], rest.RestRequest]) -> None:
     try:
-        data, min_score = parse()
+        parsed = parse()
     except BadRequest as exc:
         assert exc.code and str(exc)
         return
+    data, min_score = parsed.data, parsed.min_score
     assert isinstance(data, bytes) and data
     assert isinstance(min_score, float) and 0.0 <= min_score <= 1.0
 
