@@ -77,6 +77,18 @@ class Outcome:
     status: CacheStatus
 
 
+@dataclass
+class _Job:
+    """One image of a request on its way through the tiers."""
+
+    data: bytes
+    params: OcrParams
+    digest: ImageDigest
+    task: str
+    controls: CacheControls
+    key: str = ""  # the L2 key, set once L1 has missed (it needs the MD5)
+
+
 Decoder = Callable[[bytes], DecodedImage]
 
 
@@ -137,22 +149,20 @@ class OcrCache:
             self.prefix(namespace), self._engine.fingerprint, self._task(params), digest
         )
 
-    def _l1_key(self, namespace: str, task: str, digest: ImageDigest) -> tuple[str, ...]:
-        return (self.prefix(namespace), self._engine.fingerprint, task, digest.sha256)
-
     def peek(self, image_bytes: bytes, params: OcrParams, namespace: str = "") -> OcrResult | None:
         """The stored result for exactly these params, or None: never computes, never writes
         (lets a caller answer from a related entry, e.g. extraction field subsets)."""
         if self._store is None:
             return None
-        digest = digest_image(image_bytes)
-        task = self._task(params)
-        hit = self._l1.get(self._l1_key(namespace, task, digest))
+        job = _Job(
+            image_bytes, params, digest_image(image_bytes), self._task(params),
+            CacheControls(namespace=namespace),
+        )  # fmt: skip
+        hit = self._l1.get(self._l1_key(job))
         if hit is not None:
             return hit
-        key = self.key_for(digest, params, namespace)
-        _, (value,) = self._store.get_many([key])
-        return self._read(value, digest, task, key, namespace)
+        job.key = self.key_for(job.digest, params, namespace)
+        return self._reread(job)
 
     def get_or_compute(
         self,
@@ -176,30 +186,31 @@ class OcrCache:
                 metrics.CACHE_REQUESTS.labels(result="bypass").inc()
             return [Outcome(self._compute(data, params), CacheStatus.BYPASS) for data in images]
 
-        digests = [digest_image(data) for data in images]
         task = self._task(params)
+        jobs = [_Job(data, params, digest_image(data), task, controls) for data in images]
         outcomes: list[Outcome | None] = [None] * len(images)
         if not controls.no_cache:
-            for i, digest in enumerate(digests):
-                hit = self._l1.get(self._l1_key(controls.namespace, task, digest))
+            for i, job in enumerate(jobs):
+                hit = self._l1.get(self._l1_key(job))
                 if hit is not None:
                     metrics.CACHE_REQUESTS.labels(result="hit").inc()
                     metrics.CACHE_TIER_HITS.labels(tier="l1").inc()
                     outcomes[i] = Outcome(hit, CacheStatus.HIT)
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
-        keys = {i: self.key_for(digests[i], params, controls.namespace) for i in pending}
+        for i in pending:
+            jobs[i].key = self.key_for(jobs[i].digest, params, controls.namespace)
         ok, values = True, [None] * len(pending)
         if pending and not controls.no_cache:
-            ok, values = self._store.get_many([keys[i] for i in pending])
+            ok, values = self._store.get_many([jobs[i].key for i in pending])
         for i, value in zip(pending, values, strict=True):
-            hit = self._read(value, digests[i], task, keys[i], controls.namespace)
+            job = jobs[i]
+            hit = self._read(value, job)
             if hit is not None:
                 metrics.CACHE_REQUESTS.labels(result="hit").inc()
                 metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
                 outcomes[i] = Outcome(hit, CacheStatus.HIT)
                 continue
-            miss = partial(self._miss, images[i], params, digests[i], keys[i], controls, ok)
-            outcome, shared = self._flights.do(keys[i], miss)
+            outcome, shared = self._flights.do(job.key, partial(self._miss, job, ok))
             if shared:
                 outcome = Outcome(outcome.result, CacheStatus.COALESCED)
             label = "error" if not ok else outcome.status.value.lower()
@@ -207,13 +218,16 @@ class OcrCache:
             outcomes[i] = outcome
         return outcomes  # type: ignore[return-value]
 
-    def _read(
-        self, value: bytes | None, digest: ImageDigest, task: str, key: str, namespace: str
-    ) -> OcrResult | None:
+    def _l1_key(self, job: _Job) -> tuple[str, ...]:
+        namespace = job.controls.namespace
+        return (self.prefix(namespace), self._engine.fingerprint, job.task, job.digest.sha256)
+
+    def _read(self, value: bytes | None, job: _Job) -> OcrResult | None:
         """Decode an L2 value (a miss if unusable) and keep it in L1 until it expires."""
         if value is None:
             return None
-        entry = self._codec.decode(value, digest.sha256, self._engine.fingerprint, key)
+        digest = job.digest
+        entry = self._codec.decode(value, digest.sha256, self._engine.fingerprint, job.key)
         if entry is None:
             log.info("cache entry for %s is unusable; treating as a miss", digest.md5)
             return None
@@ -221,68 +235,53 @@ class OcrCache:
             result = OcrResult.from_dict(entry.result)
         except (KeyError, TypeError, ValueError):
             return None
-        self._l1.put(self._l1_key(namespace, task, digest), result, entry.expires_at - time.time())
+        self._l1.put(self._l1_key(job), result, entry.expires_at - time.time())
         return result
 
-    def _miss(
-        self,
-        data: bytes,
-        params: OcrParams,
-        digest: ImageDigest,
-        key: str,
-        controls: CacheControls,
-        redis_ok: bool,
-    ) -> Outcome:
-        """One thread of this process computes ``key``; across processes, the lease decides."""
+    def _reread(self, job: _Job) -> OcrResult | None:
         assert self._store is not None
-        task = self._task(params)
-        recheck = redis_ok and not controls.no_cache
-        ns = controls.namespace
-        if recheck:
+        return self._read(self._store.get_many([job.key])[1][0], job)
+
+    def _miss(self, job: _Job, redis_ok: bool) -> Outcome:
+        """One thread of this process computes ``job.key``; across processes, the lease
+        decides."""
+        assert self._store is not None
+        controls = job.controls
+        if redis_ok and not controls.no_cache:
             # Another computation may have finished between our read and our turn.
-            hit = self._read(self._store.get_many([key])[1][0], digest, task, key, ns)
+            hit = self._reread(job)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT)
-        image = self._decode(data)  # InvalidImage: a client error, before any lease
+        image = self._decode(job.data)  # InvalidImage: a client error, before any lease
         if not redis_ok or controls.no_cache:
-            return self._compute_and_store(image, data, params, digest, key, controls)
+            return self._compute_and_store(job, image)
         deadline = time.monotonic() + self._settings.singleflight_wait_seconds
-        lease = lease_key(key)
-        channel = done_channel(self._settings.cache_key_prefix, key)  # one channel space
+        lease = lease_key(job.key)
+        channel = done_channel(self._settings.cache_key_prefix, job.key)  # one channel space
         while True:
             token = secrets.token_hex(16)
-            ttl_ms = self._settings.singleflight_lease_ms
-            acquired = self._store.acquire_lease(lease, token, ttl_ms)
+            acquired = self._store.acquire_lease(lease, token, self._settings.singleflight_lease_ms)
             if acquired is None:  # Redis went away: single-flight is in-process only now
-                return self._compute_and_store(image, data, params, digest, key, controls)
+                return self._compute_and_store(job, image)
             if acquired:
-                return self._compute_as_owner(
-                    image, data, params, digest, key, controls, lease, token, channel
-                )
-            waited = self._wait_for_owner(key, digest, task, ns, lease, channel, deadline)
+                return self._compute_as_owner(job, image, lease, token, channel)
+            waited = self._wait_for_owner(job, lease, channel, deadline)
             if waited is not None:
                 return Outcome(waited, CacheStatus.COALESCED)
             if time.monotonic() >= deadline:
                 log.warning("waited %.0fs for another computation of %s; computing here",
-                            self._settings.singleflight_wait_seconds, digest.md5)  # fmt: skip
-                return self._compute_and_store(image, data, params, digest, key, controls)
+                            self._settings.singleflight_wait_seconds, job.digest.md5)  # fmt: skip
+                return self._compute_and_store(job, image)
             # The owner failed or died (its lease is gone or expiring): try to take over.
 
     def _wait_for_owner(
-        self,
-        key: str,
-        digest: ImageDigest,
-        task: str,
-        ns: str,
-        lease: str,
-        channel: str,
-        deadline: float,
+        self, job: _Job, lease: str, channel: str, deadline: float
     ) -> OcrResult | None:
         """Block on the owner's notification (not a poll); None if no result came."""
         assert self._notifier is not None and self._store is not None
         event = self._notifier.register(channel)
         try:
-            hit = self._read(self._store.get_many([key])[1][0], digest, task, key, ns)
+            hit = self._reread(job)
             if hit is not None:
                 return hit
             if not self._store.exists(lease):
@@ -290,33 +289,23 @@ class OcrCache:
             # At most one lease period per round: a crashed owner's lease expires by then.
             timeout = min(deadline - time.monotonic(), self._settings.singleflight_lease_ms / 1000)
             event.wait(max(0.0, timeout))
-            return self._read(self._store.get_many([key])[1][0], digest, task, key, ns)
+            return self._reread(job)
         finally:
             self._notifier.unregister(channel, event)
 
     def _compute_as_owner(
-        self,
-        image: DecodedImage,
-        data: bytes,
-        params: OcrParams,
-        digest: ImageDigest,
-        key: str,
-        controls: CacheControls,
-        lease: str,
-        token: str,
-        channel: str,
+        self, job: _Job, image: DecodedImage, lease: str, token: str, channel: str
     ) -> Outcome:
         assert self._store is not None
         outcome = "error"
         try:
             with self._renewing(lease, token):
                 # The previous owner may have stored the result just before we took over.
-                value = self._store.get_many([key])[1][0]
-                hit = self._read(value, digest, self._task(params), key, controls.namespace)
+                hit = self._reread(job)
                 if hit is not None:
                     outcome = "ok"
                     return Outcome(hit, CacheStatus.HIT)
-                result = self._compute_and_store(image, data, params, digest, key, controls)
+                result = self._compute_and_store(job, image)
                 outcome = "ok"
                 return result
         finally:
@@ -344,23 +333,17 @@ class OcrCache:
             stop.set()
             thread.join()
 
-    def _compute_and_store(
-        self,
-        image: DecodedImage,
-        data: bytes,
-        params: OcrParams,
-        digest: ImageDigest,
-        key: str,
-        controls: CacheControls,
-    ) -> Outcome:
+    def _compute_and_store(self, job: _Job, image: DecodedImage) -> Outcome:
         assert self._store is not None
-        result = self._run_engine(image, data, params)
-        if not controls.no_store:
-            ttl = controls.ttl or self._ttl()
+        result = self._run_engine(image, job.data, job.params)
+        if not job.controls.no_store:
+            ttl = job.controls.ttl or self._ttl()
             fingerprint = self._engine.fingerprint
-            entry = self._codec.encode(result.to_dict(), digest.sha256, fingerprint, ttl, key)
-            self._store.set(key, entry, ttl)
-            self._l1.put(self._l1_key(controls.namespace, self._task(params), digest), result, ttl)
+            entry = self._codec.encode(
+                result.to_dict(), job.digest.sha256, fingerprint, ttl, job.key
+            )
+            self._store.set(job.key, entry, ttl)
+            self._l1.put(self._l1_key(job), result, ttl)
         return Outcome(result, CacheStatus.MISS)
 
     def _ttl(self) -> int:
