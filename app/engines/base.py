@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -134,6 +135,30 @@ class EngineTimeout(EngineError):
 
 class UnsupportedParams(ValueError):
     """The request asks for parameters this engine cannot honour (a client error)."""
+
+
+def fingerprint_of(identity: dict[str, Any]) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON of what shapes an engine's output."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class EngineBase:
+    """What every engine shares: ``__init__`` sets ``_fingerprint`` and ``_default_params``."""
+
+    kind: str
+    _fingerprint: str
+    _default_params: OcrParams
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def default_params(self) -> OcrParams:
+        return self._default_params
+
+    def prepare(self) -> None:
+        """Nothing to do in the main thread unless an engine says otherwise."""
 
 
 class Engine(Protocol):

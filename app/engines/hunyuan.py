@@ -35,12 +35,14 @@ from app.config import Settings
 from app.engines import hunyuan_output as output
 from app.engines.base import (
     RESULT_SCHEMA_VERSION,
+    EngineBase,
     EngineError,
     EngineTimeout,
     OcrParams,
     OcrRequest,
     OcrResult,
     UnsupportedParams,
+    fingerprint_of,
 )
 from app.engines.tasks import (
     EXTRACTION,
@@ -135,7 +137,7 @@ def _read_api_key(settings: Settings) -> str:
     return settings.hunyuan_api_key or "EMPTY"  # vLLM without --api-key accepts any key
 
 
-class HunyuanEngine:
+class HunyuanEngine(EngineBase):
     kind = "hunyuan"
 
     def __init__(self, settings: Settings) -> None:
@@ -154,9 +156,8 @@ class HunyuanEngine:
             "prompt_table_digest": hashlib.sha256(table.encode()).hexdigest(),
             "max_tokens": settings.hunyuan_max_tokens,
         }
-        self._fingerprint = hashlib.sha256(
-            json.dumps(identity, sort_keys=True).encode()
-        ).hexdigest()[:16]
+        self._fingerprint = fingerprint_of(identity)
+        # Spotting: what the line protocols (pdserving, PaddleX, gRPC) render.
         self._default_params = OcrParams(task=SPOTTING)
         self._api_key = _read_api_key(settings)
         # HTTP threads and gRPC threads of one worker may all be waiting on the model.
@@ -164,15 +165,6 @@ class HunyuanEngine:
         self._client: openai.OpenAI | None = None
         self._model_checked = False
         self._lock = threading.Lock()
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
-
-    @property
-    def default_params(self) -> OcrParams:
-        """Spotting: what the line protocols (pdserving, PaddleX, gRPC) render."""
-        return self._default_params
 
     def check_params(self, params: OcrParams) -> None:
         if params.task not in TASKS:
@@ -199,9 +191,6 @@ class HunyuanEngine:
             "max_tokens": s.hunyuan_max_tokens,
             "tasks": list(TASKS),
         }
-
-    def prepare(self) -> None:
-        """Nothing to import up front."""
 
     def load(self) -> None:
         """Open the pool, then wait (up to HUNYUAN_STARTUP_WAIT_SECONDS) for vLLM to serve the

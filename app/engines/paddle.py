@@ -7,9 +7,7 @@ to download models), and a fixed thread count that is part of the fingerprint.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import logging
 import os
 import threading
@@ -22,11 +20,13 @@ from app.config import Settings
 from app.engines import paddle_models, tasks
 from app.engines.base import (
     RESULT_SCHEMA_VERSION,
+    EngineBase,
     EngineError,
     OcrLine,
     OcrParams,
     OcrRequest,
     OcrResult,
+    fingerprint_of,
 )
 from app.imaging import DecodedImage, bounded
 
@@ -40,7 +40,7 @@ def _version(dist: str) -> str:
         return "absent"
 
 
-class PaddleOcrEngine:
+class PaddleOcrEngine(EngineBase):
     """One PaddleOCR pipeline per worker process; calls are serialized (not thread-safe)."""
 
     kind = "paddle"
@@ -68,9 +68,7 @@ class PaddleOcrEngine:
             "max_image_side": settings.ocr_max_image_side,
             "runtime": self._runtime,
         }
-        self._fingerprint = hashlib.sha256(
-            json.dumps(identity, sort_keys=True).encode()
-        ).hexdigest()[:16]
+        self._fingerprint = fingerprint_of(identity)
         self._pipeline: Any = None
         # The predictors are built and always called on this one thread: Paddle Inference
         # with oneDNN failed with an opaque std::exception here when one predictor was called
@@ -82,14 +80,6 @@ class PaddleOcrEngine:
         if self._models.cls is not None:
             models.append(self._models.cls)
         return models
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
-
-    @property
-    def default_params(self) -> OcrParams:
-        return self._default_params
 
     def check_params(self, params: OcrParams) -> None:
         """Every detection parameter is supported in-process; the task is "ocr"."""

@@ -11,7 +11,6 @@ model version never serves the old entries.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import threading
@@ -24,12 +23,14 @@ from requests.adapters import HTTPAdapter
 from app.config import Settings
 from app.engines.base import (
     RESULT_SCHEMA_VERSION,
+    EngineBase,
     EngineError,
     EngineTimeout,
     OcrParams,
     OcrRequest,
     OcrResult,
     UnsupportedParams,
+    fingerprint_of,
 )
 from app.engines.tasks import require_ocr
 from app.protocols.pdserving import parse_result_string
@@ -41,7 +42,7 @@ class _Transient(Exception):
     """A transport failure worth retrying (connection refused/reset, unavailable)."""
 
 
-class ServingEngine:
+class ServingEngine(EngineBase):
     kind = "serving"
 
     def __init__(self, settings: Settings) -> None:
@@ -55,21 +56,11 @@ class ServingEngine:
             "service": settings.serving_service_name,
             "model_version": settings.serving_model_version,
         }
-        self._fingerprint = hashlib.sha256(
-            json.dumps(identity, sort_keys=True).encode()
-        ).hexdigest()[:16]
+        self._fingerprint = fingerprint_of(identity)
         self._default_params = settings.default_params()
         self._lock = threading.Lock()
         self._stub: Any = None
         self._session: requests.Session | None = None
-
-    @property
-    def fingerprint(self) -> str:
-        return self._fingerprint
-
-    @property
-    def default_params(self) -> OcrParams:
-        return self._default_params
 
     def check_params(self, params: OcrParams) -> None:
         require_ocr(params, self.kind)
@@ -87,9 +78,6 @@ class ServingEngine:
             "service": self._settings.serving_service_name,
             "model_version": self._settings.serving_model_version,
         }
-
-    def prepare(self) -> None:
-        """Nothing to import up front."""
 
     def load(self) -> None:
         """Open the connection pool (a gRPC channel, or a pooled HTTP session)."""
