@@ -2,8 +2,8 @@
 
 ``value[0]`` is Python ``str()`` of ``[[(text, score), [[x, y] x4]], ...]`` with coordinates as
 floats, exactly what deploy/pdserving/web_service.py emits (lines scoring below the drop
-score left out), and what clients ``eval()``. Scores are plain Python floats, so numpy >= 2
-reprs (``np.float32(..)``) never leak in.
+score left out), which official clients parse with Python's ``eval``. Scores are plain
+floats, so numpy >= 2 reprs (``np.float32(..)``) never leak in.
 """
 
 from __future__ import annotations
