@@ -325,6 +325,7 @@ def test_prometheus_scrapes_the_compose_services(compose_tmp: Path) -> None:
     services = set(_compose_config("monitoring", compose_tmp)["services"]) | {
         "front-gpu",
         "front-serving",
+        "front-hunyuan",
     }
     assert {t.split(":")[0] for t in targets} <= services
     assert {"front:9998", "redis-exporter:9121"} <= targets
