@@ -148,7 +148,7 @@ def create_app(
         else:
             try:
                 req = pipeline_http.parse(request.get_data())
-                controls = _controls(settings)
+                cache_controls = _controls(settings)
             except pipeline.PipelineError as exc:
                 answer = pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
             except BadRequest as exc:
@@ -158,7 +158,7 @@ def create_app(
             else:
                 log.debug("pipeline %s/%s logid=%s", name, method, req.logid)
                 answer = pipeline.answer(
-                    cache, req, min_score, settings.max_images_per_request, controls
+                    cache, req, min_score, settings.max_images_per_request, cache_controls
                 )
         observe("pipeline_http", 200, answer.cache_status)
         response = Response(pipeline_http.render(answer), mimetype=JSON)
@@ -282,7 +282,7 @@ def _controls(settings: Settings) -> CacheControls:
 
 def _warn_if_not_evicting(store: RedisStore) -> None:
     policy = store.eviction_policy()
-    if policy is not None and policy == "noeviction":
+    if policy == "noeviction":
         log.warning(
             "Redis maxmemory-policy is 'noeviction': writes will fail when memory is full; "
             "use allkeys-lru (docker/redis.conf)"

@@ -110,7 +110,9 @@ class OcrCache:
         self._on_engine_outcome = on_engine_outcome
         self._codec = Codec(settings.cache_compress_min_bytes, settings.cache_encryption_keys)
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS.
-        self._engine_pool = ThreadPoolExecutor(settings.web_threads, thread_name_prefix="engine")
+        # HTTP and gRPC threads both call in (a remote engine serves them concurrently).
+        callers = settings.web_threads * (2 if settings.grpc_enabled else 1)
+        self._engine_pool = ThreadPoolExecutor(callers, thread_name_prefix="engine")
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
             settings.cache_l1_bytes if settings.cache_enabled else 0,
