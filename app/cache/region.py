@@ -77,6 +77,11 @@ class Outcome:
     status: CacheStatus
 
 
+# Lease calls that may fail in a row (timeouts on a loaded host) before this process
+# computes without the cross-process election.
+_LEASE_ATTEMPTS = 3
+
+
 @dataclass
 class _Job:
     """One image of a request on its way through the tiers."""
@@ -255,16 +260,23 @@ class OcrCache:
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT)
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
-        if not redis_ok or controls.no_cache:
+        if controls.no_cache:
             return self._compute_and_store(job, image)
+        # Even after a failed read: one slow answer (a loaded host) is not Redis being down,
+        # and an open circuit makes the lease calls below fail fast anyway.
         deadline = time.monotonic() + self._settings.singleflight_wait_seconds
         lease = lease_key(job.key)
         channel = done_channel(self._settings.cache_key_prefix, job.key)  # one channel space
+        failures = 0
         while True:
             token = secrets.token_hex(16)
             acquired = self._store.acquire_lease(lease, token, self._settings.singleflight_lease_ms)
-            if acquired is None:  # Redis went away: single-flight is in-process only now
-                return self._compute_and_store(job, image)
+            if acquired is None:
+                failures += 1
+                if failures >= _LEASE_ATTEMPTS or self._store.breaker_state == "open":
+                    # Redis is unreachable: single-flight is in-process only now.
+                    return self._compute_and_store(job, image)
+                continue
             if acquired:
                 return self._compute_as_owner(job, image, lease, token, channel)
             waited = self._wait_for_owner(job, lease, channel, deadline)
@@ -286,7 +298,7 @@ class OcrCache:
             hit = self._reread(job)
             if hit is not None:
                 return hit
-            if not self._store.exists(lease):
+            if self._store.exists(lease) is False:
                 return None  # released without a result (owner failed): take over now
             # At most one lease period per round: a crashed owner's lease expires by then.
             timeout = min(deadline - time.monotonic(), self._settings.singleflight_lease_ms / 1000)
