@@ -36,7 +36,7 @@ class Instance:
             WEB_CONCURRENCY=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
             OCR_WORK_DIR=str(tmp / "models"),
             PROMETHEUS_MULTIPROC_DIR=str(tmp / f"metrics-{self.port}"),
-            SINGLEFLIGHT_LEASE_MS="1500", LOG_LEVEL="warning",
+            SINGLEFLIGHT_LEASE_MS="3000", LOG_LEVEL="warning",
             # 2 shared cores run 4-5 workers and 32 client threads here: a Redis answer can
             # take longer than the 50 ms default without Redis being down.
             REDIS_TIMEOUT_MS="250", **env,

@@ -335,7 +335,9 @@ class OcrCache:
 
         def renew() -> None:
             while not stop.wait(ttl_ms / 3000):
-                if not store.renew_lease(lease, token, ttl_ms):
+                # A renewal Redis did not answer is retried at the next tick: only a lease
+                # that is provably someone else's now ends the renewals.
+                if store.renew_lease(lease, token, ttl_ms) is False:
                     log.warning("lost the single-flight lease %s", lease)
                     return
 
@@ -356,7 +358,9 @@ class OcrCache:
             entry = self._codec.encode(
                 result.to_dict(), job.digest.sha256, fingerprint, ttl, job.key
             )
-            self._store.set(job.key, entry, ttl)
+            # Waiters elsewhere read this entry when notified: one retry covers a slow answer.
+            if not self._store.set(job.key, entry, ttl) and self._store.breaker_state == "closed":
+                self._store.set(job.key, entry, ttl)
             self._l1.put(self._l1_key(job), result, ttl)
         return Outcome(result, CacheStatus.MISS)
 

@@ -102,9 +102,10 @@ class RedisStore:
         ok, got = self._call("lease", lambda: self._client.set(key, token, nx=True, px=ttl_ms))
         return bool(got) if ok else None
 
-    def renew_lease(self, key: str, token: str, ttl_ms: int) -> bool:
+    def renew_lease(self, key: str, token: str, ttl_ms: int) -> bool | None:
+        """True: extended; False: the lease is no longer ours; None: Redis did not answer."""
         ok, renewed = self._call("lease", lambda: self._renew(keys=[key], args=[token, ttl_ms]))
-        return ok and bool(renewed)
+        return bool(renewed) if ok else None
 
     def release_lease(self, key: str, token: str) -> None:
         self._call("lease", lambda: self._release(keys=[key], args=[token]))
