@@ -22,6 +22,7 @@ from app.engines.base import Engine, EngineError, EngineTimeout, UnsupportedPara
 from app.imaging import DecodedImage, InvalidImage, decode_image
 from app.pdf import render_pages
 from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest
+from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -267,7 +268,7 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
     else:
         if file_type is None:
             raise BadRequest("File type cannot be determined: set fileType (0 PDF, 1 image)")
-        data = rest.decode_base64_field(req.file)
+        data = decode_base64(req.file)
     if file_type == 1:
         return [data], False
     pages = render_pages(

@@ -134,19 +134,9 @@ def record(protocol: str, cls: str, outcome: str) -> None:
     TALLY[(protocol, cls)][outcome] += 1
 
 
-def ready(app: Any) -> Any:
-    """A test client once the app is ready (its engine loader thread has run)."""
-    client = app.test_client()
-    deadline = time.monotonic() + 60
-    while client.get("/readyz").status_code != 200:
-        assert time.monotonic() < deadline, "the app never became ready"
-        time.sleep(0.01)
-    return client
-
-
 @pytest.fixture()
 def client(make_app: Any) -> Any:
-    return ready(make_app())
+    return make_app().test_client()  # make_app waits until ready
 
 
 def assert_ready_and_nothing_cached(client: Any, redis_client: Any) -> None:
@@ -327,7 +317,7 @@ def test_pipeline_bad_images(client, redis_client, cls: str, label: str, data: b
 
 
 def test_pipeline_too_many_images_and_wrong_service(make_app, redis_client):
-    client = ready(make_app(max_images_per_request=2))
+    client = make_app(max_images_per_request=2).test_client()
     for n in (3, 50):
         body = json.dumps({"key": [f"k{i}" for i in range(n)], "value": [b64(WORD_PNG)] * n})
         parsed = pipeline_post(client, body.encode())
@@ -478,7 +468,7 @@ def _check_413(path: str, resp: Any) -> None:
 
 @pytest.mark.parametrize("path,content_type", OVERSIZE_TARGETS)
 def test_declared_oversize_body_is_413_unread(make_app, redis_client, path, content_type):
-    client = ready(make_app(max_request_bytes=LIMIT))
+    client = make_app(max_request_bytes=LIMIT).test_client()
     for length in (LIMIT + 1, 1 << 40):
         environ = {"wsgi.input": Unreadable(), "CONTENT_LENGTH": str(length)}
         resp = client.post(path, content_type=content_type, environ_overrides=environ)
@@ -491,7 +481,7 @@ def test_declared_oversize_body_is_413_unread(make_app, redis_client, path, cont
 def test_streamed_oversize_body_is_413_after_at_most_the_limit(
     make_app, redis_client, path, content_type
 ):
-    client = ready(make_app(max_request_bytes=LIMIT))
+    client = make_app(max_request_bytes=LIMIT).test_client()
     stream = Endless(b"-" if content_type and "multipart" in content_type else b"A")
     environ = {"wsgi.input": stream, **CHUNKED}
     resp = client.post(path, content_type=content_type, environ_overrides=environ)
@@ -502,7 +492,7 @@ def test_streamed_oversize_body_is_413_after_at_most_the_limit(
 
 
 def test_streamed_body_under_the_limit_is_read(make_app, redis_client):
-    client = ready(make_app(max_request_bytes=LIMIT))
+    client = make_app(max_request_bytes=LIMIT).test_client()
     body = json.dumps({"image": b64(b"not an image")}).encode()
     environ = {"wsgi.input": io.BytesIO(body), **CHUNKED}
     resp = client.post("/v1/ocr", content_type="application/json", environ_overrides=environ)
@@ -595,7 +585,6 @@ def _raw_grpc_cases() -> list[tuple[str, bytes, int]]:
 
 def test_grpc_bad_input_is_err_no_never_internal(grpc_front, redis_client):
     app, endpoint = grpc_front(max_images_per_request=2)
-    ready(app)
     channel = grpc.insecure_channel(endpoint)
     stub = pb2_grpc.PipelineServiceStub(channel)
     raw = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
@@ -618,7 +607,6 @@ def test_grpc_bad_input_is_err_no_never_internal(grpc_front, redis_client):
 
 def test_grpc_message_over_the_limit_is_resource_exhausted(grpc_front, redis_client):
     app, endpoint = grpc_front(grpc_max_message_bytes=1 << 20)
-    ready(app)
     with grpc.insecure_channel(endpoint) as channel:
         stub = pb2_grpc.PipelineServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:

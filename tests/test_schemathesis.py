@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import time
 from collections import Counter
 from typing import Any
 
@@ -48,16 +47,6 @@ OPERATIONS = ["POST /v1/ocr", "POST /ocr"]
 CASES: Counter[tuple[str, str, str, int]] = Counter()  # (operation, phase, mode, status)
 
 
-def ready(app: Any) -> Any:
-    """A test client once the app is ready (its engine loader thread has run)."""
-    client = app.test_client()
-    deadline = time.monotonic() + 60
-    while client.get("/readyz").status_code != 200:
-        assert time.monotonic() < deadline, "the app never became ready"
-        time.sleep(0.01)
-    return client
-
-
 # The document is the one the app serves (test_openapi_document_is_served_... checks the bytes);
 # it is loaded at import so that pytest can parametrize over its operations, and each case is
 # sent to a fresh app built from the fixtures. (schemathesis.pytest.from_fixture, the lazy
@@ -73,7 +62,6 @@ schema = schemathesis.openapi.from_dict(
 @pytest.fixture()
 def api_app(make_app: Any) -> Any:
     app = make_app()
-    ready(app)
     return app
 
 
@@ -102,7 +90,6 @@ def test_other_documented_routes_conform(make_app: Any, redis_client: Any) -> No
     """Explicit requests to every documented route, including the successful shapes (lines,
     visualize, PDF pages) that generated data rarely reaches, match the document."""
     app = make_app()
-    ready(app)
     document = schemathesis.openapi.from_dict(json.loads(OPENAPI))
     word = base64.b64encode(WORD_EN.read_bytes()).decode()
     buf = io.BytesIO()

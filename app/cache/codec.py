@@ -47,10 +47,6 @@ class Codec:
         self._ciphers = {kid: AESGCM(key) for kid, key in keys}
         self._primary = keys[0][0] if keys else None
 
-    @property
-    def encrypting(self) -> bool:
-        return self._primary is not None
-
     def encode(
         self, result: dict[str, Any], sha256: str, fingerprint: str, ttl: int, key: str
     ) -> bytes:

@@ -80,12 +80,6 @@ class L1Cache:
                 _, (_, _, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
 
-    def discard(self, key: tuple[str, str, str]) -> None:
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old[2]
-
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,6 @@ class Notifier:
         self._waiters: dict[str, list[threading.Event]] = {}
         self._subscribed = threading.Event()
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
 
     def _ensure_started(self) -> None:
         with self._lock:
@@ -60,7 +60,7 @@ class Notifier:
 
     def _run(self) -> None:
         backoff = 0.1
-        while not self._stop.is_set():
+        while True:  # a daemon thread: it lives as long as the worker process
             client: Any = None
             try:
                 client = self._store.pubsub_client()
@@ -69,7 +69,7 @@ class Notifier:
                 pubsub.subscribe(self._purge_channel)
                 self._subscribed.set()
                 backoff = 0.1
-                while not self._stop.is_set():
+                while True:
                     message = pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "pmessage":
                         self._wake(message["channel"])
@@ -78,7 +78,7 @@ class Notifier:
             except Exception as exc:  # any Redis/socket failure: resubscribe later
                 self._subscribed.clear()
                 log.debug("notification listener: %s; retrying", exc.__class__.__name__)
-                self._stop.wait(backoff)
+                time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
             finally:
                 if client is not None:
@@ -93,6 +93,3 @@ class Notifier:
             events = list(self._waiters.get(name, []))
         for event in events:
             event.set()
-
-    def close(self) -> None:
-        self._stop.set()

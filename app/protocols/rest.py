@@ -40,10 +40,6 @@ class RestRequest:
         )
 
 
-def decode_base64_field(text: Any) -> bytes:
-    return decode_base64(text)
-
-
 def parse(request: Request, default_min_score: float) -> RestRequest:
     """The image, min_score and task spec from a multipart or JSON request."""
     if request.mimetype == "multipart/form-data":
