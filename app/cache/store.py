@@ -160,6 +160,11 @@ class RedisStore:
                   "expired_keys", "keyspace_hits", "keyspace_misses", "redis_version")  # fmt: skip
         return {k: info[k] for k in wanted if k in info}
 
+    def key_count(self) -> int | None:
+        """DBSIZE (summed over primaries on a cluster): entries plus leases; None when down."""
+        ok, value = self._call("dbsize", self._client.dbsize)
+        return int(value) if ok and value is not None else None
+
     def members(self, key: str) -> tuple[bool, set[bytes]]:
         """(ok, the members of set ``key``); on failure (False, empty set)."""
         ok, value = self._call("smembers", lambda: self._client.smembers(key))
