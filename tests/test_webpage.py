@@ -5,6 +5,7 @@ their boxes drawn and their lines listed as the REST API answers them. Screensho
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 from collections.abc import Iterator
@@ -148,13 +149,34 @@ def test_upload_a_pdf_and_a_bad_file(live_service, browser_context, tmp_path):  
     page.set_input_files("#file", str(pdf))
     page.wait_for_selector("#lines li[data-line='0']")
     answer = requests.post(
-        f"{base}/ocr", json={"file": __import__("base64").b64encode(pdf.read_bytes()).decode(),
+        f"{base}/ocr", json={"file": base64.b64encode(pdf.read_bytes()).decode(),
                              "fileType": 0}, timeout=60,
     ).json()  # fmt: skip
     pruned = answer["result"]["ocrResults"][0]["prunedResult"]
     assert page.locator("#lines li .text").all_inner_texts() == pruned["rec_texts"]
     assert page.locator("#pages svg polygon").count() == len(pruned["rec_texts"]) > 0
     assert page.locator("#pages img").get_attribute("src").startswith("data:image/jpeg;base64,")
+
+    # Drag and drop: a file dropped on the drop zone is recognised like a chosen one.
+    page.evaluate(
+        """([name, data]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name, { type: "image/png" }));
+            const drop = document.getElementById("drop");
+            for (const type of ["dragenter", "dragover", "drop"]) {
+                const init = { dataTransfer: transfer, bubbles: true, cancelable: true };
+                drop.dispatchEvent(new DragEvent(type, init));
+            }
+        }""",
+        [PHOTOTEST.name, base64.b64encode(PHOTOTEST.read_bytes()).decode()],
+    )
+    expected = [line["text"] for line in rest_lines(base, PHOTOTEST)]
+    page.wait_for_function(
+        "n => document.querySelectorAll('#lines li').length === n", arg=len(expected)
+    )
+    assert page.locator("#lines li .text").all_inner_texts() == expected
+    assert page.locator("#chosen").inner_text().startswith(PHOTOTEST.name)
 
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
