@@ -281,7 +281,10 @@ def command_ocr(args: argparse.Namespace, warm: bool = False) -> int:
     console = Console(stderr=True)
     jsonl_stdout = not warm and args.json
     summary_out = sys.stderr if jsonl_stdout else sys.stdout
-    out_file = open(args.out, "wb") if not warm and args.out else None  # noqa: SIM115
+    try:
+        out_file = open(args.out, "wb") if not warm and args.out else None  # noqa: SIM115
+    except OSError as exc:
+        raise CliError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     results: list[FileResult] = []
     started = time.perf_counter()
     try:
