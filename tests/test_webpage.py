@@ -70,6 +70,12 @@ def test_upload_an_image_see_boxes_lines_and_status(live_service, browser_contex
     page.on("request", lambda req: req.url.startswith(local) or problems.append(req.url))
     page.goto(f"{base}/")
     assert page.title() == "OCR cache"
+    # Keyboard: past the skip link, Tab reaches the file chooser, then the options.
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "file"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.tagName") == "SUMMARY"
 
     page.set_input_files("#file", str(PHOTOTEST))  # choosing a file recognises it
     page.wait_for_selector("#lines li")
