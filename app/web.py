@@ -41,7 +41,9 @@ def build_cache(
             settings.redis_timeout_ms,
             settings.redis_connect_timeout_ms,
             CircuitBreaker(
-                settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds
+                settings.redis_breaker_failures,
+                settings.redis_breaker_cooldown_seconds,
+                on_change=metrics.REDIS_BREAKER_OPEN.set,
             ),
             username=settings.redis_username,
             password=settings.redis_password,
