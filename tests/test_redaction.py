@@ -8,6 +8,7 @@ import ast
 import base64
 import logging
 import random
+import time
 from pathlib import Path
 
 import grpc
@@ -288,3 +289,44 @@ def test_the_policy_is_part_of_the_key(make_app, redis_client, card_png):  # typ
     assert [line["box"] for line in again.get_json()["lines"]] == [
         line["box"] for line in raw.get_json()["lines"]
     ]  # boxes are kept
+
+
+def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis_client, tmp_path):  # type: ignore[no-untyped-def]
+    """Text-task payloads are masked too (extraction JSON, here with a custom type), and a field
+    subset answered from the stored superset can only ever see the masked values. The vLLM end
+    is the OpenAI-protocol stand-in of tests/fake_vllm.py (vLLM cannot run here)."""
+    from app.engines.hunyuan import HunyuanEngine
+    from app.web import create_app
+    from tests.fake_vllm import FakeVllm
+    from tests.test_hunyuan import PASSPORT, hunyuan_settings
+
+    patterns = tmp_path / "patterns.txt"
+    patterns.write_text("passport = [A-Z]{2}\\d{7}\n")
+    fake = FakeVllm(PASSPORT.parent).start()
+    try:
+        settings = hunyuan_settings(
+            base_settings, fake, cache_redact=ALL, cache_redact_patterns_file=str(patterns)
+        )
+        app = create_app(settings, engine=HunyuanEngine(settings))
+        client = app.test_client()
+        deadline = time.monotonic() + 10
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, client.get("/readyz").get_json()
+            time.sleep(0.02)
+        data = PASSPORT.read_bytes()
+        fields = ["surname", "passport number"]
+        first = client.post(
+            "/v1/ocr", json={"image": b64(data), "task": "extraction", "fields": fields}
+        )
+        assert first.status_code == 200 and first.headers["X-Cache"] == "MISS"
+        assert first.get_json()["data"] == {"passport number": "*********", "surname": "Virtanen"}
+        subset = client.post(
+            "/v1/ocr",
+            json={"image": b64(data), "task": "extraction", "fields": ["passport number"]},
+        )
+        assert subset.headers["X-Cache"] == "HIT"
+        assert subset.get_json()["data"] == {"passport number": "*********"}
+        assert fake.calls == 1
+        assert "XP8271602" not in _stored_plaintext(redis_client)
+    finally:
+        fake.stop()
