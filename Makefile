@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean
+.PHONY: install install-tools run test lint bench clean
 
 install: $(STAMP)
 
@@ -17,11 +17,23 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyprojec
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .  # ocr-cache CLI
 	touch $(STAMP)
 
+# promtool (tests/test_alerts.py) from Debian's prometheus package, unpacked into the venv:
+# installing the package itself would also install and start a Prometheus service.
+PROMTOOL := $(BIN)/promtool
+install-tools: $(PROMTOOL)
+
+$(PROMTOOL): | $(STAMP)
+	tmp=$$(mktemp -d) && cd $$tmp && \
+	{ apt-get download prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get download prometheus >/dev/null; }; } && \
+	dpkg-deb -x prometheus_*.deb root && install -m 0755 root/usr/bin/promtool $(CURDIR)/$@; \
+	status=$$?; rm -rf $$tmp; exit $$status
+
 run: install
 	$(BIN)/python -m app serve
 
 # tests/test_webpage.py drives Debian's chromium; it skips, saying why, if none can be installed.
-test: install
+test: install install-tools
 	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
 		(apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 || \
 		echo "chromium not installed: the web page test will be skipped"

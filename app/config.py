@@ -120,6 +120,25 @@ def _commit(name: str, raw: str) -> str:
     return value
 
 
+def _redact_types(name: str, raw: str) -> tuple[str, ...]:
+    from app.redaction import PolicyError, parse_names
+
+    try:
+        return parse_names(raw)
+    except PolicyError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _redact_patterns_file(name: str, raw: str) -> str:
+    from app.redaction import PolicyError, load_patterns
+
+    try:
+        load_patterns(raw.strip())
+    except PolicyError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return raw.strip()
+
+
 def _log_level(name: str, raw: str) -> str:
     return _choice("debug", "info", "warning", "error", "critical")(name, raw).upper()
 
@@ -225,6 +244,9 @@ class Settings:
         "CACHE_ENCRYPTION_KEYS", _encryption_keys, ()
     )
     admin_token: str = secret("ADMIN_TOKEN", _token, "")
+    # Redaction (app/redaction.py): types masked in every answer and everything stored.
+    cache_redact: tuple[str, ...] = env("CACHE_REDACT", _redact_types, ())
+    cache_redact_patterns_file: str = env("CACHE_REDACT_PATTERNS_FILE", _redact_patterns_file, "")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
     cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
     cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 
+from app import metrics
 from app.engines.base import Engine, EngineError
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class EngineState:
         self.load_seconds = time.perf_counter() - start
         log.info("engine %s ready in %.1fs", self.engine.fingerprint, self.load_seconds)
         self._ready.set()
+        metrics.ENGINE_READY.set(1)
 
     @property
     def ready(self) -> bool:
@@ -57,7 +59,10 @@ class EngineState:
 
     def record(self, ok: bool) -> None:
         """Called after every engine call (not for client errors)."""
+        was_ready = self.ready
         self._consecutive_failures = 0 if ok else self._consecutive_failures + 1
+        if self.ready != was_ready:
+            metrics.ENGINE_READY.set(1 if self.ready else 0)
 
     def wait(self) -> None:
         if self._ready.wait(self._wait_seconds):

@@ -10,6 +10,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -42,6 +43,19 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 REQUESTS = Counter("ocr_requests_total", "Requests by protocol and status", ["protocol", "status"])
+# State gauges for alerting. Under gunicorn each worker writes its own value; the modes say how
+# /metrics folds them: one worker whose breaker is open makes the service's value 1, one worker
+# whose engine is unready makes it 0. Dead workers' values are dropped ("live").
+REDIS_BREAKER_OPEN = Gauge(
+    "ocr_redis_breaker_open",
+    "1 while the Redis circuit breaker skips Redis (open or probing), else 0",
+    multiprocess_mode="livemax",
+)
+ENGINE_READY = Gauge(
+    "ocr_engine_ready",
+    "1 when the engine is loaded and not failing (what /readyz reports), else 0",
+    multiprocess_mode="livemin",
+)
 
 
 def render() -> tuple[bytes, str]:

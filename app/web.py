@@ -19,6 +19,7 @@ from app.config import Settings
 from app.engine_state import EngineState
 from app.engines import build_engine
 from app.engines.base import Engine, EngineError, EngineTimeout, UnsupportedParams
+from app.engines.redacting import with_redaction
 from app.imaging import DecodedImage, InvalidImage, decode_image
 from app.pdf import render_pages
 from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest
@@ -41,7 +42,9 @@ def build_cache(
             settings.redis_timeout_ms,
             settings.redis_connect_timeout_ms,
             CircuitBreaker(
-                settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds
+                settings.redis_breaker_failures,
+                settings.redis_breaker_cooldown_seconds,
+                on_change=metrics.REDIS_BREAKER_OPEN.set,
             ),
             username=settings.redis_username,
             password=settings.redis_password,
@@ -78,7 +81,7 @@ def create_app(
     """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
     settings = settings or Settings.from_env()
     logging.getLogger("app").setLevel(settings.log_level)
-    engine = engine or build_engine(settings)
+    engine = with_redaction(engine or build_engine(settings), settings)
     cache, state = build_cache(settings, engine, store)
     extractions = ExtractionIndex(cache, settings)
     engine_description = engine.describe()

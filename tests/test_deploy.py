@@ -27,7 +27,7 @@ DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring"]
-OVERLAYS = ["cpu", "gpu", "serving-sidecar"]
+OVERLAYS = ["cpu", "gpu", "serving-sidecar", "monitoring"]
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 
 class CircuitBreaker:
-    def __init__(self, failure_threshold: int, cooldown_seconds: float) -> None:
+    def __init__(
+        self,
+        failure_threshold: int,
+        cooldown_seconds: float,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``on_change(is_open)`` is called on each transition (a gauge for alerting), not on
+        every call, so the hot path pays nothing for it."""
+        self._on_change = on_change
         self._threshold = failure_threshold
         self._cooldown = cooldown_seconds
         self._failures = 0
@@ -32,16 +41,23 @@ class CircuitBreaker:
 
     def success(self) -> None:
         with self._lock:
+            was_open = self._opened_at is not None
             self._failures = 0
             self._opened_at = None
             self._probing = False
+        if was_open and self._on_change is not None:
+            self._on_change(False)
 
     def failure(self) -> None:
         with self._lock:
+            was_open = self._opened_at is not None
             self._failures += 1
             self._probing = False
             if self._failures >= self._threshold:
                 self._opened_at = time.monotonic()
+            opened = not was_open and self._opened_at is not None
+        if opened and self._on_change is not None:
+            self._on_change(True)
 
     @property
     def state(self) -> str:

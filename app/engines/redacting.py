@@ -1,0 +1,58 @@
+"""An engine wrapper that masks sensitive text in every result before anyone else sees it.
+
+Wrapping the engine (rather than masking at render time) is what makes the guarantee hold
+everywhere at once: the cache front door, L1, Redis, the single-flight waiters, every protocol
+and the extraction index only ever receive the masked result. The policy digest joins the
+inner engine's fingerprint, so entries made under another policy (or none) are other keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from app.engines.base import Engine, OcrRequest, OcrResult, fingerprint_of
+from app.redaction import RedactionPolicy, build_policy, install_log_redaction
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+def with_redaction(engine: Engine, settings: Settings) -> Engine:
+    """``engine`` itself when no policy is configured; else wrapped, and the logs masked too."""
+    policy = build_policy(settings.cache_redact, settings.cache_redact_patterns_file)
+    if policy is None:
+        return engine
+    install_log_redaction(policy)
+    return RedactingEngine(engine, policy)
+
+
+class RedactingEngine:
+    def __init__(self, inner: Engine, policy: RedactionPolicy) -> None:
+        self._inner = inner
+        self._policy = policy
+        self.kind = inner.kind
+        self._fingerprint = fingerprint_of({"engine": inner.fingerprint, "redact": policy.digest})
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (params, prepare, load, engine-specific helpers) is the inner one's."""
+        return getattr(self._inner, name)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def describe(self) -> dict[str, Any]:
+        described = dict(self._inner.describe())
+        described["fingerprint"] = self._fingerprint
+        described["redaction"] = {"types": list(self._policy.names), "digest": self._policy.digest}
+        return described
+
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        return redact_result(self._inner.recognize(request), self._policy)
+
+
+def redact_result(result: OcrResult, policy: RedactionPolicy) -> OcrResult:
+    lines = tuple(replace(line, text=policy.redact(line.text)) for line in result.lines)
+    text = policy.redact(result.text) if result.text is not None else None
+    return replace(result, lines=lines, text=text)

@@ -1,0 +1,195 @@
+"""Masking sensitive text (ID numbers, phone numbers, bank cards, e-mail) before it is cached.
+
+A policy is applied to the engine's result, before the cache sees it (``RedactingEngine`` in
+``app.engines.redacting``), so raw text of the named types never reaches Redis, L1, the answer
+or the logs (``install_log_redaction``). The policy's digest is part of the engine fingerprint,
+hence of every key: an entry made under one policy is never served under another.
+
+Masking keeps the length and the separators (every letter or digit of a match becomes ``*``),
+so boxes still match their text. Checksums (resident ID: ISO 7064 MOD 11-2; bank cards: Luhn)
+keep ordinary numbers readable; the price is that a number the OCR misread so that its checksum
+fails is not masked (see the README's Redaction section for the limits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Bump when a built-in pattern or the masking changes: it is part of the policy digest.
+PATTERNS_VERSION = 1
+
+_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_ID_CHECK = "10X98765432"
+
+
+def cn_id_valid(candidate: str) -> bool:
+    """Mainland China resident ID (GB 11643): 17 digits and an ISO 7064 MOD 11-2 check."""
+    chars = [c for c in candidate.upper() if c.isalnum()]
+    if len(chars) != 18 or not all(c.isdigit() for c in chars[:17]):
+        return False
+    total = sum(int(c) * w for c, w in zip(chars[:17], _ID_WEIGHTS, strict=True))
+    return _ID_CHECK[total % 11] == chars[17]
+
+
+def luhn_valid(candidate: str) -> bool:
+    digits = [int(c) for c in candidate if c.isdigit()]
+    if not 13 <= len(digits) <= 19:
+        return False
+    total = 0
+    for i, d in enumerate(reversed(digits)):
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+@dataclass(frozen=True)
+class FieldType:
+    name: str
+    pattern: re.Pattern[str]
+    check: Callable[[str], bool] | None = None
+
+
+_SEP = r"[ \-]?"
+BUILTIN: dict[str, FieldType] = {
+    t.name: t
+    for t in (
+        FieldType(
+            "cn_id",
+            re.compile(r"(?<![0-9A-Za-z])\d{6} ?\d{8} ?\d{3}[0-9Xx](?![0-9A-Za-z])"),
+            cn_id_valid,
+        ),
+        FieldType(
+            "bank_card",
+            re.compile(rf"(?<![0-9])\d(?:{_SEP}\d){{12,18}}(?![0-9])"),
+            luhn_valid,
+        ),
+        FieldType(
+            "phone",
+            re.compile(
+                # Mainland mobile (optionally +86 / 0086), mainland landline with area code,
+                # or any international number written with a leading +.
+                r"(?<![0-9])(?:(?:\+|00)86[ \-]?)?1[3-9]\d(?:[ \-]?\d{4}){2}(?![0-9])"
+                r"|(?<![0-9])\(?0\d{2,3}\)?[ \-]?\d{7,8}(?![0-9])"
+                r"|(?<![0-9\w])\+\d{1,3}(?:[ \-]?\(?\d{1,4}\)?)(?:[ \-]?\d{2,4}){2,4}(?![0-9])"
+            ),
+        ),
+        FieldType(
+            "email",
+            re.compile(
+                r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+            ),
+        ),
+    )
+}
+_CUSTOM_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+class PolicyError(ValueError):
+    """The configured policy cannot be used (unknown type, bad pattern file)."""
+
+
+def _mask(match: re.Match[str]) -> str:
+    return "".join("*" if c.isalnum() else c for c in match.group(0))
+
+
+@dataclass(frozen=True)
+class RedactionPolicy:
+    types: tuple[FieldType, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.types)
+
+    @property
+    def digest(self) -> str:
+        """What the policy masks, as part of the cache key: names, patterns, the version."""
+        canonical = repr(
+            (PATTERNS_VERSION, [(t.name, t.pattern.pattern, t.pattern.flags) for t in self.types])
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def redact(self, text: str) -> str:
+        for field_type in self.types:
+            if field_type.check is None:
+                text = field_type.pattern.sub(_mask, text)
+            else:
+                check = field_type.check
+                text = field_type.pattern.sub(
+                    lambda m, ok=check: _mask(m) if ok(m.group(0)) else m.group(0), text
+                )
+        return text
+
+
+def parse_names(raw: str) -> tuple[str, ...]:
+    """``CACHE_REDACT``: comma-separated built-in type names, or ``all``."""
+    names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    if names == ("all",):
+        return tuple(BUILTIN)
+    unknown = [n for n in names if n not in BUILTIN]
+    if unknown:
+        raise PolicyError(f"unknown type {unknown[0]!r} (known: all, {', '.join(BUILTIN)})")
+    return names
+
+
+def load_patterns(path: str) -> tuple[FieldType, ...]:
+    """``CACHE_REDACT_PATTERNS_FILE``: one ``name = regex`` per line, ``#`` comments."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"cannot read {path!r}: {exc}") from None
+    types = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, regex = (part.strip() for part in line.partition("="))
+        if not sep or not _CUSTOM_NAME.fullmatch(name) or name in BUILTIN:
+            raise PolicyError(f"line {number}: expected `name = regex` with a new lowercase name")
+        try:
+            pattern = re.compile(regex)
+        except re.error as exc:
+            raise PolicyError(f"line {number}: bad regex for {name}: {exc}") from None
+        if pattern.fullmatch(""):
+            raise PolicyError(f"line {number}: the pattern for {name} matches empty text")
+        types.append(FieldType(name, pattern))
+    return tuple(types)
+
+
+def build_policy(names: tuple[str, ...], patterns_file: str) -> RedactionPolicy | None:
+    """None when nothing is to be masked (the default)."""
+    types = tuple(BUILTIN[n] for n in names)
+    if patterns_file:
+        types += load_patterns(patterns_file)
+    return RedactionPolicy(types) if types else None
+
+
+class _RedactingRecord(logging.LogRecord):
+    policy: RedactionPolicy | None = None
+    _formatter = logging.Formatter()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.policy is None:
+            return
+        # Formatters reuse a record's exc_text once set: a traceback's message is masked too.
+        if self.exc_info:
+            self.exc_text = self.policy.redact(self._formatter.formatException(self.exc_info))
+        if self.stack_info:
+            self.stack_info = self.policy.redact(self.stack_info)
+
+    def getMessage(self) -> str:  # noqa: N802 (logging's name)
+        message = super().getMessage()
+        return self.policy.redact(message) if self.policy is not None else message
+
+
+def install_log_redaction(policy: RedactionPolicy) -> None:
+    """Every log record of this process is masked when formatted, whoever logs it (our code,
+    gunicorn, Paddle, libraries): a raw ID in an exception message never reaches a log line."""
+    _RedactingRecord.policy = policy
+    logging.setLogRecordFactory(_RedactingRecord)
