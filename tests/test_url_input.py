@@ -202,6 +202,12 @@ def test_hostile_hosts_cost_at_most_the_deadline(paddlex, servers, path, message
     assert elapsed < 10, elapsed  # deadline 2 s; generous for a loaded machine
 
 
+def test_https_is_verified_against_the_name(paddlex, servers):
+    good, _ = servers
+    resp = paddlex(f"https://{good.host}/word.png")  # no TLS there: the handshake fails
+    assert resp.status_code == 422 and "could not fetch" in resp.get_json()["errorMsg"]
+
+
 def test_a_name_is_resolved_once_and_the_checked_address_is_used(servers, monkeypatch):
     """DNS rebinding: the first answer is checked and pinned; a later answer pointing at
     the metadata address is never asked for or used."""
