@@ -90,3 +90,38 @@ def test_protocols_answer_mutated_images_without_server_errors(grpc_front, redis
     print(f"\nimage fuzz (protocols): {PROTOCOL_CASES} cases x 4 protocols: {dict(outcomes)}")
     assert not failures, failures[:20]
     assert client.get("/readyz").status_code == 200
+
+
+def _pdf_seeds() -> list[bytes]:
+    """PDFs (PaddleX ``fileType 0``): a corpus word crop saved by Pillow as a one-page PDF
+    (an embedded JPEG stream), and as two pages."""
+    from PIL import Image
+
+    from tests.conftest import WORD_EN
+
+    word = Image.open(WORD_EN).convert("RGB")
+    out = []
+    for extra in ({}, {"save_all": True, "append_images": [word.rotate(180)]}):
+        buf = io.BytesIO()
+        word.save(buf, "PDF", resolution=72.0, **extra)
+        out.append(buf.getvalue())
+    return out
+
+
+def test_paddlex_answers_mutated_pdfs_without_server_errors(make_app, redis_client) -> None:
+    import random
+
+    from tests.image_fuzz import mutate
+
+    client = make_app().test_client()
+    seeds = _pdf_seeds()
+    outcomes: Counter[int] = Counter()
+    failures = []
+    for index in range(PROTOCOL_CASES):
+        data = mutate(random.Random(f"pdf:{SEED}:{index}"), seeds[index % len(seeds)])
+        resp = client.post("/ocr", json={"file": b64(data), "fileType": 0})
+        outcomes[resp.status_code] += 1
+        if resp.status_code not in (200, 422):
+            failures.append(f"pdf case {index} (seed {SEED}): {resp.status_code}")
+    print(f"\nimage fuzz (PaddleX PDFs): {PROTOCOL_CASES} cases: {dict(outcomes)}")
+    assert not failures, failures[:20]
