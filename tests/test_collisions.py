@@ -82,13 +82,16 @@ def crossed(sends: list[Send], rounds: int = ROUNDS, tag: str = "") -> int:
     the number of answers that differ from the source image's own answer."""
     expected = {FIRST: sends[0](FIRST), SECOND: sends[0](SECOND)}
     assert expected[FIRST] != expected[SECOND]  # otherwise a crossing could not show
+
+    def right(job: tuple[int, bytes, bytes]) -> bool:
+        sender, data, source = job
+        return sends[sender % len(sends)](data) == expected[source]
+
     wrong = 0
     for r in range(rounds):
         a, b = colliding_jpegs(FIRST, SECOND, nonce=f"{tag}{r}".encode())
-        jobs = list(enumerate([(a, FIRST), (b, SECOND)] * COPIES))
-        wrong += at_once(
-            lambda job: sends[job[0] % len(sends)](job[1][0]) == expected[job[1][1]], jobs
-        )
+        pairs = [(a, FIRST), (b, SECOND)] * COPIES
+        wrong += at_once(right, [(i, data, source) for i, (data, source) in enumerate(pairs)])
         # Later requests for the pair (hits, or recomputations) answer right too.
         wrong += (sends[0](a) != expected[FIRST]) + (sends[-1](b) != expected[SECOND])
     return wrong

@@ -144,14 +144,16 @@ def test_colliding_pairs_never_cross_between_instances(cluster):
 
     expected = {src: [answer(i, src) for i in range(4)] for src in (first, second)}
     assert expected[first] != expected[second]
+
+    def right(job: tuple[int, bytes, bytes]) -> bool:
+        where, data, source = job  # where: instance (even/odd) and protocol (by pairs)
+        return answer(where, data) == expected[source][where % 4]
+
     wrong = 0
     for r in range(6):
         a, b = colliding_jpegs(first, second, nonce=f"scale{r}".encode())
-        jobs = list(enumerate([(a, first), (b, second)] * 8))  # both instances and protocols
-        wrong += at_once(
-            lambda job: answer(job[0] // 2, job[1][0]) == expected[job[1][1]][(job[0] // 2) % 4],
-            jobs,
-        )
+        pairs = [(a, first), (b, second)] * 8  # each image over both instances and protocols
+        wrong += at_once(right, [(i // 2, data, src) for i, (data, src) in enumerate(pairs)])
     assert wrong == 0
 
 
