@@ -232,6 +232,22 @@ def test_a_name_is_resolved_once_and_the_checked_address_is_used(servers, monkey
         fetch.fetch(f"http://images.test:{good.port}/word.png", frozenset({"images.test"}), 1 << 20)
 
 
+def test_a_slow_resolver_costs_at_most_the_deadline(servers, monkeypatch):
+    good, _ = servers
+    real = socket.getaddrinfo
+
+    def slow(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "slow.test":
+            time.sleep(5)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    started = time.monotonic()
+    with pytest.raises(BadRequest, match="resolving the URL host took longer"):
+        fetch.fetch("http://slow.test/word.png", frozenset({"slow.test"}), 1 << 20, timeout=0.5)
+    assert time.monotonic() - started < 4  # the lookup itself takes 5 s
+
+
 # --- generated URLs -------------------------------------------------------------------------
 
 SEPARATORS = ["", "@", "\\", "\\@", "#", "?", "/", ":", "%40", "%5C", "%2F", " ", "\t", "\r\n",

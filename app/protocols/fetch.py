@@ -23,6 +23,8 @@ import re
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from http.client import HTTPException
 
@@ -36,6 +38,9 @@ from app.protocols.errors import BadRequest
 # Whitespace, controls, DEL, backslash and anything outside ASCII: never in a URL we fetch.
 _FORBIDDEN = re.compile(r"[\x00-\x20\x7f\\]|[^\x00-\x7f]")
 _CHUNK = 64 * 1024
+# Name lookups (getaddrinfo cannot be interrupted): a request waits for one at most its
+# deadline, and a hung lookup holds one of these threads, not a request thread.
+_RESOLVER = ThreadPoolExecutor(4, thread_name_prefix="url-resolve")
 
 
 def is_url(text: str) -> bool:
@@ -84,15 +89,19 @@ def parse(url: str, allowed_hosts: frozenset[str]) -> Target:
     return Target(parts.scheme, host, port, parts.request_uri or "/")
 
 
-def resolve(target: Target, allowed_hosts: frozenset[str]) -> str:
-    """The address to connect to: checked, and pinned for the connection."""
+def resolve(target: Target, allowed_hosts: frozenset[str], timeout: float = 10.0) -> str:
+    """The address to connect to: checked, and pinned for the connection. The lookup runs
+    on a helper thread so a slow resolver costs the request ``timeout`` at most."""
     literal = target.host.strip("[]")
     try:
         return str(ipaddress.ip_address(literal))  # an IP literal was allow-listed as such
     except ValueError:
         pass
+    lookup = _RESOLVER.submit(socket.getaddrinfo, literal, target.port, type=socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(literal, target.port, type=socket.SOCK_STREAM)
+        infos = lookup.result(timeout=timeout)
+    except FutureTimeout:
+        raise BadRequest(f"resolving the URL host took longer than {timeout:g} s") from None
     except (OSError, UnicodeError) as exc:
         raise BadRequest(f"could not resolve the URL host: {exc.__class__.__name__}") from None
     addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
@@ -122,7 +131,7 @@ def fetch(url: str, allowed_hosts: frozenset[str], max_bytes: int, timeout: floa
     """The body at ``url`` (HTTP 200 only), within ``timeout`` seconds overall."""
     target = parse(url, allowed_hosts)
     deadline = time.monotonic() + timeout
-    address = resolve(target, allowed_hosts)
+    address = resolve(target, allowed_hosts, timeout)
     remaining = max(0.1, deadline - time.monotonic())
     if target.scheme == "https":
         conn: HTTPConnection = HTTPSConnection(
