@@ -311,6 +311,9 @@ class Settings:
     pdf_max_pages: int = env("PDF_MAX_PAGES", _int(1, 1000), 10)
     pdf_render_scale: float = env("PDF_RENDER_SCALE", _float(0.5, 8.0), 2.0)
     url_input_allowed_hosts: str = env("URL_INPUT_ALLOWED_HOSTS", _text, "")
+    # One deadline for a whole URL download (connect, headers, body): slow hosts cannot hold
+    # a request thread.
+    url_input_timeout_seconds: float = env("URL_INPUT_TIMEOUT_SECONDS", _float(0.1, 300.0), 10.0)
     # Upstream PaddleX keeps every line by default (0.0); pdserving drops below 0.5.
     paddlex_rec_score_thresh: float = env("PADDLEX_REC_SCORE_THRESH", _float(0.0, 1.0), 0.0)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from app.imaging import ImageTooLarge, InvalidImage
+from app.imaging import InvalidImage, check_size
 
 
 def render_pages(data: bytes, max_pages: int, scale: float, max_pixels: int) -> list[bytes]:
@@ -24,8 +24,8 @@ def render_pages(data: bytes, max_pages: int, scale: float, max_pixels: int) -> 
         for index in range(min(len(pdf), max_pages)):
             page = pdf[index]
             width, height = page.get_size()
-            if width * scale * height * scale > max_pixels:
-                raise ImageTooLarge(f"PDF page {index + 1} renders over {max_pixels} pixels")
+            # Sides and aspect ratio too, before rendering (see ``imaging.check_size``).
+            check_size(max(1, round(width * scale)), max(1, round(height * scale)), max_pixels)
             image = page.render(scale=scale).to_pil()
             buf = io.BytesIO()
             image.save(buf, format="PNG", compress_level=1)
@@ -33,5 +33,7 @@ def render_pages(data: bytes, max_pages: int, scale: float, max_pixels: int) -> 
         if not pages:
             raise InvalidImage("PDF has no pages")
         return pages
+    except pdfium.PdfiumError as exc:
+        raise InvalidImage(f"not a readable PDF page: {exc}") from None
     finally:
         pdf.close()

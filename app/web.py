@@ -269,7 +269,12 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
         if file_type is None:
             path = req.file.split("?", 1)[0].lower()
             file_type = 0 if path.endswith(".pdf") else 1
-        data = fetch.fetch(req.file, settings.url_hosts(), settings.max_request_bytes)
+        data = fetch.fetch(
+            req.file,
+            settings.url_hosts(),
+            settings.max_request_bytes,
+            settings.url_input_timeout_seconds,
+        )
     else:
         if file_type is None:
             raise BadRequest("File type cannot be determined: set fileType (0 PDF, 1 image)")

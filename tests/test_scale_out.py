@@ -122,6 +122,41 @@ def test_trace_with_repeats_computes_each_distinct_image_once(cluster):
     assert total_calls(instances) - before == len(set(trace))
 
 
+def test_colliding_pairs_never_cross_between_instances(cluster):
+    """Issue 11 §1: two images with one MD5, sent at once to 2 instances x 2 workers, over
+    REST and PaddleX, each round a fresh pair: every answer is its own image's."""
+    from tests.md5_collisions import at_once, colliding_jpegs
+
+    _, instances, _ = cluster
+    first = (CORPUS / "mmocr_rec_1036169.jpg").read_bytes()
+    second = (CORPUS / "paddleocr_word_ru_1.jpg").read_bytes()
+
+    def answer(i: int, data: bytes):  # type: ignore[no-untyped-def]
+        base = instances[i % 2].base
+        if i % 4 < 2:
+            resp = requests.post(f"{base}/v1/ocr", json={"image": b64(data)}, timeout=120)
+            assert resp.status_code == 200, resp.text
+            return resp.json()["width"], resp.json()["lines"]
+        resp = requests.post(f"{base}/ocr", json={"file": b64(data), "fileType": 1}, timeout=120)
+        assert resp.status_code == 200, resp.text
+        pruned = resp.json()["result"]["ocrResults"][0]["prunedResult"]
+        return resp.json()["result"]["dataInfo"]["width"], pruned["rec_texts"]
+
+    expected = {src: [answer(i, src) for i in range(4)] for src in (first, second)}
+    assert expected[first] != expected[second]
+
+    def right(job: tuple[int, bytes, bytes]) -> bool:
+        where, data, source = job  # where: instance (even/odd) and protocol (by pairs)
+        return answer(where, data) == expected[source][where % 4]
+
+    wrong = 0
+    for r in range(6):
+        a, b = colliding_jpegs(first, second, nonce=f"scale{r}".encode())
+        pairs = [(a, first), (b, second)] * 8  # each image over both instances and protocols
+        wrong += at_once(right, [(i // 2, data, src) for i, (data, src) in enumerate(pairs)])
+    assert wrong == 0
+
+
 def test_owner_killed_mid_computation_a_waiter_completes(cluster):
     server, instances, tmp = cluster
     import redis

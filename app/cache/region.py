@@ -217,7 +217,10 @@ class OcrCache:
                 metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
                 outcomes[i] = Outcome(hit, CacheStatus.HIT)
                 continue
-            outcome, shared = self._flights.do(job.key, partial(self._miss, job, ok))
+            # Keyed on the full identity: two images with one MD5 share a Redis key (whose
+            # entry the SHA-256 check guards), never a computation.
+            flight = f"{job.key}#{job.digest.sha256}"
+            outcome, shared = self._flights.do(flight, partial(self._miss, job, ok))
             if shared:
                 outcome = Outcome(outcome.result, CacheStatus.COALESCED)
             label = "error" if not ok else outcome.status.value.lower()

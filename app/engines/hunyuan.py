@@ -53,6 +53,7 @@ from app.engines.tasks import (
     TRANSLATION,
     check_args,
 )
+from app.imaging import FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +328,10 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
 def _data_uri(request: OcrRequest) -> str:
     data, mime = request.data, None
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as img:
             rotated = img.getexif().get(0x0112, 1) not in (0, 1)  # EXIF orientation
             mime = None if rotated else _MIME.get(img.format or "")
-    except (OSError, ValueError):
+    except Exception:  # malformed metadata raises anything: send the decoded pixels instead
         mime = None
     if mime is None:
         buf = io.BytesIO()
