@@ -53,6 +53,16 @@ def test_hadolint(path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_local_test_image_files_pass_hadolint_and_shellcheck() -> None:
+    """What `make test-images` builds and runs besides the product images."""
+    dockerfile_ = DOCKER / "monitoring" / "Dockerfile.prometheus-debian"
+    result = _run([_tool("hadolint"), "--failure-threshold", "warning", "--no-color", dockerfile_])
+    assert result.returncode == 0, result.stdout + result.stderr
+    script = ROOT / "tests" / "images" / "run.sh"
+    result = _run([_tool("shellcheck"), "--severity=warning", str(script)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_images_run_non_root_under_tini_with_a_healthcheck(path: Path) -> None:
     final = dockerfile.final_stage(path)

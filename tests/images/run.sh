@@ -33,7 +33,7 @@ if ! docker info >/dev/null 2>&1; then
 fi
 # Idempotent (about a second when everything is there): engine, compose plugin, base images.
 bash "$ENGINE" up >/dev/null
-SUITE=bullseye BASE_IMAGE=local/debian-python:bullseye REDIS_IMAGE= bash "$ENGINE" up >/dev/null
+SUITE=bullseye BASE_IMAGE=local/debian-python:bullseye REDIS_IMAGE='' bash "$ENGINE" up >/dev/null
 
 start=$(date +%s)
 set +e
