@@ -133,12 +133,13 @@ def run_front(image: str, name: str, redis_url: str, *extra: str) -> dict[str, A
         "-e", f"GRPC_PORT={grpc_port}", "-e", "WEB_CONCURRENCY=1", *extra, image,
     )  # fmt: skip
     base = f"http://127.0.0.1:{http_port}"
-    wait_for(
-        f"{name} /readyz 200",
-        lambda: requests.get(f"{base}/readyz", timeout=5).status_code == 200,
-        timeout=300,
-        dump=lambda: logs(name),
-    )
+
+    def ready() -> bool:
+        if not container_state(name)["Running"]:  # a crash at start: fail now, not at timeout
+            raise AssertionError(f"{name} exited before it was ready\n{logs(name)}")
+        return requests.get(f"{base}/readyz", timeout=5).status_code == 200
+
+    wait_for(f"{name} /readyz 200", ready, timeout=300, dump=lambda: logs(name))
     return {"name": name, "http": base, "grpc": f"127.0.0.1:{grpc_port}"}
 
 
