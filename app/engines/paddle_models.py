@@ -54,16 +54,31 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _unreadable(path: object) -> ModelFilesError:
+    # Typically folders prepared by another user (root at image build time) or a mounted
+    # OCR_MODEL_DIR: the service only reads them, but it must be able to.
+    return ModelFilesError(
+        f"{path} is not readable by uid {os.getuid()}: "
+        "make the model folders world-readable (chmod -R a+rX)"
+    )
+
+
 def _model_dir(path: Path) -> ModelDir:
+    if path.is_dir() and not os.access(path, os.R_OK | os.X_OK):
+        raise _unreadable(path)
     for name in MODEL_FILES:
         if not (path / name).is_file():
             raise ModelFilesError(f"model directory {path} lacks {name}")
-    meta = yaml.safe_load((path / "inference.yml").read_text(encoding="utf-8"))
+    try:
+        meta = yaml.safe_load((path / "inference.yml").read_text(encoding="utf-8"))
+        digest = _digest(path)
+    except PermissionError as exc:
+        raise _unreadable(exc.filename) from None
     try:
         name = meta["Global"]["model_name"]
     except (KeyError, TypeError):
         raise ModelFilesError(f"{path}/inference.yml has no Global.model_name") from None
-    return ModelDir(name=name, path=path, digest=_digest(path))
+    return ModelDir(name=name, path=path, digest=digest)
 
 
 def _det_config() -> dict:
@@ -137,12 +152,33 @@ def wheel_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+# The folders are prepared once (e.g. as root at image build time) and read by whichever uid
+# runs the service: world-readable, whatever the umask. mkdtemp alone would make them 0700.
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+
+def _make_dirs(path: Path) -> None:
+    """``mkdir -p`` whose new folders are world-readable whatever the umask."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:  # made by a concurrent worker
+            continue
+        os.chmod(folder, DIR_MODE)
+
+
 def _materialize(target: Path, source: Path, name: str, config: dict) -> None:
     """Write ``target`` = links to ``source`` weights + a generated inference.yml, atomically."""
     if (target / "inference.yml").is_file():
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_dirs(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    os.chmod(staging, DIR_MODE)
     for fname in ("inference.pdmodel", "inference.pdiparams"):
         src = source / fname
         if not src.is_file():
@@ -152,6 +188,7 @@ def _materialize(target: Path, source: Path, name: str, config: dict) -> None:
     (staging / "inference.yml").write_text(
         yaml.safe_dump(body, allow_unicode=True, sort_keys=False), encoding="utf-8"
     )
+    os.chmod(staging / "inference.yml", FILE_MODE)
     try:
         staging.rename(target)
     except OSError:  # another worker won the race; its copy is identical
