@@ -372,6 +372,39 @@ def test_prometheus_scrapes_every_front(stack: dict[str, Any]) -> None:
     assert configured <= set(targets), targets  # every front is scraped; absent ones are down
 
 
+def test_prometheus_evaluates_the_alerting_rules(stack: dict[str, Any]) -> None:
+    """docker/monitoring/alerts.yml is loaded, every rule evaluates without error, and a real
+    alert goes pending: the configured fronts that this stack does not run are down."""
+    prometheus = stack["prometheus"]
+
+    def rules() -> list[dict[str, Any]]:
+        groups = requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        return [r for g in groups for r in g["rules"]]
+
+    loaded = wait_for(
+        "alerting rules evaluated",
+        lambda: (r := rules()) and all(rule["health"] == "ok" for rule in r) and r,
+        timeout=90,
+        dump=lambda: json.dumps(rules())[:3000] + compose_logs(stack["env"]),
+    )
+    names = {rule["name"] for rule in loaded if rule["type"] == "alerting"}
+    assert {"OcrFrontDown", "OcrRedisCircuitOpen", "OcrEngineUnready", "RedisDown"} <= names
+
+    def front_down() -> set[str]:
+        alerts = requests.get(f"{prometheus}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+        return {
+            a["labels"]["instance"] for a in alerts if a["labels"]["alertname"] == "OcrFrontDown"
+        }
+
+    down = wait_for(
+        "OcrFrontDown pending for the absent fronts",
+        front_down,
+        timeout=90,
+        dump=lambda: json.dumps(requests.get(f"{prometheus}/api/v1/alerts", timeout=10).json()),
+    )
+    assert "front-gpu:9998" in down and "front:9998" not in down, down
+
+
 def test_grafana_dashboard_queries_evaluate_on_prometheus(stack: dict[str, Any]) -> None:
     """Grafana is not packaged by Debian: each panel query of the provisioned dashboard is
     evaluated by the real Prometheus, and the series it reads were scraped from the fronts."""
