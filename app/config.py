@@ -238,6 +238,8 @@ class Settings:
     ocr_cpu_threads: int = env("OCR_CPU_THREADS", _int(1, 64), 1)
     ocr_timeout_seconds: float = env("OCR_TIMEOUT_SECONDS", _float(0.001, 3600.0), 60.0)
     engine_unready_after_failures: int = env("ENGINE_UNREADY_AFTER_FAILURES", _int(1, 1000), 5)
+    # Engine calls waiting to start, per worker, before new ones get 503 (0: WEB_THREADS).
+    engine_queue_max: int = env("ENGINE_QUEUE_MAX", _int(0, 100_000), 0)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
     ocr_max_image_side: int = env("OCR_MAX_IMAGE_SIDE", _int(64, 20_000), 4096)
@@ -280,9 +282,10 @@ class Settings:
 
     # gRPC PipelineService.
     grpc_enabled: bool = env("GRPC_ENABLED", _bool, True)
-    grpc_max_message_bytes: int = env(
-        "GRPC_MAX_MESSAGE_BYTES", _int(1 << 20, (1 << 31) - 1), 128 * 1024 * 1024
-    )
+    # 0: MAX_REQUEST_BYTES (the HTTP body limit; a gRPC message carries the same base64).
+    grpc_max_message_bytes: int = env("GRPC_MAX_MESSAGE_BYTES", _int(0, (1 << 31) - 1), 0)
+    # RPCs in progress or queued per worker before RESOURCE_EXHAUSTED (0: 4 x WEB_THREADS).
+    grpc_max_concurrent_rpcs: int = env("GRPC_MAX_CONCURRENT_RPCS", _int(0, 100_000), 0)
 
     # PaddleX-style /ocr and multi-image requests.
     max_images_per_request: int = env("MAX_IMAGES_PER_REQUEST", _int(1, 1000), 16)
@@ -338,6 +341,10 @@ class Settings:
             det_unclip_ratio=self.ocr_det_unclip_ratio,
             textline_orientation=self.ocr_textline_orientation,
         )
+
+    def grpc_message_limit(self) -> int:
+        """gRPC message limit, both ways: ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""
+        return self.grpc_max_message_bytes or self.max_request_bytes
 
     def url_hosts(self) -> frozenset[str]:
         return frozenset(

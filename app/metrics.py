@@ -10,6 +10,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -42,6 +43,21 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 REQUESTS = Counter("ocr_requests_total", "Requests by protocol and status", ["protocol", "status"])
+ENGINE_QUEUE_DEPTH = Gauge(
+    "ocr_engine_queue_depth",
+    "Engine calls waiting to start (summed over live workers)",
+    multiprocess_mode="livesum",
+)
+ENGINE_QUEUE_DROPPED = Counter(
+    "ocr_engine_queue_dropped_total",
+    "Engine calls never run: queue full (refused) or caller gone (timed out while queued)",
+    ["reason"],
+)
+UNEXPECTED_ERRORS = Counter(
+    "ocr_unexpected_errors_total",
+    "Requests answered by the last-resort handler (a bug: logged with its request id)",
+    ["protocol"],
+)
 
 
 def render() -> tuple[bytes, str]:

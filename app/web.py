@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app import admin, metrics
 from app.cache.breaker import CircuitBreaker
+from app.cache.engine_runner import EngineBusy
 from app.cache.extraction_index import ExtractionIndex
 from app.cache.region import CacheControls, OcrCache
 from app.cache.store import RedisStore
@@ -92,6 +94,7 @@ def create_app(
     @app.before_request
     def _start_timer() -> None:
         g.started = time.perf_counter()
+        g.request_id = secrets.token_hex(8)
 
     @app.before_request
     def _limit_streamed_body() -> None:
@@ -127,6 +130,10 @@ def create_app(
             )
             observe("rest", 400, "none")
             return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
+        except EngineBusy as exc:
+            observe("rest", 503, "none")
+            body = rest.error_body("engine_busy", str(exc))
+            return Response(body, status=503, mimetype=JSON, headers=_retry_after(exc))
         except EngineTimeout as exc:
             observe("rest", 504, "none")
             return Response(rest.error_body("engine_timeout", str(exc)), status=504, mimetype=JSON)
@@ -158,9 +165,19 @@ def create_app(
                 )
             else:
                 log.debug("pipeline %s/%s logid=%s", name, method, req.logid)
-                answer = pipeline.answer(
-                    cache, req, min_score, settings.max_images_per_request, cache_controls
-                )
+                try:
+                    answer = pipeline.answer(
+                        cache, req, min_score, settings.max_images_per_request, cache_controls
+                    )
+                except EngineBusy as exc:
+                    observe("pipeline_http", 503, "none")
+                    busy = pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=str(exc))
+                    return Response(
+                        pipeline_http.render(busy),
+                        status=503,
+                        mimetype=JSON,
+                        headers=_retry_after(exc),
+                    )
         observe("pipeline_http", 200, answer.cache_status)
         response = Response(pipeline_http.render(answer), mimetype=JSON)
         if answer.err_no == 0:
@@ -180,6 +197,10 @@ def create_app(
         except (BadRequest, InvalidImage, UnsupportedParams) as exc:
             observe("paddlex", 422, "none")
             return Response(paddlex.error(log_id, 422, str(exc)), status=422, mimetype=JSON)
+        except EngineBusy as exc:
+            observe("paddlex", 503, "none")
+            body = paddlex.error(log_id, 503, str(exc))
+            return Response(body, status=503, mimetype=JSON, headers=_retry_after(exc))
         except EngineError as exc:
             observe("paddlex", 500, "none")
             return Response(paddlex.error(log_id, 500, str(exc)), status=500, mimetype=JSON)
@@ -254,7 +275,37 @@ def create_app(
         headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
         return Response(body, status=exc.code or 500, mimetype=JSON, headers=headers)
 
+    @app.errorhandler(Exception)
+    def unexpected_error(exc: Exception) -> Response:
+        """Last resort: a bug, never the client's fault. Answered in the route's own form,
+        logged with a request id (also sent as ``X-Request-Id``) and counted."""
+        request_id = g.get("request_id") or secrets.token_hex(8)
+        protocol = _PROTOCOL_OF.get(request.endpoint or "", "rest")
+        log.exception("unexpected error request_id=%s path=%s", request_id, request.path)
+        metrics.UNEXPECTED_ERRORS.labels(protocol=protocol).inc()
+        if g.get("started") is not None:
+            observe(protocol, 500, "none")
+        message = f"internal error (request id {request_id})"
+        if protocol == "paddlex":
+            body = paddlex.error(request_id, 500, message)
+        elif protocol == "pipeline_http":
+            body = pipeline_http.render(
+                pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=message)
+            )
+        else:
+            body = rest.error_body("internal_error", message)
+        return Response(body, status=500, mimetype=JSON, headers={"X-Request-Id": request_id})
+
     return app
+
+
+# Route endpoint -> the protocol whose error form the last-resort handler answers in.
+_PROTOCOL_OF = {
+    "v1_ocr": "rest",
+    "pipeline_route": "pipeline_http",
+    "paddlex_ocr": "paddlex",
+    "paddlex_health": "paddlex",
+}
 
 
 def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list[bytes], bool]:
@@ -275,6 +326,10 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
         data, settings.pdf_max_pages, settings.pdf_render_scale, settings.max_image_pixels
     )
     return pages, True
+
+
+def _retry_after(exc: EngineBusy) -> dict[str, str]:
+    return {"Retry-After": str(exc.retry_after)}
 
 
 def _controls(settings: Settings) -> CacheControls:

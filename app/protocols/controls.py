@@ -17,7 +17,9 @@ from app.config import Settings
 from app.protocols.errors import BadRequest
 
 TTL_HEADER = "X-Cache-TTL"
-_TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# ASCII digits only: str.isdigit() accepts "²" (int() then raises) and int() accepts " 1_0".
+_SECONDS = re.compile(r"[0-9]{1,10}")
 
 
 def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) -> CacheControls:
@@ -30,7 +32,10 @@ def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) 
     ttl = None
     raw_ttl = get(TTL_HEADER)
     if raw_ttl is not None:
-        if not raw_ttl.strip().isdigit() or not 1 <= int(raw_ttl) <= settings.cache_ttl_max_seconds:
+        if (
+            not _SECONDS.fullmatch(raw_ttl.strip())
+            or not 1 <= int(raw_ttl) <= settings.cache_ttl_max_seconds
+        ):
             raise BadRequest(
                 f"{TTL_HEADER} must be whole seconds in 1..{settings.cache_ttl_max_seconds}",
                 "invalid_ttl",
@@ -40,7 +45,7 @@ def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) 
     if settings.cache_tenant_header:
         tenant = get(settings.cache_tenant_header)
         if tenant is not None:
-            if not _TENANT.match(tenant):
+            if not _TENANT.fullmatch(tenant):
                 raise BadRequest(
                     f"{settings.cache_tenant_header} must be 1-64 of [A-Za-z0-9_-]",
                     "invalid_tenant",
