@@ -199,6 +199,13 @@ class Settings:
     max_request_bytes: int = env("MAX_REQUEST_BYTES", _int(1024, 1 << 30), 20 * 1024 * 1024)
     max_image_pixels: int = env("MAX_IMAGE_PIXELS", _int(1, 1 << 31), 60_000_000)
     pipeline_service_name: str = env("PIPELINE_SERVICE_NAME", _prefix, "ocr")
+    # The slow-client shield of `python -m app serve` (app/front.py): off only behind another
+    # buffering proxy. A request's head and body must arrive within these deadlines.
+    http_front: bool = env("HTTP_FRONT", _bool, True)
+    http_header_timeout_seconds: float = env(
+        "HTTP_HEADER_TIMEOUT_SECONDS", _float(0.1, 3600.0), 10.0
+    )
+    http_body_timeout_seconds: float = env("HTTP_BODY_TIMEOUT_SECONDS", _float(0.1, 3600.0), 60.0)
 
     # Cache (L2 = Redis).
     redis_url: str = field(
