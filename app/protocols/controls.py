@@ -32,15 +32,13 @@ def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) 
     ttl = None
     raw_ttl = get(TTL_HEADER)
     if raw_ttl is not None:
-        if (
-            not _SECONDS.fullmatch(raw_ttl.strip())
-            or not 1 <= int(raw_ttl) <= settings.cache_ttl_max_seconds
-        ):
+        digits = raw_ttl.strip(" \t")  # HTTP's optional whitespace, nothing else
+        if not _SECONDS.fullmatch(digits) or not 1 <= int(digits) <= settings.cache_ttl_max_seconds:
             raise BadRequest(
                 f"{TTL_HEADER} must be whole seconds in 1..{settings.cache_ttl_max_seconds}",
                 "invalid_ttl",
             )
-        ttl = int(raw_ttl)
+        ttl = int(digits)
     namespace = ""
     if settings.cache_tenant_header:
         tenant = get(settings.cache_tenant_header)
