@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 
+from app import logsafe
 from app.config import ConfigError, Settings
 
 
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
+    logsafe.install()
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

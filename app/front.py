@@ -31,6 +31,8 @@ from typing import TypeVar
 import h11
 import orjson
 
+from app import logsafe
+
 log = logging.getLogger("app.front")
 
 T = TypeVar("T")
@@ -287,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream-timeout", type=float, required=True)
     parser.add_argument("--parent", type=int, default=None)
     args = parser.parse_args(argv)
+    logsafe.install()
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -60,6 +60,21 @@ UNEXPECTED_ERRORS = Counter(
 )
 
 
+def initialise(engine_kind: str) -> None:
+    """Every known label set at 0 from start-up (Prometheus convention): dashboards and
+    ``rate()`` work before the first event of each kind."""
+    for outcome in ("ok", "error", "timeout", "busy"):
+        ENGINE_CALLS.labels(engine=engine_kind, outcome=outcome)
+    for result in ("hit", "miss", "coalesced", "bypass", "error"):
+        CACHE_REQUESTS.labels(result=result)
+    for tier in ("l1", "l2"):
+        CACHE_TIER_HITS.labels(tier=tier)
+    for reason in ("full", "caller_gone"):
+        ENGINE_QUEUE_DROPPED.labels(reason=reason)
+    for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
+        UNEXPECTED_ERRORS.labels(protocol=protocol)
+
+
 def render() -> tuple[bytes, str]:
     """The exposition text: every worker's samples when running multi-process."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

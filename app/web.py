@@ -11,7 +11,7 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app import admin, metrics
+from app import admin, logsafe, metrics
 from app.cache.breaker import CircuitBreaker
 from app.cache.engine_runner import EngineBusy
 from app.cache.extraction_index import ExtractionIndex
@@ -79,8 +79,10 @@ def create_app(
 ) -> Flask:
     """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
     settings = settings or Settings.from_env()
+    logsafe.install()
     logging.getLogger("app").setLevel(settings.log_level)
     engine = engine or build_engine(settings)
+    metrics.initialise(engine.kind)
     cache, state = build_cache(settings, engine, store)
     extractions = ExtractionIndex(cache, settings)
     engine_description = engine.describe()
