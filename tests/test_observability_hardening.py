@@ -45,10 +45,10 @@ def test_labelled_counters_start_at_zero(client):
 def test_counters_are_exported_before_any_request_multiprocess(tmp_path):
     """Under gunicorn (multiprocess mode) too: a fresh worker's files hold the zeros."""
     code = (
-        "import os; os.environ['PROMETHEUS_MULTIPROC_DIR'] = %r\n"
+        f"import os; os.environ['PROMETHEUS_MULTIPROC_DIR'] = {str(tmp_path)!r}\n"
         "from app import metrics; metrics.initialise('paddle')\n"
         "print(metrics.render()[0].decode())\n"
-    ) % str(tmp_path)
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
