@@ -168,6 +168,20 @@ def _header_name(name: str, raw: str) -> str:
     return value
 
 
+def _networks(name: str, raw: str) -> tuple[Any, ...]:
+    """Comma-separated CIDRs or addresses (``10.0.0.0/8, 192.168.1.7, fd00::/8``)."""
+    import ipaddress
+
+    try:
+        return tuple(
+            ipaddress.ip_network(item.strip(), strict=False)
+            for item in raw.split(",")
+            if item.strip()
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 def _existing_file(name: str, raw: str) -> str:
     value = raw.strip()
     if value and not os.path.isfile(value):
@@ -232,6 +246,10 @@ class Settings:
         "CACHE_ENCRYPTION_KEYS", _encryption_keys, ()
     )
     admin_token: str = secret("ADMIN_TOKEN", _token, "")
+    # Who may use the shared-state controls (app/protocols/trust.py); unset: everyone.
+    trusted_networks: tuple[Any, ...] = env("TRUSTED_NETWORKS", _networks, ())
+    cache_control_token: str = secret("CACHE_CONTROL_TOKEN", _token, "")
+    cache_status_visible: str = env("CACHE_STATUS_VISIBLE", _choice("all", "trusted"), "all")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
     cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
     cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)

@@ -20,7 +20,7 @@ from app import metrics
 from app.cache.engine_runner import EngineBusy
 from app.cache.region import OcrCache
 from app.config import Settings
-from app.protocols import controls, pipeline
+from app.protocols import controls, pipeline, trust
 from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             metrics.UNEXPECTED_ERRORS.labels(protocol="grpc").inc()
             metrics.REQUESTS.labels(protocol="grpc", status="INTERNAL").inc()
             context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})")
-        if answer.err_no == 0:
+        if answer.err_no == 0 and trust.shows_cache_status(self._trusted(context), self._settings):
             context.set_trailing_metadata((("x-cache", answer.cache_status),))
         metrics.REQUESTS.labels(protocol="grpc", status=str(answer.err_no)).inc()
         metrics.REQUEST_SECONDS.labels(protocol="grpc", cache=answer.cache_status).observe(
@@ -82,6 +82,14 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
         return pb2.Response(
             err_no=answer.err_no, err_msg=answer.err_msg, key=answer.keys, value=answer.values
         )
+
+    @staticmethod
+    def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
+        return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+
+    def _trusted(self, context: grpc.ServicerContext) -> bool:
+        address = trust.grpc_peer_address(context.peer())
+        return trust.is_trusted(address, self._metadata(context), self._settings)
 
     def _answer(self, request: Any, context: grpc.ServicerContext) -> pipeline.PipelineAnswer:
         if isinstance(request, Undecodable):
@@ -97,8 +105,9 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
                 list(request.key), list(request.value), _tensors(request),
                 request.logid, request.clientip,
             )  # fmt: skip
-            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            cache_controls = controls.parse(metadata, self._settings)
+            metadata = self._metadata(context)
+            trusted = self._trusted(context)
+            cache_controls = controls.parse(metadata, self._settings, trusted=trusted)
         except pipeline.PipelineError as exc:
             return pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
         except BadRequest as exc:

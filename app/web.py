@@ -23,7 +23,7 @@ from app.engines import build_engine
 from app.engines.base import Engine, EngineError, EngineTimeout, UnsupportedParams
 from app.imaging import DecodedImage, InvalidImage, decode_image
 from app.pdf import render_pages
-from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest
+from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest, trust
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
 
@@ -97,6 +97,14 @@ def create_app(
     def _start_timer() -> None:
         g.started = time.perf_counter()
         g.request_id = secrets.token_hex(8)
+        address = trust.http_client_address(request.environ)
+        g.trusted = trust.is_trusted(address, request.headers, settings)
+
+    @app.after_request
+    def _hide_cache_status(response: Response) -> Response:
+        if not trust.shows_cache_status(g.get("trusted", False), settings):
+            response.headers.pop("X-Cache", None)
+        return response
 
     @app.before_request
     def _limit_streamed_body() -> None:
@@ -144,7 +152,13 @@ def create_app(
             return Response(rest.error_body("engine_error", str(exc)), status=503, mimetype=JSON)
         observe("rest", 200, outcome.status.value)
         return Response(
-            rest.render(outcome, engine_description, req.min_score, params.task),
+            rest.render(
+                outcome,
+                engine_description,
+                req.min_score,
+                params.task,
+                show_cache=trust.shows_cache_status(g.trusted, settings),
+            ),  # fmt: skip
             mimetype=JSON,
             headers={"X-Cache": outcome.status.value},
         )
@@ -335,7 +349,7 @@ def _retry_after(exc: EngineBusy) -> dict[str, str]:
 
 
 def _controls(settings: Settings) -> CacheControls:
-    return controls.parse(request.headers, settings)
+    return controls.parse(request.headers, settings, trusted=g.trusted)
 
 
 def _warn_if_not_evicting(store: RedisStore) -> None:

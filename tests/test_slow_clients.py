@@ -28,6 +28,7 @@ from tests.test_serve import _wait_ready
 
 SLOW = 64  # per kind: headers trickled, body trickled
 DEADLINE = 8.0  # HTTP_HEADER_TIMEOUT_SECONDS and HTTP_BODY_TIMEOUT_SECONDS of the service
+TOKEN = "t" * 20  # CACHE_CONTROL_TOKEN; TRUSTED_NETWORKS is 10.0.0.0/8, the tests are 127.0.0.1
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,7 @@ def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
         CACHE_KEY_PREFIX="slow-clients", OCR_WORK_DIR=str(tmp / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"), MAX_REQUEST_BYTES="1048576",
         HTTP_HEADER_TIMEOUT_SECONDS=str(DEADLINE), HTTP_BODY_TIMEOUT_SECONDS=str(DEADLINE),
+        TRUSTED_NETWORKS="10.0.0.0/8", CACHE_CONTROL_TOKEN=TOKEN,
     )  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
@@ -172,3 +174,16 @@ def test_front_refuses_oversized_and_malformed_requests(service):
         headers={"Content-Type": "application/json"}, timeout=60,
     )  # fmt: skip
     assert resp.status_code == 200 and resp.json()["lines"]
+
+
+def test_the_front_passes_the_real_client_address(service):
+    """A client cannot claim a trusted address: the front replaces X-Forwarded-For."""
+    base, _, _ = service
+    body = {"image": b64(WORD_EN.read_bytes())}
+    requests.post(f"{base}/v1/ocr", json=body, timeout=60)
+    spoofed = {"X-Forwarded-For": "10.0.0.1", "Cache-Control": "no-cache"}
+    resp = requests.post(f"{base}/v1/ocr", json=body, headers=spoofed, timeout=60)
+    assert resp.headers["X-Cache"] == "HIT"  # no-cache ignored: 127.0.0.1 is not trusted
+    token = {"X-Cache-Control-Token": TOKEN, "Cache-Control": "no-cache"}
+    resp = requests.post(f"{base}/v1/ocr", json=body, headers=token, timeout=60)
+    assert resp.headers["X-Cache"] == "MISS"  # trusted by token: recomputed

@@ -68,6 +68,7 @@ class CacheControls:
     no_store: bool = False  # do not write
     ttl: int | None = None  # TTL override for writes, already bounded by the caller
     namespace: str = ""  # tenant namespace: its own keys, never shared
+    trusted: bool = True  # may use shared-state controls (app/protocols/trust.py)
 
 
 @dataclass(frozen=True)

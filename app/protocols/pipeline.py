@@ -147,7 +147,8 @@ def answer(
             raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
         started = time.perf_counter()
         try:
-            controls = replace(controls, bypass=controls.bypass or req.profile)
+            profile = req.profile and controls.trusted  # bypassing the cache is a trusted control
+            controls = replace(controls, bypass=controls.bypass or profile)
             outcomes = cache.get_or_compute_many(images, controls=controls)
         except (InvalidImage, UnsupportedParams) as exc:
             raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
