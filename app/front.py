@@ -59,6 +59,27 @@ class FrontConfig:
     max_connections: int = 4096
 
 
+# Reuse a connection to gunicorn only if idle for less than this (its keepalive is 5 s).
+_UPSTREAM_IDLE_SECONDS = 2.0
+
+
+@dataclass
+class _Upstream:
+    """A keep-alive connection to gunicorn's unix socket."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    conn: h11.Connection
+    idle_since: float = 0.0
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _StaleConnection(Exception):
+    """A reused connection was closed by gunicorn before any answer: safe to retry."""
+
+
 class _Refused(Exception):
     """Answer ``status`` with a JSON error and close the connection."""
 
@@ -68,7 +89,9 @@ class _Refused(Exception):
 
 
 async def _within(deadline: float, awaitable: Awaitable[T]) -> T:
-    return await asyncio.wait_for(awaitable, max(0.001, deadline - time.monotonic()))
+    """``awaitable`` before ``deadline`` (time.monotonic()); a timeout scope, no extra task."""
+    async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+        return await awaitable
 
 
 class Front:
@@ -76,6 +99,7 @@ class Front:
         self._config = config
         self._connections = 0
         self._closing = False
+        self._idle: list[_Upstream] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._connections >= self._config.max_connections:
@@ -101,7 +125,7 @@ class Front:
                 answer = answer or b""
                 answer += conn.send(h11.Data(data=payload)) or b""
                 writer.write(answer + (conn.send(h11.EndOfMessage()) or b""))
-                await asyncio.wait_for(writer.drain(), self._config.send_timeout)
+                await _within(time.monotonic() + self._config.send_timeout, writer.drain())
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -159,47 +183,91 @@ class Front:
     async def _forward(
         self, head: h11.Request, body: bytes, client_ip: str
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """Send the complete request to gunicorn; its complete answer."""
+        """Send the complete request to gunicorn; its complete answer. Connections to gunicorn
+        are kept alive and reused (briefly: well under its keep-alive timeout); a reused one
+        that turns out closed before any answer byte is retried once on a fresh one."""
         headers = [(k, v) for k, v in head.headers if k not in _HOP_BY_HOP]
         headers += [
             (b"content-length", str(len(body)).encode()),
             (b"x-forwarded-for", client_ip.encode()),
-            (b"connection", b"close"),
         ]
-        upstream = h11.Connection(h11.CLIENT)
+        request = h11.Request(method=head.method, target=head.target, headers=headers)
         deadline = time.monotonic() + self._config.upstream_timeout
+        for _ in range(2):
+            try:
+                upstream, reused = await self._checkout(deadline)
+            except (OSError, TimeoutError):
+                message = "the service is starting or stopping"
+                return _json_error(head.target, 503, "unavailable", message)
+            try:
+                answer = await self._exchange(upstream, request, body, deadline, reused)
+            except _StaleConnection:
+                upstream.close()
+                continue
+            except (OSError, TimeoutError, h11.ProtocolError):
+                upstream.close()
+                log.warning("upstream failed for %s %r", head.method.decode(), head.target[:200])
+                return _json_error(head.target, 502, "bad_gateway", "the worker did not answer")
+            self._checkin(upstream)
+            return answer
+        return _json_error(head.target, 502, "bad_gateway", "the worker did not answer")
+
+    async def _checkout(self, deadline: float) -> tuple[_Upstream, bool]:
+        now = time.monotonic()
+        while self._idle:
+            upstream = self._idle.pop()
+            if now - upstream.idle_since < _UPSTREAM_IDLE_SECONDS:
+                return upstream, True
+            upstream.close()
+        connecting = asyncio.open_unix_connection(self._config.upstream)
+        reader, writer = await _within(deadline, connecting)
+        return _Upstream(reader, writer, h11.Connection(h11.CLIENT)), False
+
+    def _checkin(self, upstream: _Upstream) -> None:
+        conn = upstream.conn
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE and len(self._idle) < 64:
+            conn.start_next_cycle()
+            upstream.idle_since = time.monotonic()
+            self._idle.append(upstream)
+        else:
+            upstream.close()
+
+    @staticmethod
+    async def _exchange(
+        upstream: _Upstream, request: h11.Request, body: bytes, deadline: float, reused: bool
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        conn = upstream.conn
+        data = conn.send(request) or b""
+        data += conn.send(h11.Data(data=body)) or b""
+        upstream.writer.write(data + (conn.send(h11.EndOfMessage()) or b""))
         try:
-            reader, writer = await _within(
-                deadline, asyncio.open_unix_connection(self._config.upstream)
-            )
-        except (OSError, TimeoutError):
-            message = "the service is starting or stopping"
-            return _json_error(head.target, 503, "unavailable", message)
-        try:
-            request = h11.Request(method=head.method, target=head.target, headers=headers)
-            writer.write(upstream.send(request) or b"")
-            writer.write(upstream.send(h11.Data(data=body)) or b"")
-            writer.write(upstream.send(h11.EndOfMessage()) or b"")
-            await _within(deadline, writer.drain())
-            status, answer_headers, payload = 502, [], bytearray()
-            while True:
-                event = upstream.next_event()
-                if event is h11.NEED_DATA:
-                    upstream.receive_data(await _within(deadline, reader.read(_READ_CHUNK)))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                    answer_headers = [(k, v) for k, v in event.headers if k not in _HOP_BY_HOP]
-                elif isinstance(event, h11.Data):
-                    payload += event.data
-                elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-                    break
-            answer_headers.append((b"content-length", str(len(payload)).encode()))
-            return status, answer_headers, bytes(payload)
-        except (OSError, TimeoutError, h11.ProtocolError):
-            log.warning("upstream failed for %s %r", head.method.decode(), head.target[:200])
-            return _json_error(head.target, 502, "bad_gateway", "the worker did not answer")
-        finally:
-            writer.close()
+            await _within(deadline, upstream.writer.drain())
+        except ConnectionError:
+            if reused:
+                raise _StaleConnection() from None
+            raise
+        status, headers, payload = 502, [], bytearray()
+        answered = False
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    chunk = await _within(deadline, upstream.reader.read(_READ_CHUNK))
+                except ConnectionError:
+                    chunk = b""
+                if not chunk and reused and not answered:
+                    raise _StaleConnection()
+                conn.receive_data(chunk)
+            elif isinstance(event, h11.Response):
+                answered = True
+                status = event.status_code
+                headers = [(k, v) for k, v in event.headers if k not in _HOP_BY_HOP]
+            elif isinstance(event, h11.Data):
+                payload += event.data
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                break
+        headers.append((b"content-length", str(len(payload)).encode()))
+        return status, headers, bytes(payload)
 
     async def _refuse(self, writer: asyncio.StreamWriter, exc: _Refused) -> None:
         status, headers, body = _json_error(exc.target, exc.status, exc.code, str(exc))
@@ -301,7 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         body_timeout=args.body_timeout,
         upstream_timeout=args.upstream_timeout,
     )
-    asyncio.run(serve(args.host, args.port, config, args.parent))
+    try:  # libuv's loop: a shorter hop on every request; plain asyncio works the same
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(args.host, args.port, config, args.parent))
     return 0
 
 

@@ -115,3 +115,18 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
     statuses = [http.post("/v1/ocr", json={"image": image}).headers["X-Cache"] for _ in "ab"]
     assert statuses == ["MISS", "HIT"]
     assert app.extensions["ocr"]["engine_state"].status == "ready"  # load is not a failure
+
+
+def test_grpc_concurrency_is_bounded(grpc_front):
+    """GRPC_MAX_CONCURRENT_RPCS: RPCs over the bound are refused at once, not queued."""
+    _, endpoint = grpc_front(grpc_max_concurrent_rpcs=1)
+    stub = grpc_server.pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
+    slow = grpc_server.pb2.Request(key=["image"], value=[base64.b64encode(BIG).decode()])
+    first = stub.inference.future(slow, timeout=120)
+    time.sleep(0.3)  # the first RPC is in the engine now (a big page takes seconds)
+    small = base64.b64encode(WORD_EN.read_bytes()).decode()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.inference(grpc_server.pb2.Request(key=["image"], value=[small]), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert first.result().err_no == 0
+    assert stub.inference(grpc_server.pb2.Request(key=["image"], value=[small])).err_no == 0
