@@ -67,8 +67,10 @@ class FrontProcess:
         threading.Thread(target=self._watch, name="front-watch", daemon=True).start()
 
     def _watch(self) -> None:
-        # 0: it was stopped by a signal to the whole group, and gunicorn stops too.
-        if self._proc.wait() != 0 and not self._stopping:
+        # Any exit we did not ask for (a second SIGTERM to a stopping gunicorn is harmless).
+        # The exit status is not trusted: gunicorn's reaper may collect the child first.
+        self._proc.wait()
+        if not self._stopping:
             logging.getLogger("app").error("the HTTP front exited; stopping the service")
             os.kill(os.getpid(), signal.SIGTERM)
 

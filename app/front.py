@@ -186,7 +186,8 @@ class Front:
         """Send the complete request to gunicorn; its complete answer. Connections to gunicorn
         are kept alive and reused (briefly: well under its keep-alive timeout); a reused one
         that turns out closed before any answer byte is retried once on a fresh one."""
-        headers = [(k, v) for k, v in head.headers if k not in _HOP_BY_HOP]
+        # "x_forwarded_for" would reach the app as HTTP_X_FORWARDED_FOR too: compare as "-".
+        headers = [(k, v) for k, v in head.headers if k.replace(b"_", b"-") not in _HOP_BY_HOP]
         headers += [
             (b"content-length", str(len(body)).encode()),
             (b"x-forwarded-for", client_ip.encode()),

@@ -184,6 +184,9 @@ def test_the_front_passes_the_real_client_address(service):
     spoofed = {"X-Forwarded-For": "10.0.0.1", "Cache-Control": "no-cache"}
     resp = requests.post(f"{base}/v1/ocr", json=body, headers=spoofed, timeout=60)
     assert resp.headers["X-Cache"] == "HIT"  # no-cache ignored: 127.0.0.1 is not trusted
+    spoofed = {"X_Forwarded_For": "10.0.0.1", "Cache-Control": "no-cache"}
+    resp = requests.post(f"{base}/v1/ocr", json=body, headers=spoofed, timeout=60)
+    assert resp.headers["X-Cache"] == "HIT"
     token = {"X-Cache-Control-Token": TOKEN, "Cache-Control": "no-cache"}
     resp = requests.post(f"{base}/v1/ocr", json=body, headers=token, timeout=60)
     assert resp.headers["X-Cache"] == "MISS"  # trusted by token: recomputed
