@@ -7,8 +7,13 @@ import argparse
 import logging
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 
+from app import logsafe
 from app.config import ConfigError, Settings
 
 
@@ -23,15 +28,60 @@ def serve(settings: Settings) -> int:
         os.environ["REDIS_URL"] = embedded.url
         log.info("REDIS_URL unset: started a private Redis at %s (docker/redis.conf)", embedded.url)
     metrics_dir = prepare_metrics_dir()
+    front = FrontProcess(settings) if settings.http_front else None
     try:
-        GunicornApp(settings).run()
+        GunicornApp(settings, bind=front.bind if front else None).run()
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
+        if front is not None:
+            front.stop()  # after gunicorn: the requests it finished have been answered
         if embedded is not None:
             embedded.cleanup()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+class FrontProcess:
+    """``python -m app.front`` on HOST:HTTP_PORT, gunicorn behind it on a private unix socket
+    (see app/front.py for why). If the front dies, the service stops (and is restarted by
+    its supervisor) rather than serve gRPC alone; the front stops when this process dies."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._dir = tempfile.mkdtemp(prefix="ocr-front-")
+        upstream = os.path.join(self._dir, "gunicorn.sock")
+        self.bind = f"unix:{upstream}"
+        self._stopping = False
+        self._proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "app.front",
+                "--host", settings.host, "--port", str(settings.http_port),
+                "--upstream", upstream,
+                "--max-body-bytes", str(settings.max_request_bytes),
+                "--header-timeout", str(settings.http_header_timeout_seconds),
+                "--body-timeout", str(settings.http_body_timeout_seconds),
+                "--upstream-timeout", str(settings.request_timeout_seconds + 30),
+                "--parent", str(os.getpid()),
+            ],
+        )  # fmt: skip
+        threading.Thread(target=self._watch, name="front-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        # Any exit we did not ask for (a second SIGTERM to a stopping gunicorn is harmless).
+        # The exit status is not trusted: gunicorn's reaper may collect the child first.
+        self._proc.wait()
+        if not self._stopping:
+            logging.getLogger("app").error("the HTTP front exited; stopping the service")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
+    logsafe.install()
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

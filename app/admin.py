@@ -16,8 +16,8 @@ from flask import Blueprint, Flask, Response, jsonify, request
 from app.cache.region import OcrCache
 from app.engine_state import EngineState
 
-_MD5 = re.compile(r"^[0-9a-f]{32}$")
-_NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_MD5 = re.compile(r"[0-9a-f]{32}")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> None:
@@ -42,11 +42,11 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
             )
         namespace = body.get("namespace", "")
         md5 = body.get("md5")
-        if not isinstance(namespace, str) or (namespace and not _NAMESPACE.match(namespace)):
+        if not isinstance(namespace, str) or (namespace and not _NAMESPACE.fullmatch(namespace)):
             return _error(
                 400, "invalid_namespace", "namespace: a tenant name, or empty for the default"
             )
-        if md5 is not None and (not isinstance(md5, str) or not _MD5.match(md5)):
+        if md5 is not None and (not isinstance(md5, str) or not _MD5.fullmatch(md5)):
             return _error(400, "invalid_md5", "md5: 32 lower-case hex digits")
         if cache.store is None:
             return _error(409, "no_cache", "caching is disabled on this service")

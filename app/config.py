@@ -187,6 +187,20 @@ def _header_name(name: str, raw: str) -> str:
     return value
 
 
+def _networks(name: str, raw: str) -> tuple[Any, ...]:
+    """Comma-separated CIDRs or addresses (``10.0.0.0/8, 192.168.1.7, fd00::/8``)."""
+    import ipaddress
+
+    try:
+        return tuple(
+            ipaddress.ip_network(item.strip(), strict=False)
+            for item in raw.split(",")
+            if item.strip()
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 def _existing_file(name: str, raw: str) -> str:
     value = raw.strip()
     if value and not os.path.isfile(value):
@@ -218,6 +232,13 @@ class Settings:
     max_request_bytes: int = env("MAX_REQUEST_BYTES", _int(1024, 1 << 30), 20 * 1024 * 1024)
     max_image_pixels: int = env("MAX_IMAGE_PIXELS", _int(1, 1 << 31), 60_000_000)
     pipeline_service_name: str = env("PIPELINE_SERVICE_NAME", _prefix, "ocr")
+    # The slow-client shield of `python -m app serve` (app/front.py): off only behind another
+    # buffering proxy. A request's head and body must arrive within these deadlines.
+    http_front: bool = env("HTTP_FRONT", _bool, True)
+    http_header_timeout_seconds: float = env(
+        "HTTP_HEADER_TIMEOUT_SECONDS", _float(0.1, 3600.0), 10.0
+    )
+    http_body_timeout_seconds: float = env("HTTP_BODY_TIMEOUT_SECONDS", _float(0.1, 3600.0), 60.0)
 
     # Cache (L2 = Redis).
     redis_url: str = field(
@@ -247,6 +268,10 @@ class Settings:
     # Redaction (app/redaction.py): types masked in every answer and everything stored.
     cache_redact: tuple[str, ...] = env("CACHE_REDACT", _redact_types, ())
     cache_redact_patterns_file: str = env("CACHE_REDACT_PATTERNS_FILE", _redact_patterns_file, "")
+    # Who may use the shared-state controls (app/protocols/trust.py); unset: everyone.
+    trusted_networks: tuple[Any, ...] = env("TRUSTED_NETWORKS", _networks, ())
+    cache_control_token: str = secret("CACHE_CONTROL_TOKEN", _token, "")
+    cache_status_visible: str = env("CACHE_STATUS_VISIBLE", _choice("all", "trusted"), "all")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
     cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
     cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)
@@ -260,6 +285,8 @@ class Settings:
     ocr_cpu_threads: int = env("OCR_CPU_THREADS", _int(1, 64), 1)
     ocr_timeout_seconds: float = env("OCR_TIMEOUT_SECONDS", _float(0.001, 3600.0), 60.0)
     engine_unready_after_failures: int = env("ENGINE_UNREADY_AFTER_FAILURES", _int(1, 1000), 5)
+    # Engine calls waiting to start, per worker, before new ones get 503 (0: WEB_THREADS).
+    engine_queue_max: int = env("ENGINE_QUEUE_MAX", _int(0, 100_000), 0)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
     ocr_max_image_side: int = env("OCR_MAX_IMAGE_SIDE", _int(64, 20_000), 4096)
@@ -302,9 +329,10 @@ class Settings:
 
     # gRPC PipelineService.
     grpc_enabled: bool = env("GRPC_ENABLED", _bool, True)
-    grpc_max_message_bytes: int = env(
-        "GRPC_MAX_MESSAGE_BYTES", _int(1 << 20, (1 << 31) - 1), 128 * 1024 * 1024
-    )
+    # 0: MAX_REQUEST_BYTES (the HTTP body limit; a gRPC message carries the same base64).
+    grpc_max_message_bytes: int = env("GRPC_MAX_MESSAGE_BYTES", _int(0, (1 << 31) - 1), 0)
+    # RPCs in progress or queued per worker before RESOURCE_EXHAUSTED (0: 4 x WEB_THREADS).
+    grpc_max_concurrent_rpcs: int = env("GRPC_MAX_CONCURRENT_RPCS", _int(0, 100_000), 0)
 
     # PaddleX-style /ocr and multi-image requests.
     max_images_per_request: int = env("MAX_IMAGES_PER_REQUEST", _int(1, 1000), 16)
@@ -363,6 +391,10 @@ class Settings:
             det_unclip_ratio=self.ocr_det_unclip_ratio,
             textline_orientation=self.ocr_textline_orientation,
         )
+
+    def grpc_message_limit(self) -> int:
+        """gRPC message limit, both ways: ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""
+        return self.grpc_max_message_bytes or self.max_request_bytes
 
     def url_hosts(self) -> frozenset[str]:
         return frozenset(

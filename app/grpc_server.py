@@ -9,6 +9,7 @@ app/protocols/proto, compiled at import time (grpcio-tools): one source of truth
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from concurrent import futures
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 import grpc
 
 from app import metrics
+from app.cache.engine_runner import EngineBusy
 from app.cache.region import OcrCache
 from app.config import Settings
-from app.protocols import controls, pipeline
+from app.protocols import controls, pipeline, trust
 from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -55,8 +57,23 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
 
     def inference(self, request: Any, context: grpc.ServicerContext) -> Any:
         started = time.perf_counter()
-        answer = self._answer(request, context)
-        if answer.err_no == 0:
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before start")
+        try:
+            answer = self._answer(request, context)
+        except EngineBusy as exc:
+            metrics.REQUESTS.labels(protocol="grpc", status="RESOURCE_EXHAUSTED").inc()
+            context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except Exception:
+            # Last resort: a bug, never the client's fault. INTERNAL, logged with a request id.
+            request_id = secrets.token_hex(8)
+            log.exception("unexpected error request_id=%s grpc inference", request_id)
+            metrics.UNEXPECTED_ERRORS.labels(protocol="grpc").inc()
+            metrics.REQUESTS.labels(protocol="grpc", status="INTERNAL").inc()
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})")
+        if answer.err_no == 0 and trust.shows_cache_status(self._trusted(context), self._settings):
             context.set_trailing_metadata((("x-cache", answer.cache_status),))
         metrics.REQUESTS.labels(protocol="grpc", status=str(answer.err_no)).inc()
         metrics.REQUEST_SECONDS.labels(protocol="grpc", cache=answer.cache_status).observe(
@@ -65,6 +82,14 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
         return pb2.Response(
             err_no=answer.err_no, err_msg=answer.err_msg, key=answer.keys, value=answer.values
         )
+
+    @staticmethod
+    def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
+        return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+
+    def _trusted(self, context: grpc.ServicerContext) -> bool:
+        address = trust.grpc_peer_address(context.peer())
+        return trust.is_trusted(address, self._metadata(context), self._settings)
 
     def _answer(self, request: Any, context: grpc.ServicerContext) -> pipeline.PipelineAnswer:
         if isinstance(request, Undecodable):
@@ -75,16 +100,14 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             return pipeline.PipelineAnswer(
                 err_no=pipeline.SERVICE_NAME_ERROR, err_msg=pipeline.SERVICE_NAME_MESSAGE
             )
-        remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before start")
         try:
             req = pipeline.build_request(
                 list(request.key), list(request.value), _tensors(request),
                 request.logid, request.clientip,
             )  # fmt: skip
-            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            cache_controls = controls.parse(metadata, self._settings)
+            metadata = self._metadata(context)
+            trusted = self._trusted(context)
+            cache_controls = controls.parse(metadata, self._settings, trusted=trusted)
         except pipeline.PipelineError as exc:
             return pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
         except BadRequest as exc:
@@ -98,9 +121,10 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
 
 def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple[grpc.Server, int]:
     """Start serving; returns the server and the bound port (``port=0`` picks a free one)."""
-    size = settings.grpc_max_message_bytes
+    size = settings.grpc_message_limit()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.web_threads, thread_name_prefix="grpc"),
+        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs or 4 * settings.web_threads,
         options=[
             ("grpc.max_receive_message_length", size),
             ("grpc.max_send_message_length", size),

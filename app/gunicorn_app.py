@@ -16,9 +16,10 @@ from gunicorn.app.base import BaseApplication
 from app.config import Settings
 
 
-def gunicorn_options(settings: Settings) -> dict[str, Any]:
+def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, Any]:
+    """``bind``: where gunicorn listens instead of HOST:HTTP_PORT (the front's unix socket)."""
     return {
-        "bind": f"{settings.host}:{settings.http_port}",
+        "bind": bind or f"{settings.host}:{settings.http_port}",
         "workers": settings.web_concurrency,
         "worker_class": "gthread",
         "threads": settings.web_threads,
@@ -74,12 +75,13 @@ def _child_exit(server: Any, worker: Any) -> None:
 
 
 class GunicornApp(BaseApplication):  # type: ignore[misc]
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, bind: str | None = None) -> None:
         self._settings = settings
+        self._bind = bind
         super().__init__()
 
     def load_config(self) -> None:
-        for key, value in gunicorn_options(self._settings).items():
+        for key, value in gunicorn_options(self._settings, self._bind).items():
             self.cfg.set(key, value)
 
     def load(self) -> Any:

@@ -56,6 +56,36 @@ ENGINE_READY = Gauge(
     "1 when the engine is loaded and not failing (what /readyz reports), else 0",
     multiprocess_mode="livemin",
 )
+ENGINE_QUEUE_DEPTH = Gauge(
+    "ocr_engine_queue_depth",
+    "Engine calls waiting to start (summed over live workers)",
+    multiprocess_mode="livesum",
+)
+ENGINE_QUEUE_DROPPED = Counter(
+    "ocr_engine_queue_dropped_total",
+    "Engine calls never run: queue full (refused) or caller gone (timed out while queued)",
+    ["reason"],
+)
+UNEXPECTED_ERRORS = Counter(
+    "ocr_unexpected_errors_total",
+    "Requests answered by the last-resort handler (a bug: logged with its request id)",
+    ["protocol"],
+)
+
+
+def initialise(engine_kind: str) -> None:
+    """Every known label set at 0 from start-up (Prometheus convention): dashboards and
+    ``rate()`` work before the first event of each kind."""
+    for outcome in ("ok", "error", "timeout", "busy"):
+        ENGINE_CALLS.labels(engine=engine_kind, outcome=outcome)
+    for result in ("hit", "miss", "coalesced", "bypass", "error"):
+        CACHE_REQUESTS.labels(result=result)
+    for tier in ("l1", "l2"):
+        CACHE_TIER_HITS.labels(tier=tier)
+    for reason in ("full", "caller_gone"):
+        ENGINE_QUEUE_DROPPED.labels(reason=reason)
+    for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
+        UNEXPECTED_ERRORS.labels(protocol=protocol)
 
 
 def render() -> tuple[bytes, str]:

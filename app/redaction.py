@@ -169,27 +169,36 @@ def build_policy(names: tuple[str, ...], patterns_file: str) -> RedactionPolicy 
     return RedactionPolicy(types) if types else None
 
 
-class _RedactingRecord(logging.LogRecord):
-    policy: RedactionPolicy | None = None
-    _formatter = logging.Formatter()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.policy is None:
-            return
-        # Formatters reuse a record's exc_text once set: a traceback's message is masked too.
-        if self.exc_info:
-            self.exc_text = self.policy.redact(self._formatter.formatException(self.exc_info))
-        if self.stack_info:
-            self.stack_info = self.policy.redact(self.stack_info)
-
-    def getMessage(self) -> str:  # noqa: N802 (logging's name)
-        message = super().getMessage()
-        return self.policy.redact(message) if self.policy is not None else message
+_FORMATTER = logging.Formatter()
 
 
 def install_log_redaction(policy: RedactionPolicy) -> None:
-    """Every log record of this process is masked when formatted, whoever logs it (our code,
-    gunicorn, Paddle, libraries): a raw ID in an exception message never reaches a log line."""
-    _RedactingRecord.policy = policy
-    logging.setLogRecordFactory(_RedactingRecord)
+    """Every log record of this process is masked when it is made, whoever logs it (our code,
+    gunicorn, Paddle, libraries): a raw ID in a message, an argument or a traceback never
+    reaches a log line. Wraps the current record factory (``app.logsafe``'s escaping runs
+    first); a second call only swaps the policy."""
+    factory = logging.getLogRecordFactory()
+    if hasattr(factory, "redaction_policy"):
+        factory.redaction_policy = policy  # type: ignore[attr-defined]
+        return
+
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        active: RedactionPolicy = make.redaction_policy  # type: ignore[attr-defined]
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: keep the template, drop the arguments
+            message = f"{record.msg} (arguments not shown: they did not format)"
+        record.msg, record.args = active.redact(message), None
+        if record.exc_info:
+            record.exc_text = active.redact(_FORMATTER.formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = active.redact(record.stack_info)
+        return record
+
+    make.redaction_policy = policy  # type: ignore[attr-defined]
+    # app.logsafe.install() looks for this mark; the escaping it adds already ran inside.
+    make.escapes_control_characters = getattr(  # type: ignore[attr-defined]
+        factory, "escapes_control_characters", False
+    )
+    logging.setLogRecordFactory(make)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from app import admin, metrics, stats, ui
+from app import admin, logsafe, metrics, stats, ui
 from app.cache.breaker import CircuitBreaker
+from app.cache.engine_runner import EngineBusy
 from app.cache.extraction_index import ExtractionIndex
 from app.cache.region import CacheControls, OcrCache
 from app.cache.store import RedisStore
@@ -22,7 +24,7 @@ from app.engines.base import Engine, EngineError, EngineTimeout, UnsupportedPara
 from app.engines.redacting import with_redaction
 from app.imaging import DecodedImage, InvalidImage, decode_image
 from app.pdf import render_pages
-from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest
+from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest, trust
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
 
@@ -80,8 +82,10 @@ def create_app(
 ) -> Flask:
     """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
     settings = settings or Settings.from_env()
+    logsafe.install()
     logging.getLogger("app").setLevel(settings.log_level)
     engine = with_redaction(engine or build_engine(settings), settings)
+    metrics.initialise(engine.kind)
     cache, state = build_cache(settings, engine, store)
     extractions = ExtractionIndex(cache, settings)
     engine_description = engine.describe()
@@ -97,6 +101,15 @@ def create_app(
     @app.before_request
     def _start_timer() -> None:
         g.started = time.perf_counter()
+        g.request_id = secrets.token_hex(8)
+        address = trust.http_client_address(request.environ)
+        g.trusted = trust.is_trusted(address, request.headers, settings)
+
+    @app.after_request
+    def _hide_cache_status(response: Response) -> Response:
+        if not trust.shows_cache_status(g.get("trusted", False), settings):
+            response.headers.pop("X-Cache", None)
+        return response
 
     @app.before_request
     def _limit_streamed_body() -> None:
@@ -132,6 +145,10 @@ def create_app(
             )
             observe("rest", 400, "none")
             return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
+        except EngineBusy as exc:
+            observe("rest", 503, "none")
+            body = rest.error_body("engine_busy", str(exc))
+            return Response(body, status=503, mimetype=JSON, headers=_retry_after(exc))
         except EngineTimeout as exc:
             observe("rest", 504, "none")
             return Response(rest.error_body("engine_timeout", str(exc)), status=504, mimetype=JSON)
@@ -140,7 +157,13 @@ def create_app(
             return Response(rest.error_body("engine_error", str(exc)), status=503, mimetype=JSON)
         observe("rest", 200, outcome.status.value)
         return Response(
-            rest.render(outcome, engine_description, req.min_score, params.task),
+            rest.render(
+                outcome,
+                engine_description,
+                req.min_score,
+                params.task,
+                show_cache=trust.shows_cache_status(g.trusted, settings),
+            ),  # fmt: skip
             mimetype=JSON,
             headers={"X-Cache": outcome.status.value},
         )
@@ -163,9 +186,19 @@ def create_app(
                 )
             else:
                 log.debug("pipeline %s/%s logid=%s", name, method, req.logid)
-                answer = pipeline.answer(
-                    cache, req, min_score, settings.max_images_per_request, cache_controls
-                )
+                try:
+                    answer = pipeline.answer(
+                        cache, req, min_score, settings.max_images_per_request, cache_controls
+                    )
+                except EngineBusy as exc:
+                    observe("pipeline_http", 503, "none")
+                    busy = pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=str(exc))
+                    return Response(
+                        pipeline_http.render(busy),
+                        status=503,
+                        mimetype=JSON,
+                        headers=_retry_after(exc),
+                    )
         observe("pipeline_http", 200, answer.cache_status)
         response = Response(pipeline_http.render(answer), mimetype=JSON)
         if answer.err_no == 0:
@@ -185,6 +218,10 @@ def create_app(
         except (BadRequest, InvalidImage, UnsupportedParams) as exc:
             observe("paddlex", 422, "none")
             return Response(paddlex.error(log_id, 422, str(exc)), status=422, mimetype=JSON)
+        except EngineBusy as exc:
+            observe("paddlex", 503, "none")
+            body = paddlex.error(log_id, 503, str(exc))
+            return Response(body, status=503, mimetype=JSON, headers=_retry_after(exc))
         except EngineError as exc:
             observe("paddlex", 500, "none")
             return Response(paddlex.error(log_id, 500, str(exc)), status=500, mimetype=JSON)
@@ -259,7 +296,37 @@ def create_app(
         headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
         return Response(body, status=exc.code or 500, mimetype=JSON, headers=headers)
 
+    @app.errorhandler(Exception)
+    def unexpected_error(exc: Exception) -> Response:
+        """Last resort: a bug, never the client's fault. Answered in the route's own form,
+        logged with a request id (also sent as ``X-Request-Id``) and counted."""
+        request_id = g.get("request_id") or secrets.token_hex(8)
+        protocol = _PROTOCOL_OF.get(request.endpoint or "", "rest")
+        log.exception("unexpected error request_id=%s path=%s", request_id, request.path)
+        metrics.UNEXPECTED_ERRORS.labels(protocol=protocol).inc()
+        if g.get("started") is not None:
+            observe(protocol, 500, "none")
+        message = f"internal error (request id {request_id})"
+        if protocol == "paddlex":
+            body = paddlex.error(request_id, 500, message)
+        elif protocol == "pipeline_http":
+            body = pipeline_http.render(
+                pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=message)
+            )
+        else:
+            body = rest.error_body("internal_error", message)
+        return Response(body, status=500, mimetype=JSON, headers={"X-Request-Id": request_id})
+
     return app
+
+
+# Route endpoint -> the protocol whose error form the last-resort handler answers in.
+_PROTOCOL_OF = {
+    "v1_ocr": "rest",
+    "pipeline_route": "pipeline_http",
+    "paddlex_ocr": "paddlex",
+    "paddlex_health": "paddlex",
+}
 
 
 def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list[bytes], bool]:
@@ -287,8 +354,12 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
     return pages, True
 
 
+def _retry_after(exc: EngineBusy) -> dict[str, str]:
+    return {"Retry-After": str(exc.retry_after)}
+
+
 def _controls(settings: Settings) -> CacheControls:
-    return controls.parse(request.headers, settings)
+    return controls.parse(request.headers, settings, trusted=g.trusted)
 
 
 def _warn_if_not_evicting(store: RedisStore) -> None:

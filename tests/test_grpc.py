@@ -84,5 +84,11 @@ def test_deadline_and_message_size(grpc_front):
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_default_message_limit_is_at_least_64_mib(base_settings):
-    assert base_settings.grpc_max_message_bytes >= 64 << 20
+def test_default_message_limit_is_max_request_bytes(grpc_front, base_settings):
+    """A message over MAX_REQUEST_BYTES is refused by gRPC itself (no +481 MB per call)."""
+    assert base_settings.grpc_message_limit() == base_settings.max_request_bytes
+    _, endpoint = grpc_front(max_request_bytes=1 << 20)
+    stub = _stub(endpoint)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.inference(pb2.Request(key=["image"], value=["A" * (1 << 20)]), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -17,6 +17,7 @@ import pytest
 import zstandard
 from PIL import Image, ImageDraw, ImageFont
 
+from app import logsafe
 from app.cache.codec import MAGIC
 from app.config import ConfigError, Settings
 from app.grpc_server import pb2, pb2_grpc
@@ -52,8 +53,9 @@ SECRETS = (RAW_ID, RAW_MOBILE, RAW_CARD, RAW_CARD.replace(" ", ""), RAW_EMAIL, "
 
 @pytest.fixture(autouse=True)
 def _restore_log_records():
+    before = logging.getLogRecordFactory()
     yield
-    logging.setLogRecordFactory(logging.LogRecord)
+    logging.setLogRecordFactory(before)
 
 
 def _id_number(rng: random.Random) -> str:
@@ -169,12 +171,14 @@ def test_log_records_are_masked_whoever_logs() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(self.format(record))
 
+    logsafe.install()  # as create_app does: escaping first, then masking
     install_log_redaction(build_policy(ALL, ""))
     logger = logging.getLogger("some.library")
     handler = Keep()
     logger.addHandler(handler)
     try:
         logger.warning("lookup failed for %s / %s", RAW_ID, RAW_EMAIL)
+        logger.warning("client said %s", "x\nFAKE LINE 13812345678")
         try:
             raise ValueError(f"bad card {RAW_CARD}")
         except ValueError:
@@ -184,6 +188,7 @@ def test_log_records_are_masked_whoever_logs() -> None:
     text = "\n".join(records)
     assert "lookup failed for ****************** / *****.***@*******.***" in text
     assert "ValueError: bad card **** **** **** ****" in text  # the traceback too
+    assert "client said x\\nFAKE LINE ***********" in text  # escaped and masked
     assert not _leaks(text)
     assert "engine said" in text
 

@@ -17,8 +17,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +24,7 @@ from functools import partial
 
 from app import metrics
 from app.cache.codec import Codec
+from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import (
     ImageDigest,
     build_key,
@@ -69,6 +68,7 @@ class CacheControls:
     no_store: bool = False  # do not write
     ttl: int | None = None  # TTL override for writes, already bounded by the caller
     namespace: str = ""  # tenant namespace: its own keys, never shared
+    trusted: bool = True  # may use shared-state controls (app/protocols/trust.py)
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,15 @@ class OcrCache:
         self._wait_for_engine = wait_for_engine
         self._on_engine_outcome = on_engine_outcome
         self._codec = Codec(settings.cache_compress_min_bytes, settings.cache_encryption_keys)
-        # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS.
-        # HTTP and gRPC threads both call in (a remote engine serves them concurrently).
+        # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
+        # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
+        # in; a remote engine serves them concurrently, an in-process one says how many.
         callers = settings.web_threads * (2 if settings.grpc_enabled else 1)
-        self._engine_pool = ThreadPoolExecutor(callers, thread_name_prefix="engine")
+        self._engine_runner = EngineRunner(
+            getattr(engine, "max_concurrency", None) or callers,
+            settings.engine_queue_max or settings.web_threads,
+            settings.ocr_timeout_seconds,
+        )
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
             settings.cache_l1_bytes if settings.cache_enabled else 0,
@@ -379,16 +384,17 @@ class OcrCache:
         self._wait_for_engine()
         start = time.perf_counter()
         kind = self._engine.kind
-        timeout = self._settings.ocr_timeout_seconds
-        future = self._engine_pool.submit(self._engine.recognize, OcrRequest(data, image, params))
         try:
-            result = future.result(timeout=timeout)
-        except FutureTimeout:
-            # The call goes on in its thread (a runtime cannot be interrupted safely); its
-            # late result is dropped, and the next calls queue behind it on the engine.
+            result = self._engine_runner.run(
+                self._engine.recognize, OcrRequest(data, image, params)
+            )
+        except EngineBusy:
+            metrics.ENGINE_CALLS.labels(engine=kind, outcome="busy").inc()
+            raise  # load, not an engine failure: readiness is unchanged
+        except EngineTimeout:
             metrics.ENGINE_CALLS.labels(engine=kind, outcome="timeout").inc()
             self._on_engine_outcome(False)
-            raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS={timeout:g}") from None
+            raise
         except EngineError:
             metrics.ENGINE_CALLS.labels(engine=kind, outcome="error").inc()
             self._on_engine_outcome(False)

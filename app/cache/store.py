@@ -29,6 +29,12 @@ def _describe(exc: BaseException) -> str:
     return exc.__class__.__name__
 
 
+# Take the lease if free; a holder that never expires is given one lease period.
+_ACQUIRE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
 # Owner-only lease operations: compare the random token, then act (atomic in Redis).
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -57,6 +63,7 @@ class RedisStore:
         self._timeouts = (timeout_ms / 1000, connect_timeout_ms / 1000)
         self._client = client or redis_client.connect(url, *self._timeouts, **options)
         self._cluster = redis_client.is_cluster(self._client)
+        self._acquire = self._client.register_script(_ACQUIRE)
         self._release = self._client.register_script(_RELEASE)
         self._renew = self._client.register_script(_RENEW)
 
@@ -98,8 +105,10 @@ class RedisStore:
         return ok
 
     def acquire_lease(self, key: str, token: str, ttl_ms: int) -> bool | None:
-        """True: ours; False: someone else holds it; None: Redis unavailable."""
-        ok, got = self._call("lease", lambda: self._client.set(key, token, nx=True, px=ttl_ms))
+        """True: ours; False: someone else holds it; None: Redis unavailable. A lease key
+        without a TTL (written by something else, of any type) gets one lease period: it is
+        stale after that, instead of stalling its image until the waiters give up."""
+        ok, got = self._call("lease", lambda: self._acquire(keys=[key], args=[token, ttl_ms]))
         return bool(got) if ok else None
 
     def renew_lease(self, key: str, token: str, ttl_ms: int) -> bool | None:

@@ -44,6 +44,7 @@ class PaddleOcrEngine(EngineBase):
     """One PaddleOCR pipeline per worker process; calls are serialized (not thread-safe)."""
 
     kind = "paddle"
+    max_concurrency = 1  # calls are serialized on one thread: queue them in the cache's runner
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings

@@ -87,7 +87,7 @@ class ServingEngine(EngineBase):
 
                 from app.grpc_server import pb2_grpc
 
-                size = self._settings.grpc_max_message_bytes
+                size = self._settings.grpc_message_limit()
                 channel = grpc.insecure_channel(
                     self._url.removeprefix("grpc://"),
                     options=[

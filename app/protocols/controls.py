@@ -17,30 +17,42 @@ from app.config import Settings
 from app.protocols.errors import BadRequest
 
 TTL_HEADER = "X-Cache-TTL"
-_TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# ASCII digits only: str.isdigit() accepts "²" (int() then raises) and int() accepts " 1_0".
+_SECONDS = re.compile(r"[0-9]{1,10}")
 
 
-def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) -> CacheControls:
-    """``headers`` is case-insensitive for HTTP; gRPC metadata keys are lower-case."""
+def parse(
+    headers: Mapping[str, str], settings: Settings, bypass: bool = False, trusted: bool = True
+) -> CacheControls:
+    """``headers`` is case-insensitive for HTTP; gRPC metadata keys are lower-case.
+    Untrusted callers (app/protocols/trust.py): no-cache and X-Cache-TTL are ignored, a
+    tenant header is refused."""
 
     def get(name: str) -> str | None:
         return headers.get(name) or headers.get(name.lower())
 
     directives = {d.strip().lower() for d in (get("Cache-Control") or "").split(",")}
     ttl = None
-    raw_ttl = get(TTL_HEADER)
+    raw_ttl = get(TTL_HEADER) if trusted else None
     if raw_ttl is not None:
-        if not raw_ttl.strip().isdigit() or not 1 <= int(raw_ttl) <= settings.cache_ttl_max_seconds:
+        digits = raw_ttl.strip(" \t")  # HTTP's optional whitespace, nothing else
+        if not _SECONDS.fullmatch(digits) or not 1 <= int(digits) <= settings.cache_ttl_max_seconds:
             raise BadRequest(
                 f"{TTL_HEADER} must be whole seconds in 1..{settings.cache_ttl_max_seconds}",
                 "invalid_ttl",
             )
-        ttl = int(raw_ttl)
+        ttl = int(digits)
     namespace = ""
     if settings.cache_tenant_header:
         tenant = get(settings.cache_tenant_header)
         if tenant is not None:
-            if not _TENANT.match(tenant):
+            if not trusted:
+                raise BadRequest(
+                    f"{settings.cache_tenant_header} is accepted from trusted callers only",
+                    "untrusted_control",
+                )
+            if not _TENANT.fullmatch(tenant):
                 raise BadRequest(
                     f"{settings.cache_tenant_header} must be 1-64 of [A-Za-z0-9_-]",
                     "invalid_tenant",
@@ -48,8 +60,9 @@ def parse(headers: Mapping[str, str], settings: Settings, bypass: bool = False) 
             namespace = tenant
     return CacheControls(
         bypass=bypass,
-        no_cache="no-cache" in directives,
+        no_cache="no-cache" in directives and trusted,
         no_store="no-store" in directives,
         ttl=ttl,
         namespace=namespace,
+        trusted=trusted,
     )

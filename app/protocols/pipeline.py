@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.cache.engine_runner import EngineBusy
 from app.cache.region import CacheControls, OcrCache
 from app.engines.base import EngineError, EngineTimeout, UnsupportedParams
 from app.imaging import InvalidImage
@@ -146,10 +147,13 @@ def answer(
             raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
         started = time.perf_counter()
         try:
-            controls = replace(controls, bypass=controls.bypass or req.profile)
+            profile = req.profile and controls.trusted  # bypassing the cache is a trusted control
+            controls = replace(controls, bypass=controls.bypass or profile)
             outcomes = cache.get_or_compute_many(images, controls=controls)
         except (InvalidImage, UnsupportedParams) as exc:
             raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
+        except EngineBusy:
+            raise  # overload: the transport answers it (HTTP 503, gRPC RESOURCE_EXHAUSTED)
         except EngineTimeout as exc:
             raise PipelineError(TIMEOUT, op_error(req.logid, str(exc), "process")) from None
         except EngineError as exc:

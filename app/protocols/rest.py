@@ -110,8 +110,11 @@ def _min_score(raw: Any, default: float) -> float:
     return value
 
 
-def render(outcome: Outcome, engine: dict[str, Any], min_score: float, task: str) -> bytes:
-    """Lines (line tasks) or ``text`` (text tasks; extraction also as a ``data`` object)."""
+def render(
+    outcome: Outcome, engine: dict[str, Any], min_score: float, task: str, show_cache: bool = True
+) -> bytes:
+    """Lines (line tasks) or ``text`` (text tasks; extraction also as a ``data`` object).
+    ``show_cache``: False hides the cache status from an untrusted caller."""
     result = outcome.result
     body: dict[str, Any] = {
         "width": result.width,
@@ -124,7 +127,8 @@ def render(outcome: Outcome, engine: dict[str, Any], min_score: float, task: str
         if task == EXTRACTION:
             body["data"] = orjson.loads(result.text)
     body["engine"] = engine
-    body["cache"] = outcome.status.value
+    if show_cache:
+        body["cache"] = outcome.status.value
     return orjson.dumps(body)
 
 

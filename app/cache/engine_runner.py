@@ -1,0 +1,91 @@
+"""Runs engine calls with a bounded queue and a per-call timeout.
+
+A request waits at most ``OCR_TIMEOUT_SECONDS`` for its result. A call that timed out before
+it started is cancelled (its caller has gone: the engine never runs it); one that already
+started cannot be interrupted safely and finishes, its result dropped. When more calls are
+waiting than the queue holds, a new one is refused at once (``EngineBusy``: 503 +
+``Retry-After``, ``err_no``, gRPC RESOURCE_EXHAUSTED) instead of queueing work no one will wait
+for. ``ocr_engine_queue_depth`` is the number of calls waiting to start.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
+
+from app import metrics
+from app.engines.base import EngineError, EngineTimeout
+
+T = TypeVar("T")
+
+
+class EngineBusy(EngineError):
+    """The engine's queue is full: retry after ``retry_after`` seconds (never cached)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineRunner:
+    """``workers`` calls run at once (1 for an in-process engine that serializes anyway, so
+    waiting calls stay cancellable here rather than queued inside the engine)."""
+
+    def __init__(self, workers: int, max_queue: int, timeout: float) -> None:
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="engine")
+        self._workers = workers
+        self._max_queue = max_queue
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._mean_seconds = 1.0  # moving average of a call, for Retry-After
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def run(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error."""
+        with self._lock:
+            if self._waiting >= self._max_queue:
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
+                raise EngineBusy(
+                    f"the engine queue is full ({self._max_queue} waiting); retry later",
+                    self._retry_after(),
+                )
+            self._waiting += 1
+            metrics.ENGINE_QUEUE_DEPTH.inc()
+        future: Future[T] = self._pool.submit(self._start, fn, *args)
+        try:
+            return future.result(timeout=self._timeout)
+        except FutureTimeout:
+            if future.cancel():  # never started: the engine will not run it for nobody
+                self._left_queue()
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+            # else it is running: it finishes in its thread and its result is dropped.
+            raise EngineTimeout(
+                f"OCR took longer than OCR_TIMEOUT_SECONDS={self._timeout:g}"
+            ) from None
+
+    def _start(self, fn: Callable[..., T], *args: object) -> T:
+        self._left_queue()
+        began = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            elapsed = time.perf_counter() - began
+            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+
+    def _left_queue(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+        metrics.ENGINE_QUEUE_DEPTH.dec()
+
+    def _retry_after(self) -> int:
+        """Seconds until the queue has likely drained by one slot per worker."""
+        return max(1, math.ceil(self._mean_seconds * self._waiting / self._workers))

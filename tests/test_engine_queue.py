@@ -1,0 +1,132 @@
+"""The engine queue is bounded and work whose caller has gone is dropped (real engine).
+
+Six pages at once with a short OCR_TIMEOUT_SECONDS used to leave five queued on the engine
+after their callers got 504: the engine ran for nobody and the next request timed out too.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from dataclasses import replace
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+
+from app import grpc_server
+from app.cache.engine_runner import EngineBusy
+from app.engines.base import EngineTimeout
+from tests.conftest import CORPUS, SHORT, WORD_CH, WORD_EN
+from tests.helpers import metric_sum
+
+BIG = (CORPUS / "paddleocr_en_img_12.png").read_bytes()  # 1680 x 1048, detected at 2400+
+
+
+def _metrics() -> str:
+    return generate_latest(REGISTRY).decode()
+
+
+def _big_calls(cache, n: int) -> tuple[list[threading.Thread], list[object]]:
+    """``n`` distinct slow computations at once (distinct keys: nothing coalesces)."""
+    params = cache.engine.default_params
+    outcomes: list[object] = [None] * n
+
+    def call(i: int) -> None:
+        try:
+            outcomes[i] = cache.get_or_compute(
+                BIG, replace(params, det_limit_type="min", det_limit_side_len=2400 + 32 * i)
+            ).status
+        except Exception as exc:  # the outcome under test
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # in order: the first one runs, the others queue behind it
+    return threads, outcomes
+
+
+def _wait_depth(value: float, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while metric_sum(_metrics(), "ocr_engine_queue_depth") != value:
+        assert time.monotonic() < deadline, _metrics()
+        time.sleep(0.05)
+
+
+def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
+    app = make_app(ocr_timeout_seconds=1.0, engine_queue_max=8)
+    cache = app.extensions["ocr"]["cache"]
+    before = _metrics()
+    threads, outcomes = _big_calls(cache, 6)
+    for t in threads:
+        t.join(timeout=60)
+    after = _metrics()
+    timeouts = [o for o in outcomes if isinstance(o, EngineTimeout)]
+    assert len(timeouts) >= 5, outcomes  # the first may finish in time on a fast moment
+    dropped = metric_sum(after, "ocr_engine_queue_dropped_total", reason="caller_gone")
+    dropped -= metric_sum(before, "ocr_engine_queue_dropped_total", reason="caller_gone")
+    assert dropped >= 4, outcomes  # never started: the engine did not run them for nobody
+    assert metric_sum(after, "ocr_engine_queue_depth") == 0
+    # Only the call that had started still runs; then the engine is free again.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert cache.get_or_compute(WORD_EN.read_bytes()).result.lines
+            break
+        except EngineTimeout:
+            assert time.monotonic() < deadline, "the engine is still busy with dropped work"
+
+
+def test_a_full_queue_is_refused_in_every_protocol(make_app):
+    app = make_app(ocr_timeout_seconds=60.0, engine_queue_max=2)
+    cache = app.extensions["ocr"]["cache"]
+    settings = app.extensions["ocr"]["settings"].with_overrides(host="127.0.0.1")
+    server, port = grpc_server.start(cache, settings, port=0)
+    stub = grpc_server.pb2_grpc.PipelineServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    http = app.test_client()
+    image = base64.b64encode(SHORT.read_bytes()).decode()
+    threads, outcomes = _big_calls(cache, 3)  # one runs, two wait: the queue is full
+    _wait_depth(2, 10)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.inference(grpc_server.pb2.Request(key=["image"], value=[image]), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        resp = http.post("/v1/ocr", json={"image": image})
+        assert resp.status_code == 503 and int(resp.headers["Retry-After"]) >= 1
+        assert resp.get_json()["error"]["code"] == "engine_busy"
+        resp = http.post("/ocr/prediction", json={"key": ["image"], "value": [image]})
+        assert resp.status_code == 503 and int(resp.headers["Retry-After"]) >= 1
+        assert resp.get_json()["err_no"] == 10000
+        resp = http.post("/ocr", json={"file": image, "fileType": 1})
+        assert resp.status_code == 503 and int(resp.headers["Retry-After"]) >= 1
+        assert resp.get_json()["errorCode"] == 503
+        with pytest.raises(EngineBusy) as busy:
+            cache.get_or_compute(WORD_CH.read_bytes())
+        assert busy.value.retry_after >= 1
+        assert metric_sum(_metrics(), "ocr_engine_queue_depth") == 2
+    finally:
+        server.stop(0)
+        for t in threads:
+            t.join(timeout=120)
+    assert all(str(o) == "MISS" for o in outcomes), outcomes  # queued work still completes
+    # Refused requests were never cached: the image is a miss now, and then a hit.
+    statuses = [http.post("/v1/ocr", json={"image": image}).headers["X-Cache"] for _ in "ab"]
+    assert statuses == ["MISS", "HIT"]
+    assert app.extensions["ocr"]["engine_state"].status == "ready"  # load is not a failure
+
+
+def test_grpc_concurrency_is_bounded(grpc_front):
+    """GRPC_MAX_CONCURRENT_RPCS: RPCs over the bound are refused at once, not queued."""
+    _, endpoint = grpc_front(grpc_max_concurrent_rpcs=1)
+    stub = grpc_server.pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
+    slow = grpc_server.pb2.Request(key=["image"], value=[base64.b64encode(BIG).decode()])
+    first = stub.inference.future(slow, timeout=120)
+    time.sleep(0.3)  # the first RPC is in the engine now (a big page takes seconds)
+    small = base64.b64encode(WORD_EN.read_bytes()).decode()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.inference(grpc_server.pb2.Request(key=["image"], value=[small]), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert first.result().err_no == 0
+    assert stub.inference(grpc_server.pb2.Request(key=["image"], value=[small])).err_no == 0

@@ -1,0 +1,192 @@
+"""Slow clients cannot starve the service: against a real `python -m app serve` (the command
+docker/entrypoint.sh execs) with one worker x 2 threads, 64 clients trickling their headers and
+64 trickling their bodies must not delay normal requests by more than 1 s; they are cut off at
+their deadlines. Without app/front.py, 2 such clients stopped all HTTP service."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import requests
+
+from app.embedded_redis import EmbeddedRedis, free_port
+from app.grpc_server import pb2, pb2_grpc
+from tests.conftest import ROOT, WORD_EN
+from tests.helpers import b64
+from tests.test_serve import _wait_ready
+
+SLOW = 64  # per kind: headers trickled, body trickled
+DEADLINE = 8.0  # HTTP_HEADER_TIMEOUT_SECONDS and HTTP_BODY_TIMEOUT_SECONDS of the service
+TOKEN = "t" * 20  # CACHE_CONTROL_TOKEN; TRUSTED_NETWORKS is 10.0.0.0/8, the tests are 127.0.0.1
+
+
+@pytest.fixture(scope="module")
+def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    tmp = tmp_path_factory.mktemp("slow")
+    port, grpc_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(
+        HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port),
+        WEB_CONCURRENCY="1", WEB_THREADS="2", REDIS_URL=redis_server.url,
+        CACHE_KEY_PREFIX="slow-clients", OCR_WORK_DIR=str(tmp / "models"),
+        PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"), MAX_REQUEST_BYTES="1048576",
+        HTTP_HEADER_TIMEOUT_SECONDS=str(DEADLINE), HTTP_BODY_TIMEOUT_SECONDS=str(DEADLINE),
+        TRUSTED_NETWORKS="10.0.0.0/8", CACHE_CONTROL_TOKEN=TOKEN,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc)
+        yield base, port, grpc_port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        assert proc.returncode == 0, output[-3000:]
+
+
+class Trickler:
+    """Connections that send their request one byte per ``interval`` (never finishing)."""
+
+    def __init__(self, port: int, interval: float = 0.5) -> None:
+        body = b'{"image": "' + b"A" * 4000
+        self.socks: list[tuple[socket.socket, bytes]] = []
+        for i in range(SLOW):
+            head = f"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nX-Slow-{i}: ".encode() + b"a" * 5000
+            self.socks.append((socket.create_connection(("127.0.0.1", port)), head))
+        for _ in range(SLOW):
+            sock = socket.create_connection(("127.0.0.1", port))
+            head = b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(head + b"Content-Length: 200000\r\n\r\n")
+            self.socks.append((sock, body))
+        self.closed_by_server: set[int] = set()
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        offset = 0
+        while not self._stop.wait(self._interval):
+            for i, (sock, data) in enumerate(self.socks):
+                if i in self.closed_by_server:
+                    continue
+                try:
+                    sock.send(data[offset % len(data) : offset % len(data) + 1])
+                except OSError:
+                    self.closed_by_server.add(i)
+            offset += 1
+
+    def wait_all_cut(self, timeout: float) -> int:
+        """How many connections the server ended (EOF or an error answer) within timeout."""
+        sel = selectors.DefaultSelector()
+        for i, (sock, _) in enumerate(self.socks):
+            sock.setblocking(False)
+            sel.register(sock, selectors.EVENT_READ, i)
+        ended: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(ended) < len(self.socks) and time.monotonic() < deadline:
+            for key, _ in sel.select(0.2):
+                i = key.data
+                try:
+                    chunk = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk or chunk.startswith(b"HTTP/1.1 408"):
+                    ended.add(i)
+                    sel.unregister(key.fileobj)
+        return len(ended)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for sock, _ in self.socks:
+            sock.close()
+
+
+def _timed_hits(base: str, body: dict, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        resp = requests.post(f"{base}/v1/ocr", json=body, timeout=30)  # a new connection each
+        times.append(time.perf_counter() - started)
+        assert resp.status_code == 200 and resp.headers["X-Cache"] == "HIT"
+    return times
+
+
+def test_slow_clients_do_not_delay_normal_requests(service):
+    base, port, grpc_port = service
+    body = {"image": b64(WORD_EN.read_bytes())}
+    assert requests.post(f"{base}/v1/ocr", json=body, timeout=60).status_code == 200
+    baseline = _timed_hits(base, body, 10)
+    slow = Trickler(port)
+    try:
+        time.sleep(1.0)  # every slow connection is open and trickling
+        under_attack = _timed_hits(base, body, 20)
+        stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        reply = stub.inference(pb2.Request(key=["image"], value=[body["image"]]), timeout=10)
+        assert reply.err_no == 0  # gRPC is served throughout
+        assert not slow.closed_by_server, "cut before their deadline"
+        delay = max(under_attack) - statistics.median(baseline)
+        assert delay < 1.0, (baseline, under_attack)
+        # Past their deadline every slow connection is ended: they hold nothing for long.
+        assert slow.wait_all_cut(DEADLINE + 10) == 2 * SLOW
+    finally:
+        slow.close()
+    assert max(_timed_hits(base, body, 5)) < 1.0 + statistics.median(baseline)
+
+
+def test_front_refuses_oversized_and_malformed_requests(service):
+    base, port, _ = service
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        head = b"POST /ocr HTTP/1.1\r\nHost: x\r\nContent-Length: 1048577\r\n\r\n"
+        sock.sendall(head)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert b'"errorCode":413' in answer  # PaddleX's envelope on /ocr
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    # Chunked bodies are read whole by the front and passed on with a Content-Length.
+    data = ('{"image": "' + b64(WORD_EN.read_bytes()) + '"}').encode()
+    resp = requests.post(
+        f"{base}/v1/ocr", data=iter([data[:1000], data[1000:]]),
+        headers={"Content-Type": "application/json"}, timeout=60,
+    )  # fmt: skip
+    assert resp.status_code == 200 and resp.json()["lines"]
+
+
+def test_the_front_passes_the_real_client_address(service):
+    """A client cannot claim a trusted address: the front replaces X-Forwarded-For."""
+    base, _, _ = service
+    body = {"image": b64(WORD_EN.read_bytes())}
+    requests.post(f"{base}/v1/ocr", json=body, timeout=60)
+    spoofed = {"X-Forwarded-For": "10.0.0.1", "Cache-Control": "no-cache"}
+    resp = requests.post(f"{base}/v1/ocr", json=body, headers=spoofed, timeout=60)
+    assert resp.headers["X-Cache"] == "HIT"  # no-cache ignored: 127.0.0.1 is not trusted
+    spoofed = {"X_Forwarded_For": "10.0.0.1", "Cache-Control": "no-cache"}
+    resp = requests.post(f"{base}/v1/ocr", json=body, headers=spoofed, timeout=60)
+    assert resp.headers["X-Cache"] == "HIT"
+    token = {"X-Cache-Control-Token": TOKEN, "Cache-Control": "no-cache"}
+    resp = requests.post(f"{base}/v1/ocr", json=body, headers=token, timeout=60)
+    assert resp.headers["X-Cache"] == "MISS"  # trusted by token: recomputed
