@@ -67,17 +67,3 @@ def decode_image(data: bytes, max_pixels: int) -> DecodedImage:
         raise InvalidImage(f"not a decodable image: {exc}") from None
     pixels = np.asarray(rgb, dtype=np.uint8)
     return DecodedImage(pixels=pixels, width=rgb.width, height=rgb.height)
-
-
-def bounded(image: DecodedImage, max_side: int) -> tuple[DecodedImage, float]:
-    """Shrink so the longer side is at most ``max_side``; returns (image, scale used).
-
-    Bounds the engine's working memory on huge pages; callers scale boxes back by 1/scale.
-    """
-    longest = max(image.width, image.height)
-    if longest <= max_side:
-        return image, 1.0
-    scale = max_side / longest
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    small = Image.fromarray(image.pixels).resize(size, Image.Resampling.LANCZOS)
-    return DecodedImage(np.asarray(small), size[0], size[1]), scale
