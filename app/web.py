@@ -152,6 +152,10 @@ def create_app(
             try:
                 req = pipeline_http.parse(request.get_data())
                 cache_controls = _controls(settings)
+            except pipeline_http.GatewayError as exc:
+                observe("pipeline_http", 400, "none")
+                body = pipeline_http.gateway_error(str(exc))
+                return Response(body, status=400, mimetype=JSON)
             except pipeline.PipelineError as exc:
                 answer = pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
             except BadRequest as exc:

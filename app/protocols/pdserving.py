@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import ast
 
+import numpy as np
+
 from app.engines.base import OcrLine, OcrResult
+
+
+class _Float32(float):
+    """A score printed as upstream's (numpy < 2) float32 scores print: the shortest digits
+    that identify the float32 value (``0.99876543``), still a plain float literal."""
+
+    def __repr__(self) -> str:
+        return str(np.float32(self))
 
 
 def result_string(result: OcrResult, min_score: float) -> str:
     return str(
         [
-            [(line.text, float(line.score)), [[float(x), float(y)] for x, y in line.box]]
+            [(line.text, _Float32(line.score)), [[float(x), float(y)] for x, y in line.box]]
             for line in result.filtered(min_score)
         ]
     )
