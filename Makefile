@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench parity clean
 
 install: $(STAMP)
 
@@ -21,6 +21,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Upstream parity over the whole corpus: each image's /ocr answer against PaddleX's own
+# basic-serving app on the same models (tests/test_parity.py); "N passed" is the README figure.
+parity: install
+	PARITY_CORPUS=all $(BIN)/python -m pytest tests/test_parity.py -k corpus $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check app tests bench gunicorn.conf.py

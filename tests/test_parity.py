@@ -77,3 +77,83 @@ def test_corpus_image_default_request(client, upstream, name):
     """What the documentation's client sends: the file and its type, nothing else."""
     body = {"file": b64((CORPUS / name).read_bytes()), "fileType": 1}
     assert_same(*both(client, upstream, body))
+
+
+OPTIONS = {
+    "visualize": False,
+    "textDetLimitSideLen": 320,
+    "textDetLimitType": "max",
+    "textDetThresh": 0.2,
+    "textDetBoxThresh": 0.5,
+    "textDetUnclipRatio": 2.0,
+    "useTextlineOrientation": True,
+    "textRecScoreThresh": 0.9,
+}
+
+
+@pytest.mark.parametrize("name", ["tesseract_phototest_rotated_180.png", "sroie_019.jpg"])
+def test_every_option(client, upstream, name):
+    body = {"file": b64((CORPUS / name).read_bytes()), "fileType": 1, **OPTIONS}
+    assert_same(*both(client, upstream, body))
+
+
+@pytest.mark.parametrize("name", ["tesseract_phototest.png", "paddleocr_doc_11.jpg"])
+def test_word_boxes(client, upstream, name):
+    body = {"file": b64((CORPUS / name).read_bytes()), "fileType": 1, "returnWordBox": True}
+    ours, theirs = both(client, upstream, body)
+    assert_same(ours, theirs)
+    assert ours["body"]["result"]["ocrResults"][0]["prunedResult"]["text_word"]
+
+
+def test_unknown_fields_are_ignored_and_log_id_echoed(client, upstream):
+    body = {"file": b64((CORPUS / "paddleocr_word_en_1.png").read_bytes()), "fileType": 1,
+            "logId": "abc", "requestId": 7, "visualize": False}  # fmt: skip
+    ours, theirs = both(client, upstream, body)
+    assert_same(ours, theirs)
+
+
+IMG = b64((CORPUS / "paddleocr_word_en_1.png").read_bytes())
+BAD = [
+    {},
+    {"fileType": 1},
+    {"file": 5, "fileType": 1},
+    {"file": [IMG], "fileType": 1},
+    {"file": IMG, "fileType": "1"},
+    {"file": IMG, "fileType": 2},
+    {"file": IMG, "fileType": 1, "textDetLimitSideLen": "big"},
+    {"file": IMG, "fileType": 1, "visualize": "maybe", "useTextlineOrientation": "perhaps"},
+    {"file": IMG, "fileType": 1, "textDetLimitType": 5},
+    {"file": IMG},
+    {"file": "%%%", "fileType": 1},
+    {"file": "", "fileType": 1},
+    {"file": b64(b"not an image"), "fileType": 1},
+    {"file": b64(b"not a pdf"), "fileType": 0},
+]
+
+
+@pytest.mark.parametrize("body", BAD, ids=range(len(BAD)))
+def test_client_errors(client, upstream, body):
+    assert_same(*both(client, upstream, body))
+
+
+@pytest.mark.parametrize("raw", [b"", b"{oops", b"[1, 2]", b'"file"', b'{"file": '])
+def test_undecodable_bodies(client, upstream, raw):
+    assert_same(*both(client, upstream, None, raw))
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/ocr"), ("POST", "/health"), ("PUT", "/ocr")])
+def test_wrong_method_on_upstream_routes(client, upstream, method, path):
+    ours = client.open(path, method=method)
+    theirs = requests.request(method, f"{upstream}{path}", timeout=60)
+    assert_same(
+        comparable(ours.status_code, ours.get_json()),
+        comparable(theirs.status_code, theirs.json()),
+    )
+
+
+def test_health(client, upstream):
+    ours, theirs = client.get("/health"), requests.get(f"{upstream}/health", timeout=60)
+    assert_same(
+        comparable(ours.status_code, ours.get_json()),
+        comparable(theirs.status_code, theirs.json()),
+    )

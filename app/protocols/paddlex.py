@@ -113,7 +113,7 @@ def _load(body: bytes) -> Any:
 def parse(body: bytes, defaults: OcrParams, default_rec_thresh: float) -> InferRequest:
     data = _load(body)
     try:
-        fields = _Request.model_validate(data)
+        fields = _Request.model_validate(data, from_attributes=True)  # as FastAPI does
     except ValidationError as exc:
         errors = [
             {"type": e["type"], "loc": _loc(("body", *e["loc"])), "msg": e["msg"]}
