@@ -2,7 +2,8 @@
 
 Only ``name`` is checked; ``method`` is logged. The body is JSON whatever the Content-Type
 (official clients send none). Answers always carry the five fields, as the Go gateway emits
-them, and application errors are HTTP 200 with a non-zero ``err_no``.
+them, and application errors are HTTP 200 with a non-zero ``err_no``; a body that is not a
+JSON object is answered by the gateway itself (HTTP 400, ``gateway_error``).
 """
 
 from __future__ import annotations
