@@ -52,5 +52,6 @@ def parse_result_string(text: str, key: str) -> list[OcrLine]:
         points = tuple((round(float(x)), round(float(y))) for x, y in box)
         if not isinstance(text, str) or len(points) != 4:
             raise ValueError("malformed result line")
-        lines.append(OcrLine(text, float(score), points))  # type: ignore[arg-type]
+        # float32 digits (as printed) back to the float32 value an in-process engine gives
+        lines.append(OcrLine(text, float(np.float32(score)), points))  # type: ignore[arg-type]
     return lines
