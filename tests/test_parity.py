@@ -157,3 +157,19 @@ def test_health(client, upstream):
         comparable(ours.status_code, ours.get_json()),
         comparable(theirs.status_code, theirs.json()),
     )
+
+
+def _pdf(*names: str) -> bytes:
+    import io
+
+    from PIL import Image
+
+    pages = [Image.open(CORPUS / name).convert("RGB") for name in names]
+    buf = io.BytesIO()
+    pages[0].save(buf, "PDF", resolution=72, save_all=True, append_images=pages[1:])
+    return buf.getvalue()
+
+
+def test_pdf_pages(client, upstream):
+    pdf = _pdf("tesseract_phototest.png", "paddleocr_word_en_1.png")
+    assert_same(*both(client, upstream, {"file": b64(pdf), "fileType": 0}))
