@@ -42,8 +42,9 @@ class _Request(BaseModel):
 
 
 # Checks stricter than upstream's types, kept deliberately (README "Compatibility"): values
-# outside these ranges are meaningless or, for the side length, a memory hazard; upstream
-# passes them to the pipeline (200 with odd results, or a 500).
+# outside these ranges are meaningless (detection input is capped at 4000 px a side; a
+# threshold of 1.5 finds nothing) or crash the pipeline; upstream passes them on and answers
+# 200 with odd results or a 500.
 # request field -> (OcrParams field, check, expected)
 _PARAM_FIELDS: dict[str, tuple[str, Any, str]] = {
     "textDetLimitSideLen": ("det_limit_side_len", lambda v: 16 <= v <= 4096, "16..4096"),
