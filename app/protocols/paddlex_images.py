@@ -4,10 +4,10 @@
 filled in a colour (blended half over the page) on the left, and a white panel of the same
 size on the right with each recognised text written into its box and the box outlined,
 twice the page's width. Colours come from ``random.Random(0)`` as upstream's do. Both
-pictures are JPEG (quality 95, as OpenCV encodes by default), base64, shrunk as upstream
-does to fit 2000x2000. Texts use DejaVu Sans when the system has it (Latin, Greek,
-Cyrillic), else Pillow's built-in font; scripts a font lacks show as boxes, as upstream's
-do with its own font.
+pictures are JPEG (quality 95, as OpenCV encodes by default), base64, shrunk as upstream does
+to fit 2000x2000 (with OpenCV's bilinear resize, as upstream). Texts use DejaVu Sans when the
+system has it (Latin, Greek, Cyrillic), else Pillow's built-in font; scripts a font lacks show
+as boxes, as upstream's do with its own font.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import io
 import random
 from collections.abc import Sequence
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from app.engines.base import OcrLine
@@ -77,8 +78,11 @@ def _font(size: int) -> Font:
 def _jpeg_b64(image: Image.Image) -> str:
     width, height = image.size
     if width > MAX_OUTPUT_SIDE or height > MAX_OUTPUT_SIDE:
+        import cv2  # installed with paddleocr; its plain bilinear resize is upstream's
+
         factor = MAX_OUTPUT_SIDE / width if width >= height else MAX_OUTPUT_SIDE / height
-        image = image.resize((int(factor * width), int(factor * height)), Image.Resampling.BILINEAR)
+        size = (int(factor * width), int(factor * height))
+        image = Image.fromarray(cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_LINEAR))
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=JPEG_QUALITY)
     return base64.b64encode(buf.getvalue()).decode()
