@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-tools run test test-images lint bench clean fuzz
+.PHONY: install install-tools run test test-images lint bench parity clean fuzz
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ fuzz: install
 # Every image built and run on a real Docker engine (brought up and stopped by the script).
 test-images: install
 	bash tests/images/run.sh $(PYTEST_ARGS)
+
+# Upstream parity over the whole corpus: each image's /ocr answer against PaddleX's own
+# basic-serving app on the same models (tests/test_parity.py); "N passed" is the README figure.
+parity: install
+	PARITY_CORPUS=all $(BIN)/python -m pytest tests/test_parity.py -k corpus $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check app tests bench gunicorn.conf.py

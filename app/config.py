@@ -289,7 +289,6 @@ class Settings:
     engine_queue_max: int = env("ENGINE_QUEUE_MAX", _int(0, 100_000), 0)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
-    ocr_max_image_side: int = env("OCR_MAX_IMAGE_SIDE", _int(64, 20_000), 4096)
     ocr_det_limit_side_len: int = env("OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), 960)
     ocr_det_limit_type: str = env("OCR_DET_LIMIT_TYPE", _choice("max", "min"), "max")
     ocr_det_thresh: float = env("OCR_DET_THRESH", _float(0.0, 1.0), 0.3)
@@ -344,6 +343,9 @@ class Settings:
     url_input_timeout_seconds: float = env("URL_INPUT_TIMEOUT_SECONDS", _float(0.1, 300.0), 10.0)
     # Upstream PaddleX keeps every line by default (0.0); pdserving drops below 0.5.
     paddlex_rec_score_thresh: float = env("PADDLEX_REC_SCORE_THRESH", _float(0.0, 1.0), 0.0)
+    # Upstream's `Serving: visualize` (default true): ocrImage and inputImage unless a
+    # request says "visualize": false. False turns them off unless a request asks.
+    paddlex_visualize: bool = env("PADDLEX_VISUALIZE", _bool, True)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

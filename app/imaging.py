@@ -119,16 +119,3 @@ def check_jpeg_scans(data: bytes) -> None:
     if scans > MAX_JPEG_SCANS:
         raise ImageTooLarge(f"JPEG has {scans} scans, over the limit of {MAX_JPEG_SCANS}")
 
-
-def bounded(image: DecodedImage, max_side: int) -> tuple[DecodedImage, float]:
-    """Shrink so the longer side is at most ``max_side``; returns (image, scale used).
-
-    Bounds the engine's working memory on huge pages; callers scale boxes back by 1/scale.
-    """
-    longest = max(image.width, image.height)
-    if longest <= max_side:
-        return image, 1.0
-    scale = max_side / longest
-    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    small = Image.fromarray(image.pixels).resize(size, Image.Resampling.LANCZOS)
-    return DecodedImage(np.asarray(small), size[0], size[1]), scale

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
+from PIL import Image
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app import admin, logsafe, metrics, stats, ui
@@ -20,17 +21,27 @@ from app.cache.store import RedisStore
 from app.config import Settings
 from app.engine_state import EngineState
 from app.engines import build_engine
-from app.engines.base import Engine, EngineError, EngineTimeout, UnsupportedParams
+from app.engines.base import Engine, EngineError, EngineTimeout, OcrResult, UnsupportedParams
 from app.engines.redacting import with_redaction
-from app.imaging import DecodedImage, InvalidImage, decode_image
+from app.imaging import DecodedImage, ImageTooLarge, InvalidImage, decode_image
 from app.pdf import render_pages
-from app.protocols import controls, fetch, paddlex, pipeline, pipeline_http, rest, trust
+from app.protocols import (
+    controls,
+    fetch,
+    paddlex,
+    paddlex_images,
+    pipeline,
+    pipeline_http,
+    rest,
+    trust,
+)
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+PADDLEX_PATHS = ("/ocr", "/health")  # PaddleX basic serving's routes
 OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()  # served at /openapi.json
 
 
@@ -178,6 +189,10 @@ def create_app(
             try:
                 req = pipeline_http.parse(request.get_data())
                 cache_controls = _controls(settings)
+            except pipeline_http.GatewayError as exc:
+                observe("pipeline_http", 400, "none")
+                body = pipeline_http.gateway_error(str(exc))
+                return Response(body, status=400, mimetype=JSON)
             except pipeline.PipelineError as exc:
                 answer = pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
             except BadRequest as exc:
@@ -215,7 +230,20 @@ def create_app(
             log_id = req.log_id
             images, is_pdf = _paddlex_images(req, settings)
             outcomes = cache.get_or_compute_many(images, req.params, _controls(settings))
-        except (BadRequest, InvalidImage, UnsupportedParams) as exc:
+            visualize = settings.paddlex_visualize if req.visualize is None else req.visualize
+            pages = [
+                _paddlex_page(data, outcome.result, req, visualize, settings)
+                for data, outcome in zip(images, outcomes, strict=True)
+            ]
+        except ImageTooLarge as exc:  # upstream also says why
+            observe("paddlex", 422, "none")
+            return Response(paddlex.error(log_id, 422, str(exc)), status=422, mimetype=JSON)
+        except InvalidImage as exc:  # upstream's words for any unreadable file
+            log.info("paddlex logId=%s: invalid input file: %s", log_id, exc)
+            observe("paddlex", 422, "none")
+            body = paddlex.error(log_id, 422, paddlex.INVALID_FILE)
+            return Response(body, status=422, mimetype=JSON)
+        except (BadRequest, UnsupportedParams) as exc:
             observe("paddlex", 422, "none")
             return Response(paddlex.error(log_id, 422, str(exc)), status=422, mimetype=JSON)
         except EngineBusy as exc:
@@ -225,16 +253,6 @@ def create_app(
         except EngineError as exc:
             observe("paddlex", 500, "none")
             return Response(paddlex.error(log_id, 500, str(exc)), status=500, mimetype=JSON)
-        results = []
-        for data, outcome in zip(images, outcomes, strict=True):
-            item: dict[str, Any] = {
-                "prunedResult": paddlex.pruned_result(
-                    outcome.result, req.params, req.rec_score_thresh
-                )
-            }
-            if req.visualize:
-                item.update(paddlex.visualize(data, outcome.result, req.rec_score_thresh))
-            results.append(item)
         sizes = [{"width": o.result.width, "height": o.result.height} for o in outcomes]
         data_info = (
             {"numPages": len(sizes), "pages": sizes, "type": "pdf"}
@@ -243,7 +261,7 @@ def create_app(
         )
         status = ",".join(sorted({o.status.value for o in outcomes}))
         observe("paddlex", 200, status)
-        body = paddlex.success(log_id, {"ocrResults": results, "dataInfo": data_info})
+        body = paddlex.success(log_id, {"ocrResults": pages, "dataInfo": data_info})
         return Response(body, mimetype=JSON, headers={"X-Cache": status})
 
     @app.get("/health")
@@ -292,6 +310,8 @@ def create_app(
     def http_error(exc: HTTPException) -> Any:
         code = exc.name.lower().replace(" ", "_")
         body = rest.error_body(code, exc.description or "")
+        if request.path in PADDLEX_PATHS:  # upstream's envelope, as its clients read it
+            body = paddlex.error(paddlex.new_log_id(), exc.code or 500, exc.name)
         # Keep the exception's own headers (a 405 must list the allowed methods in Allow).
         headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
         return Response(body, status=exc.code or 500, mimetype=JSON, headers=headers)
@@ -344,8 +364,11 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
         )
     else:
         if file_type is None:
-            raise BadRequest("File type cannot be determined: set fileType (0 PDF, 1 image)")
-        data = decode_base64(req.file)
+            raise BadRequest("File type cannot be determined")
+        try:
+            data = decode_base64(req.file)
+        except BadRequest as exc:
+            raise InvalidImage(str(exc)) from None
     if file_type == 1:
         return [data], False
     pages = render_pages(
@@ -356,6 +379,20 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
 
 def _retry_after(exc: EngineBusy) -> dict[str, str]:
     return {"Retry-After": str(exc.retry_after)}
+
+
+def _paddlex_page(
+    data: bytes, result: OcrResult, req: paddlex.InferRequest, visualize: bool, settings: Settings
+) -> dict[str, Any]:
+    """One ``ocrResults`` item; the pictures are drawn from the (cached) result."""
+    item: dict[str, Any] = {
+        "prunedResult": paddlex.pruned_result(result, req.params, req.rec_score_thresh)
+    }
+    if visualize:
+        page = decode_image(data, settings.max_image_pixels)
+        shown = paddlex.shown_lines(result, req.params, req.rec_score_thresh)
+        item.update(paddlex_images.pictures(Image.fromarray(page.pixels), shown))
+    return item
 
 
 def _controls(settings: Settings) -> CacheControls:

@@ -263,10 +263,7 @@ def test_rest_bad_images(client, redis_client, cls: str, label: str, data: bytes
 # --- Paddle Serving pipeline over HTTP --------------------------------------------------------
 
 PIPELINE_REQUESTS: list[tuple[str, bytes, int]] = [
-    ("empty body", b"", 8000),
-    ("invalid JSON", b"{oops", 8000),
-    ("invalid JSON", b'{"key": ["image"], "value": [NaN]}', 8000),
-    ("invalid JSON", b"[1, 2]", 8000),
+    ("empty body", b"", 5000),  # the gateway decodes it as an empty request
     ("wrong types", b'{"key": "image", "value": "AAAA"}', 7000),
     ("wrong types", b'{"key": ["image"], "value": [42]}', 7000),
     ("wrong types", b'{"key": [1], "value": ["AAAA"]}', 7000),
@@ -302,6 +299,18 @@ def test_pipeline_bad_requests(client, redis_client, cls: str, body: bytes, err_
     parsed = pipeline_post(client, body)
     record("pipeline HTTP", cls, f"200 err_no {parsed['err_no']}")
     assert parsed["err_no"] == err_no, parsed
+    assert_ready_and_nothing_cached(client, redis_client)
+
+
+@pytest.mark.parametrize(
+    "body", [b"{oops", b'{"key": ["image"], "value": [NaN]}', b"[1, 2]", b'"image"']
+)
+def test_pipeline_undecodable_bodies_answered_as_the_gateway_does(client, redis_client, body):
+    resp = client.post("/ocr/prediction", data=body)
+    assert resp.status_code == 400 and "X-Cache" not in resp.headers
+    parsed = json.loads(resp.data)
+    assert list(parsed) == ["error", "code", "message", "details"] and parsed["code"] == 3
+    record("pipeline HTTP", "invalid JSON", "400 (gateway)")
     assert_ready_and_nothing_cached(client, redis_client)
 
 
@@ -346,15 +355,11 @@ PADDLEX_REQUESTS: list[tuple[str, bytes | dict[str, Any]]] = [
     ("wrong types", {"file": 5, "fileType": 1}),
     ("wrong types", {"file": [IMG], "fileType": 1}),
     ("wrong types", {"file": IMG, "fileType": "1"}),
-    ("wrong types", {"file": IMG, "fileType": 1.0}),
-    ("wrong types", {"file": IMG, "fileType": True}),
-    ("wrong types", {"file": IMG, "fileType": 1, "visualize": "yes"}),
+    # Upstream's lax types accept 1.0 or true for fileType 1, "yes" for true, "0.3" for 0.3
+    # (tests/test_parity.py); these are what its validation refuses too.
+    ("wrong types", {"file": IMG, "fileType": 1, "visualize": "maybe"}),
     ("wrong types", {"file": IMG, "fileType": 1, "logId": 5}),
     ("wrong types", {"file": IMG, "fileType": 1, "textDetLimitSideLen": "big"}),
-    ("wrong types", {"file": IMG, "fileType": 1, "textDetLimitSideLen": 960.0}),
-    ("wrong types", {"file": IMG, "fileType": 1, "textDetThresh": "0.3"}),
-    ("wrong types", {"file": IMG, "fileType": 1, "useTextlineOrientation": "true"}),
-    ("wrong types", {"file": IMG, "fileType": 1, "useTextlineOrientation": 1}),
     ("wrong types", {"file": IMG, "fileType": 1, "textDetLimitType": 5}),
     ("missing fields", {}),
     ("missing fields", {"fileType": 1}),
@@ -376,7 +381,6 @@ PADDLEX_REQUESTS: list[tuple[str, bytes | dict[str, Any]]] = [
         "textRecScoreThresh": [-0.01, 1.01, 1e308, 2**64 - 1],
         "useDocOrientationClassify": [True],
         "useDocUnwarping": [True],
-        "returnWordBox": [True],
     }.items()
     for value in values
 ]
@@ -515,7 +519,11 @@ def test_wrong_method_is_405_with_allow(client, redis_client):
         resp = client.get(path)
         record(PROTOCOL[path], "wrong method", "405")
         assert resp.status_code == 405 and "POST" in resp.headers["Allow"]
-        assert resp.get_json()["error"]["code"] == "method_not_allowed"
+        body = resp.get_json()
+        if path == "/ocr":  # PaddleX's envelope, as upstream answers on its routes
+            assert (body["errorCode"], body["errorMsg"]) == (405, "Method Not Allowed")
+        else:
+            assert body["error"]["code"] == "method_not_allowed"
     assert_ready_and_nothing_cached(client, redis_client)
 
 

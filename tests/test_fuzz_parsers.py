@@ -1,9 +1,10 @@
 """Property tests over the request parsers and the image decoder (hypothesis).
 
 Whatever the input, each parser either returns a well-formed request or raises its protocol's
-client error (``BadRequest``, ``PipelineError``, ``InvalidImage``/``ImageTooLarge``), never
-anything else: anything else would be a 5xx. Runs are deterministic (``derandomize``, no example
-database) and bounded; ``test_examples_were_run`` reports how many examples each property saw.
+client error (``BadRequest``, ``PipelineError``, ``GatewayError``, ``InvalidImage``/
+``ImageTooLarge``), never anything else: anything else would be a 5xx. Runs are deterministic
+(``derandomize``, no example database) and bounded; ``test_examples_were_run`` reports how many
+examples each property saw.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ def check_paddlex(body: bytes) -> None:
     assert 0.0 <= p.det_thresh <= 1.0 and 0.0 <= p.det_box_thresh <= 1.0
     assert 0.0 < p.det_unclip_ratio <= 10.0 and isinstance(p.textline_orientation, bool)
     assert 0.0 <= req.rec_score_thresh <= 1.0 and math.isfinite(req.rec_score_thresh)
-    assert isinstance(req.visualize, bool) and isinstance(req.log_id, str)
+    assert req.visualize in (None, True, False) and isinstance(req.log_id, str)
     assert len(req.log_id) <= 128
 
 
@@ -287,6 +288,9 @@ def check_pipeline(parse: Callable[[], PipelineRequest]) -> None:
             pipeline.TYPE_ERROR,
             pipeline.PACKING_ERROR,
         )
+        assert str(exc)
+        return
+    except pipeline_http.GatewayError as exc:  # HTTP 400 in the gateway's form
         assert str(exc)
         return
     assert req.images and all(isinstance(k, str) and isinstance(v, str) for k, v in req.images)

@@ -10,7 +10,7 @@ import threading
 import uuid
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops, ImageStat
 
 from tests.conftest import PHOTOTEST, WORD_CH, WORD_EN
 
@@ -24,10 +24,10 @@ def ocr(client, **body):  # type: ignore[no-untyped-def]
 
 
 def test_envelope_and_pruned_result(client):
-    resp = ocr(client, file=b64(PHOTOTEST.read_bytes()), fileType=1)
+    resp = ocr(client, file=b64(PHOTOTEST.read_bytes()), fileType=1, visualize=False)
     assert resp.status_code == 200 and resp.headers["X-Cache"] == "MISS"
     body = resp.get_json()
-    assert list(body) == ["logId", "errorCode", "errorMsg", "result"]
+    assert list(body) == ["logId", "result", "errorCode", "errorMsg"]  # upstream's order
     assert (body["errorCode"], body["errorMsg"]) == (0, "Success")
     uuid.UUID(body["logId"])
     assert body["result"]["dataInfo"] == {"width": 640, "height": 480, "type": "image"}
@@ -84,17 +84,55 @@ def test_output_changing_options_are_part_of_the_key(client):
     assert all(score >= 0.999 for score in pruned["rec_scores"])
 
 
-def test_visualize_renders_from_the_cached_result(client, redis_client):
-    data = b64(WORD_CH.read_bytes())
-    ocr(client, file=data, fileType=1)
-    resp = ocr(client, file=data, fileType=1, visualize=True)
+def test_visualize_by_default_rendered_from_the_cached_result(client, redis_client):
+    data = b64(PHOTOTEST.read_bytes())
+    assert list(ocr(client, file=data, fileType=1, visualize=False).get_json()["result"]
+                ["ocrResults"][0]) == ["prunedResult"]  # fmt: skip
+    resp = ocr(client, file=data, fileType=1)  # visualize defaults to true, as upstream
     assert resp.headers["X-Cache"] == "HIT"
     item = resp.get_json()["result"]["ocrResults"][0]
-    for key in ("ocrImage", "inputImage"):
-        image = Image.open(io.BytesIO(base64.b64decode(item[key])))
-        assert image.format == "JPEG" and image.size == (225, 46)
+    assert list(item) == ["prunedResult", "ocrImage", "inputImage"]
+    pictures = {k: Image.open(io.BytesIO(base64.b64decode(item[k]))) for k in list(item)[1:]}
+    assert {p.format for p in pictures.values()} == {"JPEG"}
+    assert pictures["inputImage"].size == (640, 480)
+    shown = pictures["ocrImage"].convert("RGB")
+    assert shown.size == (1280, 480)  # page with boxes, and the text panel beside it
+    page, panel = shown.crop((0, 0, 640, 480)), shown.convert("L").crop((640, 0, 1280, 480))
+    original = pictures["inputImage"].convert("RGB")
+    tinted = ImageChops.difference(page, original).crop((40, 95, 570, 115))
+    assert max(ImageStat.Stat(tinted).mean) > 20  # the first line's box is filled in colour
+    assert max(ImageStat.Stat(ImageChops.difference(page, original).crop((0, 0, 640, 80))).mean) < 5
+    assert panel.crop((0, 0, 640, 80)).getextrema()[0] > 200  # blank above the text
+    assert panel.crop((36, 91, 579, 119)).getextrema()[0] < 100  # text written in the box
     (key,) = redis_client.keys("ocr:*")
-    assert len(redis_client.get(key)) < 2000  # no image stored
+    assert len(redis_client.get(key)) < 4000  # no image stored
+
+
+def test_visualize_can_be_off_service_wide(make_app):
+    client = make_app(paddlex_visualize=False).test_client()
+    data = b64(WORD_EN.read_bytes())
+    assert list(ocr(client, file=data, fileType=1).get_json()["result"]["ocrResults"][0]) == [
+        "prunedResult"
+    ]
+    asked = ocr(client, file=data, fileType=1, visualize=True).get_json()
+    assert "ocrImage" in asked["result"]["ocrResults"][0]
+
+
+def test_word_boxes_cached_under_their_own_parameters(client):
+    data = b64(PHOTOTEST.read_bytes())
+    plain = ocr(client, file=data, fileType=1, visualize=False)
+    words = ocr(client, file=data, fileType=1, visualize=False, returnWordBox=True)
+    assert (plain.headers["X-Cache"], words.headers["X-Cache"]) == ("MISS", "MISS")
+    again = ocr(client, file=data, fileType=1, visualize=False, returnWordBox=True)
+    assert again.headers["X-Cache"] == "HIT"
+    pruned = words.get_json()["result"]["ocrResults"][0]["prunedResult"]
+    assert pruned["return_word_box"] is True
+    assert len(pruned["text_word"]) == len(pruned["text_word_boxes"]) == len(pruned["rec_texts"])
+    assert pruned["text_word"][0][:3] == ["This", " ", "is"]
+    x1, y1, x2, y2 = pruned["text_word_boxes"][0][0]
+    line = pruned["rec_boxes"][0]
+    assert line[0] <= x1 < x2 <= line[2] and line[1] <= y1 < y2 <= line[3]
+    assert "text_word" not in plain.get_json()["result"]["ocrResults"][0]["prunedResult"]
 
 
 def _pdf(*paths) -> bytes:  # type: ignore[no-untyped-def]
@@ -126,9 +164,9 @@ def test_pdf_pages_with_a_page_limit(make_app):
         ({"file": "x" * 8}, "File type cannot be determined"),
         ({"fileType": 1}, "file"),
         ({"file": 5, "fileType": 1}, "file"),
-        ({"file": "%%%", "fileType": 1}, "base64"),
-        ({"file": b64(b"not an image"), "fileType": 1}, "decodable"),
-        ({"file": b64(b"not a pdf"), "fileType": 0}, "PDF"),
+        ({"file": "%%%", "fileType": 1}, "Invalid input file"),
+        ({"file": b64(b"not an image"), "fileType": 1}, "Invalid input file"),
+        ({"file": b64(b"not a pdf"), "fileType": 0}, "Invalid input file"),
         ({"file": "AAAA", "fileType": 2}, "fileType"),
         ({"file": "AAAA", "fileType": 1, "textDetLimitSideLen": 10**9}, "textDetLimitSideLen"),
         ({"file": "AAAA", "fileType": 1, "textDetLimitSideLen": "big"}, "textDetLimitSideLen"),
@@ -136,8 +174,7 @@ def test_pdf_pages_with_a_page_limit(make_app):
         ({"file": "AAAA", "fileType": 1, "textDetLimitType": "avg"}, "textDetLimitType"),
         ({"file": "AAAA", "fileType": 1, "useDocUnwarping": True}, "not available"),
         ({"file": "AAAA", "fileType": 1, "useDocOrientationClassify": True}, "not available"),
-        ({"file": "AAAA", "fileType": 1, "returnWordBox": True}, "not available"),
-        ({"file": "AAAA", "fileType": 1, "visualize": "yes"}, "visualize"),
+        ({"file": "AAAA", "fileType": 1, "visualize": "maybe"}, "visualize"),
         ({"file": "http://127.0.0.1:1/a.png"}, "URL input is disabled"),
     ],
 )
@@ -150,8 +187,21 @@ def test_validation_errors_are_422(client, redis_client, body, message):
     assert redis_client.keys("*") == []
 
 
-def test_not_json_is_422(client):
-    assert client.post("/ocr", data=b"{").status_code == 422
+def test_not_json_is_422_with_the_error_list(client):
+    resp = client.post("/ocr", data=b"{")
+    assert resp.status_code == 422
+    assert json.loads(resp.get_json()["errorMsg"]) == [
+        {"type": "json_invalid", "loc": "body[1]", "msg": "JSON decode error"}
+    ]
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/ocr"), ("POST", "/health")])
+def test_wrong_method_on_paddlex_routes_uses_the_envelope(client, method, path):
+    resp = client.open(path, method=method)
+    assert resp.status_code == 405
+    body = resp.get_json()
+    assert (body["errorCode"], body["errorMsg"]) == (405, "Method Not Allowed")
+    assert list(body) == ["logId", "errorCode", "errorMsg"]
 
 
 class _ImageHandler(http.server.BaseHTTPRequestHandler):

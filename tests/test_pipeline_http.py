@@ -99,3 +99,33 @@ def test_result_string_renders_floats_and_parses(client):
     (first_text, score), box = lines[0]
     assert isinstance(score, float) and all(isinstance(v, float) for pt in box for v in pt)
     assert all(s >= 0.5 for (_, s), _ in lines)  # pdserving's drop score
+
+
+def test_scores_print_with_float32_digits(client):
+    """Upstream's scores are numpy float32, printed (numpy < 2) with float32's shortest digits."""
+    import re
+
+    import numpy as np
+
+    _, body = post(client, {"key": ["image"], "value": [b64(PHOTOTEST.read_bytes())]})
+    printed = re.findall(r"', ([0-9.e-]+)\)", body["value"][0])
+    assert printed
+    for text in printed:
+        assert text == str(np.float32(float(text)))  # shortest float32 digits, no more
+        assert len(text.replace("0.", "", 1)) <= 9
+
+
+def test_only_the_image_key_is_read_when_present(client):
+    data = b64(WORD_EN.read_bytes())
+    _, alone = post(client, {"key": ["image"], "value": [data]})
+    _, extra = post(
+        client, {"key": ["image", "request_id", "x"], "value": [data, "req-1", "not base64!"]}
+    )
+    assert extra["err_no"] == 0 and extra["key"] == ["result"]
+    assert extra["value"] == alone["value"]
+    tensors = [
+        {"name": "image", "elem_type": 12, "str_data": [data]},
+        {"name": "request_id", "elem_type": 12, "str_data": ["req-1"]},
+    ]
+    _, tensor = post(client, {"tensors": tensors})
+    assert tensor["err_no"] == 0 and tensor["value"] == alone["value"]

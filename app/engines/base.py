@@ -15,6 +15,7 @@ from app.imaging import DecodedImage
 RESULT_SCHEMA_VERSION = 1
 
 Point = tuple[int, int]
+Word = tuple[str, tuple[int, int, int, int]]  # text, [x1, y1, x2, y2]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class OcrParams:
     det_box_thresh: float = 0.6
     det_unclip_ratio: float = 1.5
     textline_orientation: bool = False
+    return_word_box: bool = False  # PaddleOCR's return_word_box: lines carry their words
     task: str = "ocr"
     task_args: tuple[tuple[str, str], ...] = ()
 
@@ -49,6 +51,8 @@ class OcrParams:
 def _params_digest(params: OcrParams) -> str:
     """Memoized: it is on every request's path, and a handful of param sets recur."""
     items = asdict(params)
+    if not params.return_word_box:  # hash as before the field existed
+        del items["return_word_box"]
     if params.task == "ocr" and not params.task_args:
         # Hash exactly as before the task fields existed: existing entries stay valid.
         del items["task"], items["task_args"]
@@ -71,14 +75,18 @@ class OcrLine:
     score: float
     box: tuple[Point, Point, Point, Point]  # clockwise from top-left, pixels
     angle: int = -1  # textline orientation class (0: 0°, 1: 180°), -1 when not classified
+    words: tuple[Word, ...] = ()  # only when asked for (OcrParams.return_word_box)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "text": self.text,
             "score": self.score,
             "box": [list(p) for p in self.box],
             "angle": self.angle,
         }
+        if self.words:
+            data["words"] = [[text, list(box)] for text, box in self.words]
+        return data
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,8 @@ class OcrResult:
             box = ((int(x1), int(y1)), (int(x2), int(y2)), (int(x3), int(y3)), (int(x4), int(y4)))
             if not isinstance(raw["text"], str):
                 raise ValueError("malformed line")
-            lines.append(OcrLine(raw["text"], float(raw["score"]), box, int(raw["angle"])))
+            words = tuple(_word(item) for item in raw.get("words", ()))
+            lines.append(OcrLine(raw["text"], float(raw["score"]), box, int(raw["angle"]), words))
         text = data.get("text")
         if text is not None and not isinstance(text, str):
             raise ValueError("malformed text")
@@ -123,6 +132,13 @@ class OcrResult:
 
     def filtered(self, min_score: float) -> tuple[OcrLine, ...]:
         return tuple(line for line in self.lines if line.score >= min_score)
+
+
+def _word(item: Any) -> Word:
+    text, (x1, y1, x2, y2) = item
+    if not isinstance(text, str):
+        raise ValueError("malformed word")
+    return text, (int(x1), int(y1), int(x2), int(y2))
 
 
 class EngineError(RuntimeError):

@@ -28,7 +28,7 @@ from app.engines.base import (
     OcrResult,
     fingerprint_of,
 )
-from app.imaging import DecodedImage, bounded
+from app.imaging import DecodedImage
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,6 @@ class PaddleOcrEngine(EngineBase):
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
             "models": {m.name: m.digest for m in self._model_list()},
-            "max_image_side": settings.ocr_max_image_side,
             "runtime": self._runtime,
         }
         self._fingerprint = fingerprint_of(identity)
@@ -91,7 +90,6 @@ class PaddleOcrEngine(EngineBase):
             "kind": self.kind,
             "fingerprint": self._fingerprint,
             "models": {m.name: m.digest[:16] for m in self._model_list()},
-            "max_image_side": self._settings.ocr_max_image_side,
             **self._runtime,
         }
 
@@ -126,34 +124,8 @@ class PaddleOcrEngine(EngineBase):
         os.environ.setdefault("PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK", "True")
         from paddleocr import PaddleOCR  # heavy import: only in the worker that runs it
 
-        s = self._settings
-        if s.ocr_device == "gpu":
-            device, engine_config = "gpu:0", {"run_mode": "paddle"}
-        else:
-            device = "cpu"
-            engine_config = {
-                "run_mode": "mkldnn",
-                "enable_new_ir": False,
-                "cpu_threads": s.ocr_cpu_threads,
-                "mkldnn_cache_capacity": 10,
-            }
-        kwargs: dict[str, Any] = {
-            "text_detection_model_name": self._models.det.name,
-            "text_detection_model_dir": str(self._models.det.path),
-            "text_recognition_model_name": self._models.rec.name,
-            "text_recognition_model_dir": str(self._models.rec.path),
-            "use_doc_orientation_classify": False,
-            "use_doc_unwarping": False,
-            "use_textline_orientation": True,  # per-call switch, see recognize()
-            "text_rec_score_thresh": 0.0,  # keep every line: protocols filter at render time
-            "device": device,
-            "engine": "paddle_static",
-            "engine_config": engine_config,
-        }
-        assert self._models.cls is not None
-        kwargs["textline_orientation_model_name"] = self._models.cls.name
-        kwargs["textline_orientation_model_dir"] = str(self._models.cls.path)
-        log.info("loading PaddleOCR (%s, fingerprint %s)", device, self._fingerprint)
+        kwargs = pipeline_kwargs(self._settings, self._models)
+        log.info("loading PaddleOCR (%s, fingerprint %s)", kwargs["device"], self._fingerprint)
         return PaddleOCR(**kwargs)
 
     def recognize(self, request: OcrRequest) -> OcrResult:
@@ -162,9 +134,11 @@ class PaddleOcrEngine(EngineBase):
     def _recognize_here(self, request: OcrRequest) -> OcrResult:
         if self._pipeline is None:
             raise EngineError("engine not loaded")
+        # The whole page goes in, as upstream's serving passes it: detection resizes by itself
+        # (limit_side_len, max_side_limit 4000) and recognition crops from the full image.
+        # Memory is bounded by MAX_IMAGE_PIXELS at decode time.
         image, p = request.image, request.params
-        small, scale = bounded(image, self._settings.ocr_max_image_side)
-        bgr = np.ascontiguousarray(small.pixels[:, :, ::-1])
+        bgr = np.ascontiguousarray(image.pixels[:, :, ::-1])
         try:
             outputs = self._pipeline.predict(
                 bgr,
@@ -175,6 +149,7 @@ class PaddleOcrEngine(EngineBase):
                 text_det_box_thresh=p.det_box_thresh,
                 text_det_unclip_ratio=p.det_unclip_ratio,
                 text_rec_score_thresh=0.0,
+                return_word_box=p.return_word_box,
             )
         except Exception as exc:  # the runtime raises anything; never let it be cached
             log.warning("paddle inference failed: %s", str(exc)[-500:])
@@ -183,19 +158,55 @@ class PaddleOcrEngine(EngineBase):
         angles = list(raw.get("textline_orientation_angles") or [])
         if len(angles) != len(raw["rec_texts"]):
             angles = [-1] * len(raw["rec_texts"])
-        lines = []
-        for text, score, poly, angle in zip(
-            raw["rec_texts"], raw["rec_scores"], raw["rec_polys"], angles, strict=True
-        ):
-            box = tuple(
-                (
-                    min(image.width, max(0, round(int(x) / scale))),
-                    min(image.height, max(0, round(int(y) / scale))),
+        texts = raw["rec_texts"]
+        words: list[tuple[Any, ...]] = [()] * len(texts)
+        if p.return_word_box:
+            words = [
+                tuple(
+                    (str(word), tuple(int(v) for v in box))
+                    for word, box in zip(line_words, line_boxes, strict=True)
                 )
-                for x, y in np.asarray(poly).reshape(-1, 2)[:4]
-            )
-            lines.append(OcrLine(str(text), float(score), box, int(angle)))  # type: ignore[arg-type]
+                for line_words, line_boxes in zip(
+                    raw["text_word"], raw["text_word_boxes"], strict=True
+                )
+            ]
+        lines = []
+        for text, score, poly, angle, line_words in zip(
+            texts, raw["rec_scores"], raw["rec_polys"], angles, words, strict=True
+        ):
+            box = tuple((int(x), int(y)) for x, y in np.asarray(poly).reshape(-1, 2)[:4])
+            lines.append(OcrLine(str(text), float(score), box, int(angle), line_words))  # type: ignore[arg-type]
         return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
+
+
+def pipeline_kwargs(settings: Settings, models: paddle_models.ModelSet) -> dict[str, Any]:
+    """``PaddleOCR(**kwargs)`` for our models and engine settings (also the parity oracle's)."""
+    if settings.ocr_device == "gpu":
+        device, engine_config = "gpu:0", {"run_mode": "paddle"}
+    else:
+        device = "cpu"
+        engine_config = {
+            "run_mode": "mkldnn",
+            "enable_new_ir": False,
+            "cpu_threads": settings.ocr_cpu_threads,
+            "mkldnn_cache_capacity": 10,
+        }
+    assert models.cls is not None
+    return {
+        "text_detection_model_name": models.det.name,
+        "text_detection_model_dir": str(models.det.path),
+        "text_recognition_model_name": models.rec.name,
+        "text_recognition_model_dir": str(models.rec.path),
+        "textline_orientation_model_name": models.cls.name,
+        "textline_orientation_model_dir": str(models.cls.path),
+        "use_doc_orientation_classify": False,
+        "use_doc_unwarping": False,
+        "use_textline_orientation": True,  # per-call switch, see recognize()
+        "text_rec_score_thresh": 0.0,  # keep every line: protocols filter at render time
+        "device": device,
+        "engine": "paddle_static",
+        "engine_config": engine_config,
+    }
 
 
 def _warmup_image() -> DecodedImage:

@@ -7,34 +7,57 @@ result and the request's own image (images are never stored).
 
 from __future__ import annotations
 
-import base64
-import io
+import json
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from PIL import Image, ImageDraw
+from pydantic import BaseModel, ValidationError
 
-from app.engines.base import OcrParams, OcrResult
-from app.imaging import FORMATS
+from app.engines.base import OcrLine, OcrParams, OcrResult
 from app.protocols.errors import BadRequest
 
-MAX_OUTPUT_IMAGE_SIDE = 2000  # upstream's default max_output_img_size
+INVALID_FILE = "Invalid input file"  # upstream's message for any file it cannot read
 
-# request field -> (OcrParams field, type, check, message)
-_PARAM_FIELDS: dict[str, tuple[str, type, Any, str]] = {
-    "textDetLimitSideLen": ("det_limit_side_len", int, lambda v: 16 <= v <= 4096, "16..4096"),
-    "textDetLimitType": ("det_limit_type", str, lambda v: v in ("min", "max"), "'min' or 'max'"),
-    "textDetThresh": ("det_thresh", float, lambda v: 0.0 <= v <= 1.0, "0..1"),
-    "textDetBoxThresh": ("det_box_thresh", float, lambda v: 0.0 <= v <= 1.0, "0..1"),
-    "textDetUnclipRatio": ("det_unclip_ratio", float, lambda v: 0.0 < v <= 10.0, "(0, 10]"),
-    "useTextlineOrientation": ("textline_orientation", bool, lambda v: True, "a boolean"),
+
+class _Request(BaseModel):
+    """The request's fields and types as upstream's ``InferRequest`` declares them (lax
+    pydantic validation, unknown fields ignored), so type errors read exactly as upstream's."""
+
+    file: str
+    fileType: Literal[0, 1] | None = None  # noqa: N815 (the protocol's names)
+    useDocOrientationClassify: bool | None = None  # noqa: N815
+    useDocUnwarping: bool | None = None  # noqa: N815
+    useTextlineOrientation: bool | None = None  # noqa: N815
+    textDetLimitSideLen: int | None = None  # noqa: N815
+    textDetLimitType: str | None = None  # noqa: N815
+    textDetThresh: float | None = None  # noqa: N815
+    textDetBoxThresh: float | None = None  # noqa: N815
+    textDetUnclipRatio: float | None = None  # noqa: N815
+    textRecScoreThresh: float | None = None  # noqa: N815
+    returnWordBox: bool | None = None  # noqa: N815
+    visualize: bool | None = None
+    logId: str | None = None  # noqa: N815
+
+
+# Checks stricter than upstream's types, kept deliberately (README "Compatibility"): values
+# outside these ranges are meaningless (detection input is capped at 4000 px a side; a
+# threshold of 1.5 finds nothing) or crash the pipeline; upstream passes them on and answers
+# 200 with odd results or a 500.
+# request field -> (OcrParams field, check, expected)
+_PARAM_FIELDS: dict[str, tuple[str, Any, str]] = {
+    "textDetLimitSideLen": ("det_limit_side_len", lambda v: 16 <= v <= 4096, "16..4096"),
+    "textDetLimitType": ("det_limit_type", lambda v: v in ("min", "max"), "'min' or 'max'"),
+    "textDetThresh": ("det_thresh", lambda v: 0.0 <= v <= 1.0, "0..1"),
+    "textDetBoxThresh": ("det_box_thresh", lambda v: 0.0 <= v <= 1.0, "0..1"),
+    "textDetUnclipRatio": ("det_unclip_ratio", lambda v: 0.0 < v <= 10.0, "(0, 10]"),
+    "useTextlineOrientation": ("textline_orientation", lambda v: True, "a boolean"),
+    "returnWordBox": ("return_word_box", lambda v: True, "a boolean"),
 }
 _UNSUPPORTED_WHEN_TRUE = {
     "useDocOrientationClassify": "document orientation classification",
     "useDocUnwarping": "document unwarping",
-    "returnWordBox": "word boxes",
 }
 
 
@@ -44,7 +67,7 @@ class InferRequest:
     file_type: int | None
     params: OcrParams
     rec_score_thresh: float
-    visualize: bool
+    visualize: bool | None  # None: the service's default (PADDLEX_VISUALIZE)
     log_id: str
 
 
@@ -52,61 +75,82 @@ def new_log_id() -> str:
     return str(uuid.uuid4())
 
 
-def _typed(name: str, value: Any, kind: type) -> Any:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise BadRequest(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
-    return value
+def invalid(errors: list[dict[str, str]]) -> BadRequest:
+    """A 422 whose message is the error list JSON-encoded, as upstream's handler writes it."""
+    return BadRequest(json.dumps(errors))
+
+
+def _value_error(name: str, message: str) -> BadRequest:
+    return invalid([{"type": "value_error", "loc": f"body.{name}", "msg": message}])
+
+
+def _loc(loc: tuple[str | int, ...]) -> str:
+    """``("body", "file")`` -> ``body.file``; list indices as ``[i]`` (upstream's form)."""
+    path = ""
+    for i, part in enumerate(loc):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if i else part)
+    return path
+
+
+def _load(body: bytes) -> Any:
+    if not body:
+        raise invalid([{"type": "missing", "loc": "body", "msg": "Field required"}])
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:  # what orjson refuses and Python's json takes (NaN, 1e400): range checks decide
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        pos = exc.pos if isinstance(exc, json.JSONDecodeError) else exc.start
+        raise invalid(
+            [{"type": "json_invalid", "loc": f"body[{pos}]", "msg": "JSON decode error"}]
+        ) from None
+    except RecursionError:
+        error = {"type": "json_invalid", "loc": "body", "msg": "JSON decode error"}
+        raise invalid([error]) from None
 
 
 def parse(body: bytes, defaults: OcrParams, default_rec_thresh: float) -> InferRequest:
-    # Unknown fields are ignored, as upstream's pydantic models do.
+    data = _load(body)
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise BadRequest("body must be a JSON object") from None
-    if not isinstance(data, dict):
-        raise BadRequest("body must be a JSON object")
-    if "file" not in data:
-        raise BadRequest("file: field required")
-    file = _typed("file", data["file"], str)
-    file_type = data.get("fileType")
-    if file_type is not None and (_typed("fileType", file_type, int) not in (0, 1)):
-        raise BadRequest("fileType: expected 0 (PDF) or 1 (image)")
+        fields = _Request.model_validate(data, from_attributes=True)  # as FastAPI does
+    except ValidationError as exc:
+        errors = [
+            {"type": e["type"], "loc": _loc(("body", *e["loc"])), "msg": e["msg"]}
+            for e in exc.errors()
+        ]
+        raise invalid(errors) from None
     for name, what in _UNSUPPORTED_WHEN_TRUE.items():
-        if data.get(name) is not None and _typed(name, data[name], bool):
-            raise BadRequest(f"{name}: {what} is not available in this deployment")
+        if getattr(fields, name):
+            raise _value_error(name, f"{what} is not available in this deployment")
     changes = {}
-    for name, (attr, kind, check, expected) in _PARAM_FIELDS.items():
-        value = data.get(name)
+    for name, (attr, check, expected) in _PARAM_FIELDS.items():
+        value = getattr(fields, name)
         if value is None:
             continue
-        value = _typed(name, value, kind)
         if not check(value):
-            raise BadRequest(f"{name}: expected {expected}, got {value!r}")
+            raise _value_error(name, f"expected {expected}, got {value!r}")
         changes[attr] = value
-    rec_thresh = data.get("textRecScoreThresh")
+    rec_thresh = fields.textRecScoreThresh
     if rec_thresh is None:
         rec_thresh = default_rec_thresh
-    elif not 0.0 <= _typed("textRecScoreThresh", rec_thresh, float) <= 1.0:
-        raise BadRequest(f"textRecScoreThresh: expected 0..1, got {rec_thresh!r}")
-    visualize = data.get("visualize")
-    log_id = data.get("logId")
+    elif not 0.0 <= rec_thresh <= 1.0:
+        raise _value_error("textRecScoreThresh", f"expected 0..1, got {rec_thresh!r}")
     return InferRequest(
-        file=file,
-        file_type=file_type,
+        file=fields.file,
+        file_type=fields.fileType,
         params=replace(defaults, **changes),
         rec_score_thresh=float(rec_thresh),
-        visualize=bool(visualize is not None and _typed("visualize", visualize, bool)),
-        log_id=_typed("logId", log_id, str)[:128] if log_id is not None else new_log_id(),
+        visualize=fields.visualize,
+        log_id=fields.logId[:128] if fields.logId is not None else new_log_id(),
     )
 
 
 def pruned_result(result: OcrResult, params: OcrParams, rec_thresh: float) -> dict[str, Any]:
     """The fields PaddleOCR 3.x's pipeline puts in ``res`` (upstream's key order)."""
     kept = result.filtered(rec_thresh)
-    return {
+    pruned: dict[str, Any] = {
         "model_settings": {
             "use_doc_preprocessor": False,
             "use_textline_orientation": params.textline_orientation,
@@ -121,14 +165,23 @@ def pruned_result(result: OcrResult, params: OcrParams, rec_thresh: float) -> di
             "unclip_ratio": params.det_unclip_ratio,
         },
         "text_type": "general",
-        "textline_orientation_angles": [line.angle for line in result.lines],
-        "text_rec_score_thresh": rec_thresh,
-        "return_word_box": False,
-        "rec_texts": [line.text for line in kept],
-        "rec_scores": [line.score for line in kept],
-        "rec_polys": [[list(p) for p in line.box] for line in kept],
-        "rec_boxes": [_bounds(line.box) for line in kept],
     }
+    if result.lines:  # upstream leaves the angles out when nothing was detected
+        pruned["textline_orientation_angles"] = [line.angle for line in result.lines]
+    pruned.update(
+        {
+            "text_rec_score_thresh": rec_thresh,
+            "return_word_box": params.return_word_box,
+            "rec_texts": [line.text for line in kept],
+            "rec_scores": [line.score for line in kept],
+            "rec_polys": [[list(p) for p in line.box] for line in kept],
+            "rec_boxes": [_bounds(line.box) for line in kept],
+        }
+    )
+    if params.return_word_box:
+        pruned["text_word_boxes"] = [[list(box) for _, box in line.words] for line in kept]
+        pruned["text_word"] = [[text for text, _ in line.words] for line in kept]
+    return pruned
 
 
 def _bounds(box: tuple[tuple[int, int], ...]) -> list[int]:
@@ -136,25 +189,22 @@ def _bounds(box: tuple[tuple[int, int], ...]) -> list[int]:
     return [min(xs), min(ys), max(xs), max(ys)]
 
 
-def visualize(image_bytes: bytes, result: OcrResult, rec_thresh: float) -> dict[str, str]:
-    """``ocrImage`` (boxes drawn) and ``inputImage``, JPEG base64, at most 2000 px a side."""
-    image = Image.open(io.BytesIO(image_bytes), formats=FORMATS).convert("RGB")
-    drawn = image.copy()
-    draw = ImageDraw.Draw(drawn)
-    for line in result.filtered(rec_thresh):
-        draw.polygon([tuple(p) for p in line.box], outline=(255, 0, 0), width=2)
-    return {"ocrImage": _jpeg_b64(drawn), "inputImage": _jpeg_b64(image)}
-
-
-def _jpeg_b64(image: Image.Image) -> str:
-    image.thumbnail((MAX_OUTPUT_IMAGE_SIDE, MAX_OUTPUT_IMAGE_SIDE))
-    buf = io.BytesIO()
-    image.save(buf, format="JPEG", quality=85)
-    return base64.b64encode(buf.getvalue()).decode()
+def shown_lines(result: OcrResult, params: OcrParams, rec_thresh: float) -> list[OcrLine]:
+    """What upstream's picture shows: the kept lines, or their words when word boxes are on."""
+    kept = result.filtered(rec_thresh)
+    if not params.return_word_box:
+        return list(kept)
+    return [
+        OcrLine(text, line.score, ((x1, y1), (x2, y1), (x2, y2), (x1, y2)))
+        for line in kept
+        for text, (x1, y1, x2, y2) in line.words
+        if x2 > x1 and y2 > y1
+    ]
 
 
 def success(log_id: str, result: dict[str, Any]) -> bytes:
-    return orjson.dumps({"logId": log_id, "errorCode": 0, "errorMsg": "Success", "result": result})
+    # upstream's key order
+    return orjson.dumps({"logId": log_id, "result": result, "errorCode": 0, "errorMsg": "Success"})
 
 
 def error(log_id: str, status: int, message: str) -> bytes:

@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import ast
 
+import numpy as np
+
 from app.engines.base import OcrLine, OcrResult
+
+
+class _Float32(float):
+    """A score printed as upstream's (numpy < 2) float32 scores print: the shortest digits
+    that identify the float32 value (``0.99876543``), still a plain float literal."""
+
+    def __repr__(self) -> str:
+        return str(np.float32(self))
 
 
 def result_string(result: OcrResult, min_score: float) -> str:
     return str(
         [
-            [(line.text, float(line.score)), [[float(x), float(y)] for x, y in line.box]]
+            [(line.text, _Float32(line.score)), [[float(x), float(y)] for x, y in line.box]]
             for line in result.filtered(min_score)
         ]
     )
@@ -42,5 +52,6 @@ def parse_result_string(text: str, key: str) -> list[OcrLine]:
         points = tuple((round(float(x)), round(float(y))) for x, y in box)
         if not isinstance(text, str) or len(points) != 4:
             raise ValueError("malformed result line")
-        lines.append(OcrLine(text, float(score), points))  # type: ignore[arg-type]
+        # float32 digits (as printed) back to the float32 value an in-process engine gives
+        lines.append(OcrLine(text, float(np.float32(score)), points))  # type: ignore[arg-type]
     return lines

@@ -30,6 +30,7 @@ UNKNOWN_ERROR = 10000
 
 SERVICE_NAME_MESSAGE = "Failed to inference: Service name error."
 PROFILE_KEY = "pipeline.profile"
+IMAGE_KEY = "image"
 TENSOR_STRING = 12
 TENSOR_BYTES = 13  # np.load(allow_pickle=True) upstream: refused, never unpickled
 
@@ -97,6 +98,9 @@ def build_request(
             req.profile = value == "1"
         else:
             req.images.append((key, value))
+    if any(key == IMAGE_KEY for key, _ in req.images):
+        # PaddleOCR's pdserving reads the "image" feed and ignores every other key.
+        req.images = [(key, value) for key, value in req.images if key == IMAGE_KEY]
     if not req.images:
         raise PipelineError(
             INPUT_PARAMS_ERROR, op_error(req.logid, "no image in request (key 'image')")

@@ -2,7 +2,8 @@
 
 Only ``name`` is checked; ``method`` is logged. The body is JSON whatever the Content-Type
 (official clients send none). Answers always carry the five fields, as the Go gateway emits
-them, and application errors are HTTP 200 with a non-zero ``err_no``.
+them, and application errors are HTTP 200 with a non-zero ``err_no``; a body that is not a
+JSON object is answered by the gateway itself (HTTP 400, ``gateway_error``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 import orjson
 
 from app.protocols.pipeline import (
-    PACKING_ERROR,
     TYPE_ERROR,
     PipelineAnswer,
     PipelineError,
@@ -22,13 +22,20 @@ from app.protocols.pipeline import (
 )
 
 
+class GatewayError(ValueError):
+    """The body is not a JSON object: the gateway answers before the pipeline sees it."""
+
+
 def parse(body: bytes) -> PipelineRequest:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise PipelineError(PACKING_ERROR, "Failed to unpack request: body is not JSON") from None
+    if not body.strip():  # the gateway decodes an empty body as an empty request
+        data: Any = {}
+    else:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise GatewayError(f"request body is not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise PipelineError(PACKING_ERROR, "Failed to unpack request: body is not a JSON object")
+        raise GatewayError("request body is not a JSON object")
     return build_request(
         data.get("key", []),
         data.get("value", []),
@@ -51,6 +58,12 @@ _GO_ESCAPES = (
     ("\u2028", "\\u2028"),
     ("\u2029", "\\u2029"),
 )
+
+
+def gateway_error(message: str) -> bytes:
+    """HTTP 400 body of the gateway's default error handler (grpc-gateway v1: gRPC code 3,
+    InvalidArgument), which answers undecodable bodies itself."""
+    return orjson.dumps({"error": message, "code": 3, "message": message, "details": []})
 
 
 def render(answer: PipelineAnswer) -> bytes:
