@@ -118,4 +118,3 @@ def check_jpeg_scans(data: bytes) -> None:
     scans = data.count(b"\xff\xda")
     if scans > MAX_JPEG_SCANS:
         raise ImageTooLarge(f"JPEG has {scans} scans, over the limit of {MAX_JPEG_SCANS}")
-

@@ -337,3 +337,32 @@ def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis
         assert "XP8271602" not in _stored_plaintext(redis_client)
     finally:
         fake.stop()
+
+
+def test_word_boxes_are_masked_like_their_line(make_app, card_png):  # type: ignore[no-untyped-def]
+    """PaddleX ``returnWordBox``: a card number comes back as four-digit words, none of which
+    matches a pattern alone; each word takes its slice of the masked line."""
+    client = make_app(cache_redact=ALL).test_client()
+    body = {"file": b64(card_png), "fileType": 1, "returnWordBox": True, "visualize": False}
+    for expected_cache in ("MISS", "HIT"):
+        resp = client.post("/ocr", json=body)
+        assert resp.status_code == 200 and resp.headers["X-Cache"] == expected_cache
+        pruned = resp.get_json()["result"]["ocrResults"][0]["prunedResult"]
+        words = [w for line in pruned["text_word"] for w in line]
+        assert "".join(pruned["text_word"][3]) == pruned["rec_texts"][3]
+        assert not _leaks(" ".join(words)) and "1111" not in words and "4111" not in words
+        assert "****" in words and "Zhang" in words
+
+
+def test_words_that_are_not_in_the_line_fail_closed() -> None:
+    from app.engines.base import OcrLine
+    from app.engines.redacting import _redact_line
+
+    box = ((0, 0), (1, 0), (1, 1), (0, 1))
+    policy = build_policy(ALL, "")
+    line = OcrLine("Tel 13812345678", 0.9, box, words=(("Tel", box), ("138 1234 5678", box)))
+    masked = _redact_line(line, policy)
+    assert masked.text == "Tel ***********"
+    assert [w for w, _ in masked.words] == ["Tel", "*** **** ****"]
+    clean = OcrLine("Total 42", 0.9, box, words=(("Total", box), ("4 2", box)))
+    assert [w for w, _ in _redact_line(clean, policy).words] == ["Total", "4 2"]

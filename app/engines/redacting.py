@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from app.engines.base import Engine, OcrRequest, OcrResult, fingerprint_of
+from app.engines.base import Engine, OcrLine, OcrRequest, OcrResult, fingerprint_of
 from app.redaction import RedactionPolicy, build_policy, install_log_redaction
 
 if TYPE_CHECKING:
@@ -53,6 +53,26 @@ class RedactingEngine:
 
 
 def redact_result(result: OcrResult, policy: RedactionPolicy) -> OcrResult:
-    lines = tuple(replace(line, text=policy.redact(line.text)) for line in result.lines)
+    lines = tuple(_redact_line(line, policy) for line in result.lines)
     text = policy.redact(result.text) if result.text is not None else None
     return replace(result, lines=lines, text=text)
+
+
+def _redact_line(line: OcrLine, policy: RedactionPolicy) -> OcrLine:
+    """The line's text masked, and its word tokens (``returnWordBox``) masked the same way:
+    a card number split into four-digit words matches no pattern alone, so each word takes
+    its slice of the masked line. A word not found in the line is masked whole when the
+    line had anything to mask (fail closed)."""
+    masked = policy.redact(line.text)
+    if not line.words:
+        return replace(line, text=masked)
+    words, offset = [], 0
+    for word, box in line.words:
+        at = line.text.find(word, offset)
+        if at < 0:
+            hidden = masked != line.text
+            word = "".join("*" if hidden and c.isalnum() else c for c in policy.redact(word))
+        else:
+            word, offset = masked[at : at + len(word)], at + len(word)
+        words.append((word, box))
+    return replace(line, text=masked, words=tuple(words))
