@@ -22,12 +22,15 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyprojec
 PROMTOOL := $(BIN)/promtool
 install-tools: $(PROMTOOL)
 
+# Like chromium below: when it cannot be had, tests/test_alerts.py skips its promtool cases
+# and says why.
 $(PROMTOOL): | $(STAMP)
-	tmp=$$(mktemp -d) && cd $$tmp && \
+	-@tmp=$$(mktemp -d) && cd $$tmp && \
 	{ apt-get download prometheus >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get download prometheus >/dev/null; }; } && \
 	dpkg-deb -x prometheus_*.deb root && install -m 0755 root/usr/bin/promtool $(CURDIR)/$@; \
-	status=$$?; rm -rf $$tmp; exit $$status
+	status=$$?; rm -rf $$tmp; \
+	[ $$status -eq 0 ] || echo "promtool not installed: the alert rule tests will be skipped"
 
 run: install
 	$(BIN)/python -m app serve

@@ -47,6 +47,21 @@ _HOP_BY_HOP = frozenset(
 _READ_CHUNK = 256 * 1024
 
 
+_IDEMPOTENT = frozenset({b"GET", b"HEAD"})
+
+
+def _forwardable(name: bytes) -> bool:
+    """Client headers passed to gunicorn: not hop-by-hop, no proxy headers (the front is the
+    only proxy; it sets X-Forwarded-For itself), and none spelled with ``_``: gunicorn trusts
+    the unix socket as a proxy, and ``SCRIPT_NAME: /v1`` would otherwise re-route a request."""
+    return (
+        name not in _HOP_BY_HOP
+        and b"_" not in name
+        and name != b"forwarded"
+        and not name.startswith(b"x-forwarded-")
+    )
+
+
 @dataclass(frozen=True)
 class FrontConfig:
     upstream: str  # gunicorn's unix socket
@@ -57,6 +72,9 @@ class FrontConfig:
     send_timeout: float = 60.0
     max_header_bytes: int = 64 * 1024
     max_connections: int = 4096
+    # Request bodies held at once, over all connections (0: 8 x max_body_bytes): each
+    # connection is bounded by max_body_bytes, this bounds their sum. Past it: 503.
+    max_buffered_bytes: int = 0
 
 
 # Reuse a connection to gunicorn only if idle for less than this (its keepalive is 5 s).
@@ -77,7 +95,10 @@ class _Upstream:
 
 
 class _StaleConnection(Exception):
-    """A reused connection was closed by gunicorn before any answer: safe to retry."""
+    """A reused connection turned out closed before gunicorn could have run the request: the
+    write failed, or (for GET/HEAD, which may run twice) no answer byte came back. A POST
+    whose connection closed after it was sent may have run (a worker killed mid-request):
+    it is answered 502, never sent twice."""
 
 
 class _Refused(Exception):
@@ -100,6 +121,8 @@ class Front:
         self._connections = 0
         self._closing = False
         self._idle: list[_Upstream] = []
+        self._buffered = 0
+        self._buffer_cap = config.max_buffered_bytes or 8 * config.max_body_bytes
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._connections >= self._config.max_connections:
@@ -109,17 +132,21 @@ class Front:
         peer = writer.get_extra_info("peername")
         client_ip = peer[0] if isinstance(peer, tuple) and peer else ""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._config.max_header_bytes)
+        held = [0]  # body bytes this connection counts in self._buffered
         try:
             while not self._closing:
                 try:
-                    request = await self._read_request(conn, reader, writer)
+                    request = await self._read_request(conn, reader, writer, held)
                 except _Refused as exc:
                     await self._refuse(writer, exc)
                     return
                 if request is None:
                     return
                 head, body = request
-                status, headers, payload = await self._forward(head, body, client_ip)
+                try:
+                    status, headers, payload = await self._forward(head, body, client_ip)
+                finally:
+                    self._release(held)
                 reason = _REASONS.get(status, "").encode()
                 answer = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
                 answer = answer or b""
@@ -132,11 +159,20 @@ class Front:
         except (TimeoutError, ConnectionError, h11.LocalProtocolError, h11.RemoteProtocolError):
             return
         finally:
+            self._release(held)
             self._connections -= 1
             writer.close()
 
+    def _release(self, held: list[int]) -> None:
+        self._buffered -= held[0]
+        held[0] = 0
+
     async def _read_request(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        held: list[int],
     ) -> tuple[h11.Request, bytes] | None:
         """One complete request (head within the header deadline, body within the body
         deadline), or None when the client closed or idled out between requests."""
@@ -172,10 +208,16 @@ class Front:
                     writer.write(conn.send(h11.InformationalResponse(status_code=100)) or b"")
                 deadline = time.monotonic() + config.body_timeout
             elif isinstance(event, h11.Data):
+                assert head is not None
                 body += event.data
                 if len(body) > config.max_body_bytes:
-                    assert head is not None
                     raise _TooLarge(head.target, config.max_body_bytes)
+                held[0] += len(event.data)
+                self._buffered += len(event.data)
+                if self._buffered > self._buffer_cap:
+                    raise _Refused(
+                        503, "unavailable", "too many request bodies in flight", head.target
+                    )
             elif isinstance(event, h11.EndOfMessage):
                 assert head is not None
                 return head, bytes(body)
@@ -186,8 +228,7 @@ class Front:
         """Send the complete request to gunicorn; its complete answer. Connections to gunicorn
         are kept alive and reused (briefly: well under its keep-alive timeout); a reused one
         that turns out closed before any answer byte is retried once on a fresh one."""
-        # "x_forwarded_for" would reach the app as HTTP_X_FORWARDED_FOR too: compare as "-".
-        headers = [(k, v) for k, v in head.headers if k.replace(b"_", b"-") not in _HOP_BY_HOP]
+        headers = [(k, v) for k, v in head.headers if _forwardable(k)]
         headers += [
             (b"content-length", str(len(body)).encode()),
             (b"x-forwarded-for", client_ip.encode()),
@@ -207,7 +248,8 @@ class Front:
                 continue
             except (OSError, TimeoutError, h11.ProtocolError):
                 upstream.close()
-                log.warning("upstream failed for %s %r", head.method.decode(), head.target[:200])
+                path = head.target.split(b"?", 1)[0][:200]  # never the query: it may carry data
+                log.warning("upstream failed for %s %r", head.method.decode(), path)
                 return _json_error(head.target, 502, "bad_gateway", "the worker did not answer")
             self._checkin(upstream)
             return answer
@@ -248,7 +290,7 @@ class Front:
                 raise _StaleConnection() from None
             raise
         status, headers, payload = 502, [], bytearray()
-        answered = False
+        answered, declared = False, []
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -256,18 +298,22 @@ class Front:
                     chunk = await _within(deadline, upstream.reader.read(_READ_CHUNK))
                 except ConnectionError:
                     chunk = b""
-                if not chunk and reused and not answered:
+                if not chunk and reused and not answered and request.method in _IDEMPOTENT:
                     raise _StaleConnection()
                 conn.receive_data(chunk)
             elif isinstance(event, h11.Response):
                 answered = True
                 status = event.status_code
+                declared = [v for k, v in event.headers if k == b"content-length"]
                 headers = [(k, v) for k, v in event.headers if k not in _HOP_BY_HOP]
             elif isinstance(event, h11.Data):
                 payload += event.data
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 break
-        headers.append((b"content-length", str(len(payload)).encode()))
+        if request.method == b"HEAD":
+            headers += [(b"content-length", v) for v in declared[:1]]  # what a GET would send
+        elif status >= 200 and status not in (204, 304):
+            headers.append((b"content-length", str(len(payload)).encode()))
         return status, headers, bytes(payload)
 
     async def _refuse(self, writer: asyncio.StreamWriter, exc: _Refused) -> None:

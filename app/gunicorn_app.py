@@ -26,6 +26,10 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "timeout": settings.request_timeout_seconds + 30,
         "graceful_timeout": settings.request_timeout_seconds,
         "keepalive": 5,
+        # Behind app.front every request arrives over a unix socket, which gunicorn trusts as
+        # a proxy: it must not take SCRIPT_NAME/PATH_INFO or the scheme from client headers.
+        "forwarder_headers": "",
+        "secure_scheme_headers": {},
         "preload_app": False,
         "loglevel": settings.log_level.lower(),
         "accesslog": None,

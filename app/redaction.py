@@ -175,16 +175,25 @@ _FORMATTER = logging.Formatter()
 def install_log_redaction(policy: RedactionPolicy) -> None:
     """Every log record of this process is masked when it is made, whoever logs it (our code,
     gunicorn, Paddle, libraries): a raw ID in a message, an argument or a traceback never
-    reaches a log line. Wraps the current record factory (``app.logsafe``'s escaping runs
-    first); a second call only swaps the policy."""
+    reaches a log line. Wraps the current record factory; a second call only swaps the policy.
+
+    String arguments are masked *before* the inner factory sees them: ``app.logsafe`` escapes
+    control characters there, and an ID after an escaped newline (``\\n1101...``) would no
+    longer stand alone for the patterns. The formatted message is masked again (a match may
+    span the template), and the traceback is formatted, masked, and ``exc_info`` dropped so
+    no handler can format the raw one."""
     factory = logging.getLogRecordFactory()
     if hasattr(factory, "redaction_policy"):
         factory.redaction_policy = policy  # type: ignore[attr-defined]
         return
 
     def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = factory(*args, **kwargs)
         active: RedactionPolicy = make.redaction_policy  # type: ignore[attr-defined]
+        if len(args) > 5:
+            args = (*args[:5], _masked_args(args[5], active), *args[6:])
+        elif "args" in kwargs:
+            kwargs["args"] = _masked_args(kwargs["args"], active)
+        record = factory(*args, **kwargs)
         try:
             message = record.getMessage()
         except Exception:  # a broken format string: keep the template, drop the arguments
@@ -192,13 +201,30 @@ def install_log_redaction(policy: RedactionPolicy) -> None:
         record.msg, record.args = active.redact(message), None
         if record.exc_info:
             record.exc_text = active.redact(_FORMATTER.formatException(record.exc_info))
+            record.exc_info = None
         if record.stack_info:
             record.stack_info = active.redact(record.stack_info)
         return record
 
     make.redaction_policy = policy  # type: ignore[attr-defined]
-    # app.logsafe.install() looks for this mark; the escaping it adds already ran inside.
+    # app.logsafe.install() looks for this mark; the escaping it adds runs inside.
     make.escapes_control_characters = getattr(  # type: ignore[attr-defined]
         factory, "escapes_control_characters", False
     )
     logging.setLogRecordFactory(make)
+
+
+def _masked_args(args: Any, policy: RedactionPolicy) -> Any:
+    """String arguments masked; ``log.info("%(a)s", {"a": ...})`` arrives as a 1-tuple of a
+    mapping, whose string values are masked too."""
+    if isinstance(args, tuple):
+        return tuple(
+            _masked_args(a, policy) if isinstance(a, dict) else _masked(a, policy) for a in args
+        )
+    if isinstance(args, dict):
+        return {k: _masked(v, policy) for k, v in args.items()}
+    return args
+
+
+def _masked(value: Any, policy: RedactionPolicy) -> Any:
+    return policy.redact(value) if isinstance(value, str) else value

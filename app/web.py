@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 PADDLEX_PATHS = ("/ocr", "/health")  # PaddleX basic serving's routes
-OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()  # served at /openapi.json
+OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()
+COUNTER_PATHS = frozenset({"/metrics", "/v1/stats"})  # served at /openapi.json
 
 
 def build_cache(
@@ -115,6 +116,15 @@ def create_app(
         g.request_id = secrets.token_hex(8)
         address = trust.http_client_address(request.environ)
         g.trusted = trust.is_trusted(address, request.headers, settings)
+
+    @app.before_request
+    def _counters_need_trust() -> Any:
+        """With the cache status hidden, the hit counters must be too: comparing them before
+        and after one's own request would tell whether an image was seen before."""
+        if request.path in COUNTER_PATHS and not trust.shows_cache_status(g.trusted, settings):
+            message = "metrics are for trusted callers (CACHE_STATUS_VISIBLE=trusted)"
+            return Response(rest.error_body("forbidden", message), status=403, mimetype=JSON)
+        return None
 
     @app.after_request
     def _hide_cache_status(response: Response) -> Response:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import base64
 import re
+import threading
+from typing import Any
+
+from app.engines.base import EngineError
 
 
 def b64(data: bytes) -> str:
@@ -21,3 +25,20 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
     return total
+
+
+class FlakyEngine:
+    """The real engine, failing with ``EngineError`` while ``failing`` is set: what a crashing
+    runtime looks like to the cache (everything else is the real engine's)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.failing = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def recognize(self, request: Any) -> Any:
+        if self.failing.is_set():
+            raise EngineError("engine crashed")
+        return self._engine.recognize(request)

@@ -17,9 +17,8 @@ import redis
 from app.cache.codec import Codec
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
-from app.engines.base import EngineError
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
-from tests.helpers import b64
+from tests.helpers import FlakyEngine, b64
 
 # The longest a request may take while Redis misbehaves: a small image's engine call plus the
 # Redis timeouts, with room for a loaded 2-core machine; far below the faults' durations
@@ -198,19 +197,11 @@ def test_engine_timeout_is_a_clean_error_per_protocol(make_app, redis_client, gr
 
 
 def test_engine_that_keeps_failing_makes_readyz_say_so(make_app, engine, redis_client):
-    failing = threading.Event()
+    flaky = FlakyEngine(engine)
+    failing = flaky.failing
     failing.set()
 
-    class Flaky:
-        def __getattr__(self, name):  # type: ignore[no-untyped-def]
-            return getattr(engine, name)
-
-        def recognize(self, request):  # type: ignore[no-untyped-def]
-            if failing.is_set():
-                raise EngineError("engine crashed")
-            return engine.recognize(request)
-
-    app = make_app(engine_override=Flaky(), engine_unready_after_failures=3)
+    app = make_app(engine_override=flaky, engine_unready_after_failures=3)
     client = app.test_client()
     while client.get("/readyz").status_code != 200:
         time.sleep(0.01)

@@ -179,6 +179,8 @@ def test_log_records_are_masked_whoever_logs() -> None:
     try:
         logger.warning("lookup failed for %s / %s", RAW_ID, RAW_EMAIL)
         logger.warning("client said %s", "x\nFAKE LINE 13812345678")
+        logger.warning("logid=%s", f"\n{RAW_ID}")  # escaped to \\n: still masked
+        logger.warning("ids %(a)s %(b)s", {"a": f"\t{RAW_ID}", "b": 7})
         try:
             raise ValueError(f"bad card {RAW_CARD}")
         except ValueError:
@@ -189,6 +191,8 @@ def test_log_records_are_masked_whoever_logs() -> None:
     assert "lookup failed for ****************** / *****.***@*******.***" in text
     assert "ValueError: bad card **** **** **** ****" in text  # the traceback too
     assert "client said x\\nFAKE LINE ***********" in text  # escaped and masked
+    assert "logid=\\n******************" in text
+    assert "ids \\t****************** 7" in text
     assert not _leaks(text)
     assert "engine said" in text
 

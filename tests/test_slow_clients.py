@@ -190,3 +190,88 @@ def test_the_front_passes_the_real_client_address(service):
     token = {"X-Cache-Control-Token": TOKEN, "Cache-Control": "no-cache"}
     resp = requests.post(f"{base}/v1/ocr", json=body, headers=token, timeout=60)
     assert resp.headers["X-Cache"] == "MISS"  # trusted by token: recomputed
+
+
+def test_clients_cannot_set_wsgi_routing_or_framing_through_the_front(service):
+    """gunicorn trusts its unix socket as a proxy: SCRIPT_NAME/PATH_INFO or a scheme header
+    from a client would re-route the request (``SCRIPT_NAME: /v1`` turned /v1/ocr into
+    PaddleX's /ocr; ``/nope`` was a plain-text 500). The front drops them."""
+    base, _, _ = service
+    body = {"image": b64(WORD_EN.read_bytes())}
+    for name, value in (
+        ("SCRIPT_NAME", "/v1"),
+        ("SCRIPT_NAME", "/nope"),
+        ("PATH_INFO", "/ocr"),
+        ("Script-Name", "/v1"),
+        ("X-Forwarded-Proto", "https"),
+        ("Forwarded", "for=10.0.0.1;proto=https"),
+    ):
+        resp = requests.post(f"{base}/v1/ocr", json=body, headers={name: value}, timeout=60)
+        assert resp.status_code == 200, (name, value, resp.status_code, resp.text[:200])
+        assert "lines" in resp.json(), (name, value)  # the REST answer, not another route
+    get = requests.get(f"{base}/healthz", timeout=10)
+    head = requests.head(f"{base}/healthz", timeout=10)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["Content-Length"] == str(len(get.content))  # what a GET would send
+
+
+def test_the_front_bounds_the_bodies_it_holds_at_once(tmp_path):
+    """Each body is bounded by MAX_REQUEST_BYTES, and their sum over all connections by
+    max_buffered_bytes: past it a request is refused (503) instead of growing memory."""
+    import asyncio
+
+    import h11
+
+    from app.front import Front, FrontConfig
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A minimal HTTP server standing in for gunicorn: answers every request 200."""
+        conn = h11.Connection(h11.SERVER)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(65536))
+            elif isinstance(event, h11.EndOfMessage):
+                out = conn.send(h11.Response(status_code=200, headers=[("content-length", "2")]))
+                writer.write(out + conn.send(h11.Data(data=b"ok")) + conn.send(h11.EndOfMessage()))
+                await writer.drain()
+                writer.close()
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                return
+
+    async def scenario() -> tuple[bytes, bytes, bytes]:
+        sock = str(tmp_path / "up.sock")
+        up = await asyncio.start_unix_server(upstream, sock)
+        config = FrontConfig(
+            upstream=sock, max_body_bytes=800, header_timeout=5, body_timeout=5,
+            upstream_timeout=5, max_buffered_bytes=1000,
+        )  # fmt: skip
+        front = await asyncio.start_server(Front(config).handle, "127.0.0.1", 0)
+        port = front.sockets[0].getsockname()[1]
+        head = b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Length: 800\r\n\r\n"
+        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+        w1.write(head + b"a" * 600)  # held, not finished
+        await w1.drain()
+        await asyncio.sleep(0.2)
+        r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+        w2.write(head + b"b" * 600)  # 1,200 bytes held in all: over the cap
+        await w2.drain()
+        refused = await asyncio.wait_for(r2.read(4096), 5)
+        w1.write(b"a" * 200)  # the first completes and is answered
+        await w1.drain()
+        answered = await asyncio.wait_for(r1.read(4096), 5)
+        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
+        w3.write(head + b"c" * 800)  # the cap is free again
+        await w3.drain()
+        later = await asyncio.wait_for(r3.read(4096), 5)
+        for w in (w1, w2, w3):
+            w.close()
+        front.close()
+        up.close()
+        return refused, answered, later
+
+    refused, answered, later = asyncio.run(scenario())
+    assert refused.startswith(b"HTTP/1.1 503"), refused
+    assert answered.startswith(b"HTTP/1.1 200") and answered.endswith(b"ok"), answered
+    assert later.startswith(b"HTTP/1.1 200"), later

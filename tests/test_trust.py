@@ -111,3 +111,17 @@ def test_policy_configuration_is_validated():
             Settings.from_env({"TRUSTED_NETWORKS": bad})
     with pytest.raises(ConfigError, match="CACHE_CONTROL_TOKEN"):
         Settings.from_env({"CACHE_CONTROL_TOKEN": "short"})
+
+
+def test_hidden_cache_status_hides_the_hit_counters_too(app, make_app):
+    """Comparing /metrics or /v1/stats before and after one's own request would tell whether
+    an image was cached: with CACHE_STATUS_VISIBLE=trusted they are for trusted callers."""
+    client = app.test_client()
+    for path in ("/metrics", "/v1/stats"):
+        refused = client.get(path, environ_base=UNTRUSTED)
+        assert refused.status_code == 403 and refused.get_json()["error"]["code"] == "forbidden"
+        assert client.get(path, environ_base=TRUSTED).status_code == 200
+        token = {"X-Cache-Control-Token": TOKEN}
+        assert client.get(path, headers=token, environ_base=UNTRUSTED).status_code == 200
+    shown = make_app(**{**POLICY, "cache_status_visible": "all"}).test_client()
+    assert shown.get("/metrics", environ_base=UNTRUSTED).status_code == 200
