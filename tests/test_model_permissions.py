@@ -20,9 +20,23 @@ from tests.conftest import ROOT
 
 OTHER_UID = 10001
 SETPRIV = shutil.which("setpriv")
+
+
 as_other_user = pytest.mark.skipif(
     os.getuid() != 0 or SETPRIV is None, reason="needs root and setpriv to switch uid"
 )
+
+
+@pytest.fixture(scope="module")
+def other_uid() -> None:
+    """The other uid runs this checkout's code with this venv: a clone under a 0700 folder
+    (mktemp -d) cannot be imported by it, whatever the model folders' modes. Then only the
+    mode check runs (it alone would have caught the original bug)."""
+    probe = _load_as_other_user("import app.engines.paddle_models")
+    if probe.returncode != 0 and (
+        "No module named 'app'" in probe.stderr or "Permission" in probe.stderr
+    ):
+        pytest.skip(f"uid {OTHER_UID} cannot import this checkout (a parent folder is 0700)")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +80,7 @@ def _load_as_other_user(code: str) -> subprocess.CompletedProcess[str]:
 
 
 @as_other_user
-def test_another_uid_loads_what_root_prepared(prepared: Path) -> None:
+def test_another_uid_loads_what_root_prepared(prepared: Path, other_uid: None) -> None:
     code = (
         "from app.engines.paddle_models import resolve\n"
         f"m = resolve('', {str(prepared / 'models')!r}, with_cls=True)\n"
@@ -90,7 +104,7 @@ def _copy_as_model_dir(prepared: Path, target: Path) -> None:
 
 @as_other_user
 def test_read_only_model_dir_loads_and_unreadable_one_fails_clearly(
-    prepared: Path, shared_dir: Path
+    prepared: Path, shared_dir: Path, other_uid: None
 ) -> None:
     mounted = shared_dir / "mounted"
     _copy_as_model_dir(prepared, mounted)
