@@ -16,12 +16,12 @@ from app import admin, logsafe, metrics, stats, ui
 from app.cache.breaker import CircuitBreaker
 from app.cache.engine_runner import EngineBusy
 from app.cache.extraction_index import ExtractionIndex
-from app.cache.region import CacheControls, OcrCache
+from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
 from app.engine_state import EngineState
 from app.engines import build_engine
-from app.engines.base import Engine, EngineError, EngineTimeout, OcrResult, UnsupportedParams
+from app.engines.base import Engine
 from app.engines.redacting import with_redaction
 from app.imaging import DecodedImage, ImageTooLarge, InvalidImage, decode_image
 from app.pdf import render_pages
@@ -37,6 +37,7 @@ from app.protocols import (
 )
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
+from app.vocabulary import CacheControls, EngineError, EngineTimeout, OcrResult, UnsupportedParams
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from app.embedded_redis import EmbeddedRedis
-from app.engines.base import EngineError
+from app.vocabulary import EngineError
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
 

@@ -14,18 +14,20 @@ import redis
 
 from app.cache.breaker import CircuitBreaker
 from app.cache.keys import digest_image, lease_key
-from app.cache.region import CacheControls, CacheStatus, OcrCache
+from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
-from app.engines.base import (
+from app.engines.base import OcrRequest
+from app.imaging import decode_image
+from app.vocabulary import (
+    CacheControls,
+    CacheStatus,
     EngineError,
     OcrLine,
     OcrParams,
-    OcrRequest,
     OcrResult,
     UnsupportedParams,
 )
-from app.imaging import decode_image
 from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 
 IMAGES = [p.read_bytes() for p in (WORD_EN, WORD_CH, SHORT, PHOTOTEST)]

@@ -5,10 +5,11 @@ import shutil
 
 import pytest
 
-from app.engines.base import OcrParams, OcrRequest
+from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.engines.paddle_models import ModelFilesError, from_wheel
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
+from app.vocabulary import OcrParams
 from tests.conftest import PHOTOTEST, WORD_EN
 
 

@@ -17,7 +17,7 @@ import redis
 from app.cache.codec import Codec
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
-from app.engines.base import EngineError
+from app.vocabulary import EngineError
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64
 

@@ -22,7 +22,6 @@ import pytest
 
 from app.cache.keys import digest_image
 from app.config import ConfigError, Settings
-from app.engines.base import EngineError, OcrLine, OcrParams, OcrResult, UnsupportedParams
 from app.engines.hunyuan import HunyuanEngine
 from app.engines.hunyuan_output import (
     parse_extraction,
@@ -33,6 +32,7 @@ from app.engines.hunyuan_output import (
 from app.engines.paddle import PaddleOcrEngine
 from app.engines.serving import ServingEngine
 from app.engines.tasks import task_params
+from app.vocabulary import EngineError, OcrLine, OcrParams, OcrResult, UnsupportedParams
 from app.web import create_app
 from tests.conftest import CORPUS, PHOTOTEST
 from tests.fake_vllm import SPOTTING_10, FakeVllm

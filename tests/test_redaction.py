@@ -355,8 +355,8 @@ def test_word_boxes_are_masked_like_their_line(make_app, card_png):  # type: ign
 
 
 def test_words_that_are_not_in_the_line_fail_closed() -> None:
-    from app.engines.base import OcrLine
     from app.engines.redacting import _redact_line
+    from app.vocabulary import OcrLine
 
     box = ((0, 0), (1, 0), (1, 1), (0, 1))
     policy = build_policy(ALL, "")

@@ -20,10 +20,10 @@ import orjson
 
 from app import metrics
 from app.cache.keys import digest_image
-from app.cache.region import CacheControls, CacheStatus, OcrCache, Outcome
+from app.cache.region import OcrCache
 from app.config import Settings
-from app.engines.base import OcrParams, OcrResult
 from app.engines.tasks import EXTRACTION, FIELD_ARG, extraction_text, extraction_values
+from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult, Outcome
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import partial
 
 from app import metrics
@@ -38,43 +37,19 @@ from app.cache.notify import Notifier
 from app.cache.singleflight import SingleFlight
 from app.cache.store import RedisStore
 from app.config import Settings
-from app.engines.base import (
-    Engine,
+from app.engines.base import Engine, OcrRequest
+from app.imaging import DecodedImage
+from app.vocabulary import (
+    CacheControls,
+    CacheStatus,
     EngineError,
     EngineTimeout,
     OcrParams,
-    OcrRequest,
     OcrResult,
+    Outcome,
 )
-from app.imaging import DecodedImage
 
 log = logging.getLogger(__name__)
-
-
-class CacheStatus(StrEnum):
-    HIT = "HIT"
-    MISS = "MISS"
-    COALESCED = "COALESCED"
-    BYPASS = "BYPASS"
-
-
-@dataclass(frozen=True)
-class CacheControls:
-    """Per-request controls (from ``Cache-Control``, ``X-Cache-TTL``, the tenant header or
-    the protocol)."""
-
-    bypass: bool = False  # neither read nor write (e.g. pipeline.profile)
-    no_cache: bool = False  # do not read; recompute and refresh
-    no_store: bool = False  # do not write
-    ttl: int | None = None  # TTL override for writes, already bounded by the caller
-    namespace: str = ""  # tenant namespace: its own keys, never shared
-    trusted: bool = True  # may use shared-state controls (app/protocols/trust.py)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    result: OcrResult
-    status: CacheStatus
 
 
 # Lease calls that may fail in a row (timeouts on a loaded host) before this process

@@ -33,17 +33,7 @@ from PIL import Image
 
 from app.config import Settings
 from app.engines import hunyuan_output as output
-from app.engines.base import (
-    RESULT_SCHEMA_VERSION,
-    EngineBase,
-    EngineError,
-    EngineTimeout,
-    OcrParams,
-    OcrRequest,
-    OcrResult,
-    UnsupportedParams,
-    fingerprint_of,
-)
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of
 from app.engines.tasks import (
     EXTRACTION,
     FIELD_ARG,
@@ -54,6 +44,14 @@ from app.engines.tasks import (
     check_args,
 )
 from app.imaging import FORMATS
+from app.vocabulary import (
+    RESULT_SCHEMA_VERSION,
+    EngineError,
+    EngineTimeout,
+    OcrParams,
+    OcrResult,
+    UnsupportedParams,
+)
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,9 @@ import numpy as np
 
 from app.config import Settings
 from app.engines import paddle_models, tasks
-from app.engines.base import (
-    RESULT_SCHEMA_VERSION,
-    EngineBase,
-    EngineError,
-    OcrLine,
-    OcrParams,
-    OcrRequest,
-    OcrResult,
-    fingerprint_of,
-)
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of
 from app.imaging import DecodedImage
+from app.vocabulary import RESULT_SCHEMA_VERSION, EngineError, OcrLine, OcrParams, OcrResult
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from app.engines.base import Engine, OcrLine, OcrRequest, OcrResult, fingerprint_of
+from app.engines.base import Engine, OcrRequest, fingerprint_of
 from app.redaction import RedactionPolicy, build_policy, install_log_redaction
+from app.vocabulary import OcrLine, OcrResult
 
 if TYPE_CHECKING:
     from app.config import Settings

@@ -21,19 +21,17 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from app.config import Settings
-from app.engines.base import (
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of
+from app.engines.tasks import require_ocr
+from app.protocols.pdserving import parse_result_string
+from app.vocabulary import (
     RESULT_SCHEMA_VERSION,
-    EngineBase,
     EngineError,
     EngineTimeout,
     OcrParams,
-    OcrRequest,
     OcrResult,
     UnsupportedParams,
-    fingerprint_of,
 )
-from app.engines.tasks import require_ocr
-from app.protocols.pdserving import parse_result_string
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +83,12 @@ class ServingEngine(EngineBase):
             if self._grpc and self._stub is None:
                 import grpc
 
-                from app.grpc_server import pb2_grpc
+                from app.protocols.pipeline_stubs import message_size_options, pb2_grpc
 
                 size = self._settings.grpc_message_limit()
                 channel = grpc.insecure_channel(
                     self._url.removeprefix("grpc://"),
-                    options=[
-                        ("grpc.max_receive_message_length", size),
-                        ("grpc.max_send_message_length", size),
-                    ],
+                    options=message_size_options(size),
                 )
                 self._stub = pb2_grpc.PipelineServiceStub(channel)
             elif not self._grpc and self._session is None:
@@ -128,7 +123,7 @@ class ServingEngine(EngineBase):
     def _call_grpc(self, payload: str) -> tuple[str, str]:
         import grpc
 
-        from app.grpc_server import pb2
+        from app.protocols.pipeline_stubs import pb2
 
         message = pb2.Request(key=["image"], value=[payload])
         try:

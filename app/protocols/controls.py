@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from app.cache.region import CacheControls
 from app.config import Settings
 from app.protocols.errors import BadRequest
+from app.vocabulary import CacheControls
 
 TTL_HEADER = "X-Cache-TTL"
 _TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from app.vocabulary import ClientError
 
-class BadRequest(ValueError):
+
+class BadRequest(ClientError):
     """The request is malformed; ``code`` is a short machine-readable reason."""
 
     def __init__(self, message: str, code: str = "bad_request") -> None:

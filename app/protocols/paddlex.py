@@ -15,8 +15,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from app.engines.base import OcrLine, OcrParams, OcrResult
 from app.protocols.errors import BadRequest
+from app.vocabulary import OcrLine, OcrParams, OcrResult
 
 INVALID_FILE = "Invalid input file"  # upstream's message for any file it cannot read
 
