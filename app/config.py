@@ -390,6 +390,10 @@ class Settings:
             textline_orientation=self.ocr_textline_orientation,
         )
 
+    def engine_callers(self) -> int:
+        """Threads of one worker that may call the engine at once: HTTP's, and gRPC's too."""
+        return self.web_threads * (2 if self.grpc_enabled else 1)
+
     def grpc_message_limit(self) -> int:
         """gRPC message limit, both ways: ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""
         return self.grpc_max_message_bytes or self.max_request_bytes

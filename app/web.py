@@ -96,7 +96,9 @@ def create_app(
     settings = settings or Settings.from_env()
     logsafe.install()
     logging.getLogger("app").setLevel(settings.log_level)
-    engine = with_redaction(engine or build_engine(settings), settings)
+    engine = with_redaction(
+        engine or build_engine(settings), settings.cache_redact, settings.cache_redact_patterns_file
+    )
     metrics.initialise(engine.kind)
     cache, state = build_cache(settings, engine, store)
     extractions = ExtractionIndex(cache, settings)

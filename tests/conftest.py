@@ -95,7 +95,7 @@ def base_settings(
 
 @pytest.fixture(scope="session")
 def engine(base_settings: Settings) -> PaddleOcrEngine:
-    eng = PaddleOcrEngine(base_settings)
+    eng = PaddleOcrEngine.from_settings(base_settings)
     eng.load()
     return eng
 

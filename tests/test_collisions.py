@@ -162,7 +162,7 @@ def hunyuan_client(base_settings, redis_client):  # type: ignore[no-untyped-def]
     fake = FakeVllm(corpus).start()
     fake.respond = respond
     settings = hunyuan_settings(base_settings, fake)
-    app = create_app(settings, engine=HunyuanEngine(settings))
+    app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
     app.testing = True
     yield app.test_client()
     fake.stop()

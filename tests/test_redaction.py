@@ -314,7 +314,7 @@ def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis
         settings = hunyuan_settings(
             base_settings, fake, cache_redact=ALL, cache_redact_patterns_file=str(patterns)
         )
-        app = create_app(settings, engine=HunyuanEngine(settings))
+        app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
         client = app.test_client()
         deadline = time.monotonic() + 10
         while client.get("/readyz").status_code != 200:

@@ -92,7 +92,7 @@ class OcrCache:
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
         # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
         # in; a remote engine serves them concurrently, an in-process one says how many.
-        callers = settings.web_threads * (2 if settings.grpc_enabled else 1)
+        callers = settings.engine_callers()
         self._engine_runner = EngineRunner(
             getattr(engine, "max_concurrency", None) or callers,
             settings.engine_queue_max or settings.web_threads,

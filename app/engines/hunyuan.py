@@ -24,16 +24,15 @@ import logging
 import random
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx2
 import openai
 from PIL import Image
 
-from app.config import Settings
 from app.engines import hunyuan_output as output
-from app.engines.base import EngineBase, OcrRequest, fingerprint_of
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
 from app.engines.tasks import (
     EXTRACTION,
     FIELD_ARG,
@@ -131,17 +130,35 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-def _read_api_key(settings: Settings) -> str:
-    """HUNYUAN_API_KEY, or the file named by HUNYUAN_API_KEY_FILE (read by Settings)."""
-    return settings.hunyuan_api_key or "EMPTY"  # vLLM without --api-key accepts any key
+@dataclass(frozen=True)
+class HunyuanOptions:
+    """What the HunyuanOCR engine reads from ``Settings`` (fields named as there)."""
+
+    hunyuan_base_url: str
+    hunyuan_model: str
+    hunyuan_model_revision: str
+    hunyuan_model_generation: str
+    # HUNYUAN_API_KEY, or the file named by HUNYUAN_API_KEY_FILE (read by Settings).
+    hunyuan_api_key: str = field(repr=False)
+    hunyuan_timeout_seconds: float
+    hunyuan_connect_timeout_seconds: float
+    hunyuan_retries: int
+    hunyuan_max_tokens: int
+    hunyuan_startup_wait_seconds: float
+    engine_callers: int  # HTTP and gRPC threads of a worker may all be waiting on the model
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> HunyuanOptions:
+        return options_from(cls, settings, engine_callers=settings.engine_callers())
 
 
 class HunyuanEngine(EngineBase):
     kind = "hunyuan"
+    options_type = HunyuanOptions
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        generation = settings.hunyuan_model_generation
+    def __init__(self, options: HunyuanOptions) -> None:
+        self._options = options
+        generation = options.hunyuan_model_generation
         self._prompts = PROMPTS[generation]
         self._sampling = SAMPLING[generation]
         table = json.dumps([self._prompts, self._sampling], sort_keys=True, ensure_ascii=False)
@@ -149,18 +166,17 @@ class HunyuanEngine(EngineBase):
         identity = {
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
-            "model": settings.hunyuan_model,
-            "revision": settings.hunyuan_model_revision,
+            "model": options.hunyuan_model,
+            "revision": options.hunyuan_model_revision,
             "prompt_table": self._prompt_table,
             "prompt_table_digest": hashlib.sha256(table.encode()).hexdigest(),
-            "max_tokens": settings.hunyuan_max_tokens,
+            "max_tokens": options.hunyuan_max_tokens,
         }
         self._fingerprint = fingerprint_of(identity)
         # Spotting: what the line protocols (pdserving, PaddleX, gRPC) render.
         self._default_params = OcrParams(task=SPOTTING)
-        self._api_key = _read_api_key(settings)
-        # HTTP threads and gRPC threads of one worker may all be waiting on the model.
-        self.pool_size = settings.web_threads * (2 if settings.grpc_enabled else 1)
+        self._api_key = options.hunyuan_api_key or "EMPTY"  # vLLM without --api-key: any key
+        self.pool_size = options.engine_callers
         self._client: openai.OpenAI | None = None
         self._model_checked = False
         self._lock = threading.Lock()
@@ -179,7 +195,7 @@ class HunyuanEngine(EngineBase):
         check_args(params)
 
     def describe(self) -> dict[str, Any]:
-        s = self._settings
+        s = self._options
         return {
             "kind": self.kind,
             "fingerprint": self._fingerprint,
@@ -202,7 +218,7 @@ class HunyuanEngine(EngineBase):
         client = self._ensure_client()
         if self._model_checked:
             return
-        deadline = time.monotonic() + self._settings.hunyuan_startup_wait_seconds
+        deadline = time.monotonic() + self._options.hunyuan_startup_wait_seconds
         while True:
             try:
                 served = [m.id for m in client.models.list()]
@@ -216,16 +232,16 @@ class HunyuanEngine(EngineBase):
                 time.sleep(max(0.01, min(2.0, deadline - time.monotonic())))
             except openai.APIStatusError as exc:
                 raise EngineError(f"vLLM refused /v1/models: HTTP {exc.status_code}") from None
-        if self._settings.hunyuan_model not in served:
+        if self._options.hunyuan_model not in served:
             raise EngineError(
-                f"vLLM serves {served}, not HUNYUAN_MODEL={self._settings.hunyuan_model!r}"
+                f"vLLM serves {served}, not HUNYUAN_MODEL={self._options.hunyuan_model!r}"
             )
         self._model_checked = True
 
     def _ensure_client(self) -> openai.OpenAI:
         with self._lock:
             if self._client is None:
-                s = self._settings
+                s = self._options
                 timeout = openai.Timeout(
                     s.hunyuan_timeout_seconds, connect=s.hunyuan_connect_timeout_seconds
                 )
@@ -280,7 +296,7 @@ class HunyuanEngine(EngineBase):
 
     def _complete(self, messages: list[dict[str, Any]]) -> str:
         client = self._ensure_client()
-        attempts = self._settings.hunyuan_retries + 1
+        attempts = self._options.hunyuan_retries + 1
         for attempt in range(attempts):
             try:
                 return self._call(client, messages)
@@ -295,9 +311,9 @@ class HunyuanEngine(EngineBase):
     def _call(self, client: openai.OpenAI, messages: list[dict[str, Any]]) -> str:
         try:
             response = client.chat.completions.create(
-                model=self._settings.hunyuan_model,
+                model=self._options.hunyuan_model,
                 messages=messages,  # type: ignore[arg-type]
-                max_tokens=self._settings.hunyuan_max_tokens,
+                max_tokens=self._options.hunyuan_max_tokens,
                 **self._sampling,
             )
         except openai.APITimeoutError:
