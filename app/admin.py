@@ -14,6 +14,7 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request
 
 from app.cache.region import OcrCache
+from app.cache.store import RedisStore
 from app.engine_state import EngineState
 
 _MD5 = re.compile(r"[0-9a-f]{32}")
@@ -48,7 +49,7 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
             )
         if md5 is not None and (not isinstance(md5, str) or not _MD5.fullmatch(md5)):
             return _error(400, "invalid_md5", "md5: 32 lower-case hex digits")
-        if cache.store is None:
+        if not isinstance(cache.store, RedisStore):
             return _error(409, "no_cache", "caching is disabled on this service")
         removed = cache.purge(namespace=namespace or None, md5=md5)
         return jsonify({"removed": removed, "prefix": cache.prefix(namespace), "md5": md5})
@@ -62,7 +63,7 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
                 "l1": {"entries": len(cache.l1), "bytes": cache.l1.size_bytes},
                 "redis": (
                     {"breaker": store.breaker_state, **store.stats()}
-                    if store
+                    if isinstance(store, RedisStore)
                     else {"state": "disabled"}
                 ),
             }

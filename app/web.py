@@ -283,7 +283,7 @@ def create_app(
         if state.error:
             body["engine_error"] = state.error
         store_ = cache.store
-        if store_ is None:
+        if not isinstance(store_, RedisStore):
             body["redis"] = {"state": "disabled"}
         else:
             body["redis"] = {

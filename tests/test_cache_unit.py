@@ -120,6 +120,13 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
     assert key == f"ocr:v1:doublefingerprt:ocr-62f08dc5d1f8:{{{md5}}}"
     assert cache.key_for(digest_image(data), OcrParams(), "acme").startswith("ocr.acme:v1:")
     assert lease_key(key) == key + ":lease"
+    keys = cache.keys  # the one owner of every name: the other processes use the same ones
+    assert keys.lease(key) == key + ":lease"
+    assert keys.done(key) == f"ocr:done:{key}" and keys.done_pattern() == "ocr:done:*"
+    assert keys.purge_channel() == "ocr:purge"
+    assert keys.purge_pattern("acme") == "ocr.acme:*"
+    assert keys.purge_pattern("", md5) == f"ocr:*{{{md5}}}*"
+    assert keys.l1(digest_image(data), keys.task(OcrParams()))[-1] == digest_image(data).sha256
 
 
 def test_a_miss_is_stored_under_its_key_and_then_hit(settings, double, redis_client):
