@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 import pytest
 
-from app.grpc_server import pb2, pb2_grpc
 from app.imaging import decode_image
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import CORPUS
 from tests.helpers import b64
 from tests.md5_collisions import at_once, colliding_jpegs, shared_pairs

@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 from app import logsafe
 from app.cache.codec import MAGIC
 from app.config import ConfigError, Settings
-from app.grpc_server import pb2, pb2_grpc
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from app.redaction import (
     BUILTIN,
     build_policy,

@@ -110,7 +110,7 @@ def test_gunicorn_cli_with_the_config_file(tmp_path, redis_server):
     gRPC from the worker, metrics summed through the multiprocess directory."""
     import grpc
 
-    from app.grpc_server import pb2, pb2_grpc
+    from app.protocols.pipeline_stubs import pb2, pb2_grpc
 
     port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
