@@ -21,7 +21,6 @@ import hashlib
 import io
 import json
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,7 @@ from PIL import Image
 
 from app.engines import hunyuan_output as output
 from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.retry import RetryPolicy, Transient
 from app.engines.tasks import (
     EXTRACTION,
     FIELD_ARG,
@@ -122,14 +122,6 @@ _RETRY_STATUS = frozenset({429, 503})
 _MAX_BACKOFF_SECONDS = 4.0
 
 
-class _Transient(Exception):
-    """A failure worth retrying: transport error, 429 or 503."""
-
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after = retry_after
-
-
 @dataclass(frozen=True)
 class HunyuanOptions:
     """What the HunyuanOCR engine reads from ``Settings`` (fields named as there)."""
@@ -177,6 +169,11 @@ class HunyuanEngine(EngineBase):
         self._default_params = OcrParams(task=SPOTTING)
         self._api_key = options.hunyuan_api_key or "EMPTY"  # vLLM without --api-key: any key
         self.pool_size = options.engine_callers
+        # Transport errors, 429 and 503: 250 ms, doubling, jittered, Retry-After honoured.
+        self._retry = RetryPolicy(
+            options.hunyuan_retries, 0.25, _MAX_BACKOFF_SECONDS, jitter=0.25,
+            what="vLLM unavailable",
+        )  # fmt: skip
         self._client: openai.OpenAI | None = None
         self._model_checked = False
         self._lock = threading.Lock()
@@ -296,17 +293,7 @@ class HunyuanEngine(EngineBase):
 
     def _complete(self, messages: list[dict[str, Any]]) -> str:
         client = self._ensure_client()
-        attempts = self._options.hunyuan_retries + 1
-        for attempt in range(attempts):
-            try:
-                return self._call(client, messages)
-            except _Transient as exc:
-                log.warning("vLLM unavailable (attempt %d/%d): %s", attempt + 1, attempts, exc)
-                if attempt + 1 == attempts:
-                    raise EngineError(f"vLLM unavailable: {exc}") from None
-                backoff = min(0.25 * 2**attempt, _MAX_BACKOFF_SECONDS) * random.uniform(0.75, 1)
-                time.sleep(min(max(backoff, exc.retry_after or 0.0), _MAX_BACKOFF_SECONDS))
-        raise AssertionError("unreachable")
+        return self._retry.call(lambda: self._call(client, messages), log)
 
     def _call(self, client: openai.OpenAI, messages: list[dict[str, Any]]) -> str:
         try:
@@ -319,10 +306,10 @@ class HunyuanEngine(EngineBase):
         except openai.APITimeoutError:
             raise EngineTimeout("vLLM did not answer in time") from None
         except openai.APIConnectionError as exc:
-            raise _Transient(f"connection failed: {exc}") from None
+            raise Transient(f"connection failed: {exc}") from None
         except openai.APIStatusError as exc:
             if exc.status_code in _RETRY_STATUS:
-                raise _Transient(f"HTTP {exc.status_code}", _retry_after(exc)) from None
+                raise Transient(f"HTTP {exc.status_code}", _retry_after(exc)) from None
             raise EngineError(f"vLLM refused the request: HTTP {exc.status_code}") from None
         if not response.choices:
             raise EngineError("vLLM answered no choices")

@@ -14,7 +14,6 @@ import base64
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.retry import RetryPolicy, Transient
 from app.engines.tasks import require_ocr
 from app.protocols.pdserving import parse_result_string
 from app.vocabulary import (
@@ -34,10 +34,6 @@ from app.vocabulary import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class _Transient(Exception):
-    """A transport failure worth retrying (connection refused/reset, unavailable)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +75,10 @@ class ServingEngine(EngineBase):
         }
         self._fingerprint = fingerprint_of(identity)
         self._default_params = options.default_params
+        # Connection refused/reset and UNAVAILABLE only: 50 ms, doubling, at most 1 s apart.
+        self._retry = RetryPolicy(
+            options.serving_retries, 0.05, 1.0, what="serving backend unreachable"
+        )
         self._lock = threading.Lock()
         self._stub: Any = None
         self._session: requests.Session | None = None
@@ -125,17 +125,8 @@ class ServingEngine(EngineBase):
         if self._stub is None and self._session is None:
             self.load()
         payload = base64.b64encode(request.data).decode()
-        attempts = self._options.serving_retries + 1
-        for attempt in range(attempts):
-            try:
-                key, value = self._call_grpc(payload) if self._grpc else self._call_http(payload)
-                break
-            except _Transient as exc:
-                log.warning("serving backend unreachable (attempt %d/%d): %s",
-                            attempt + 1, attempts, exc)  # fmt: skip
-                if attempt + 1 == attempts:
-                    raise EngineError(f"serving backend unreachable: {exc}") from None
-                time.sleep(min(0.05 * 2**attempt, 1.0))
+        call = self._call_grpc if self._grpc else self._call_http
+        key, value = self._retry.call(lambda: call(payload), log)
         try:
             lines = parse_result_string(value, key)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -154,7 +145,7 @@ class ServingEngine(EngineBase):
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.UNAVAILABLE:
-                raise _Transient(code.name) from None
+                raise Transient(code.name) from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineTimeout("serving backend timed out") from None
             raise EngineError(f"serving backend failed: {code.name}") from None
@@ -169,7 +160,7 @@ class ServingEngine(EngineBase):
         except requests.ConnectionError as exc:
             if isinstance(exc, requests.ReadTimeout):
                 raise EngineTimeout("serving backend timed out") from None
-            raise _Transient(exc.__class__.__name__) from None
+            raise Transient(exc.__class__.__name__) from None
         except requests.Timeout:
             raise EngineTimeout("serving backend timed out") from None
         if resp.status_code != 200:
