@@ -16,9 +16,10 @@ from flask import Blueprint, Flask, Response, jsonify, request
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.engine_state import EngineState
+from app.protocols.errors import error_envelope
+from app.vocabulary import TENANT_NAME
 
 _MD5 = re.compile(r"[0-9a-f]{32}")
-_NAMESPACE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> None:
@@ -43,7 +44,7 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
             )
         namespace = body.get("namespace", "")
         md5 = body.get("md5")
-        if not isinstance(namespace, str) or (namespace and not _NAMESPACE.fullmatch(namespace)):
+        if not isinstance(namespace, str) or (namespace and not TENANT_NAME.fullmatch(namespace)):
             return _error(
                 400, "invalid_namespace", "namespace: a tenant name, or empty for the default"
             )
@@ -73,4 +74,4 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
 
 
 def _error(status: int, code: str, message: str) -> tuple[Response, int]:
-    return jsonify({"error": {"code": code, "message": message}}), status
+    return jsonify(error_envelope(code, message)), status

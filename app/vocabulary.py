@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -151,6 +152,10 @@ class EngineTimeout(EngineError):
 
 class UnsupportedParams(ClientError):
     """The request asks for parameters this engine cannot honour (a client error)."""
+
+
+# A tenant namespace's name (the tenant header, the admin purge's ``namespace``).
+TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class CacheStatus(StrEnum):

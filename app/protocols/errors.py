@@ -11,3 +11,8 @@ class BadRequest(ClientError):
     def __init__(self, message: str, code: str = "bad_request") -> None:
         super().__init__(message)
         self.code = code
+
+
+def error_envelope(code: str, message: str) -> dict[str, dict[str, str]]:
+    """The error body of the REST API, the admin API and the HTTP front's own answers."""
+    return {"error": {"code": code, "message": message}}
