@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from app import redis_url
 from app.redaction import PolicyError, load_patterns, parse_names
-from app.vocabulary import OcrCacheError, OcrParams
+from app.vocabulary import DETECTION_PARAMS, OcrCacheError, OcrParams
 
 T = TypeVar("T")
 
@@ -381,14 +381,7 @@ class Settings:
         )
 
     def default_params(self) -> OcrParams:
-        return OcrParams(
-            det_limit_side_len=self.ocr_det_limit_side_len,
-            det_limit_type=self.ocr_det_limit_type,
-            det_thresh=self.ocr_det_thresh,
-            det_box_thresh=self.ocr_det_box_thresh,
-            det_unclip_ratio=self.ocr_det_unclip_ratio,
-            textline_orientation=self.ocr_textline_orientation,
-        )
+        return OcrParams(**{name: getattr(self, f"ocr_{name}") for name in DETECTION_PARAMS})
 
     def engine_callers(self) -> int:
         """Threads of one worker that may call the engine at once: HTTP's, and gRPC's too."""

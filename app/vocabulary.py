@@ -48,6 +48,21 @@ class OcrParams:
         return tuple(value for key, value in self.task_args if key == name)
 
 
+# The six detection parameters, one table: ``OcrParams`` field -> PaddleOCR's ``predict()``
+# keyword. The other spellings derive from it: ``OCR_`` + the field upper-cased is the
+# setting that gives its default (app/config.py), the keyword in camelCase is the PaddleX
+# request field, and without ``text_det_`` it is the key PaddleX answers in
+# ``text_det_params`` (app/protocols/paddlex.py).
+DETECTION_PARAMS: dict[str, str] = {
+    "det_limit_side_len": "text_det_limit_side_len",
+    "det_limit_type": "text_det_limit_type",
+    "det_thresh": "text_det_thresh",
+    "det_box_thresh": "text_det_box_thresh",
+    "det_unclip_ratio": "text_det_unclip_ratio",
+    "textline_orientation": "use_textline_orientation",
+}
+
+
 @functools.lru_cache(maxsize=1024)
 def _params_digest(params: OcrParams) -> str:
     """Memoized: it is on every request's path, and a handful of param sets recur."""

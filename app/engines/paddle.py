@@ -20,7 +20,14 @@ import numpy as np
 from app.engines import paddle_models, tasks
 from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
 from app.imaging import DecodedImage
-from app.vocabulary import RESULT_SCHEMA_VERSION, EngineError, OcrLine, OcrParams, OcrResult
+from app.vocabulary import (
+    DETECTION_PARAMS,
+    RESULT_SCHEMA_VERSION,
+    EngineError,
+    OcrLine,
+    OcrParams,
+    OcrResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +157,7 @@ class PaddleOcrEngine(EngineBase):
         try:
             outputs = self._pipeline.predict(
                 bgr,
-                use_textline_orientation=p.textline_orientation,
-                text_det_limit_side_len=p.det_limit_side_len,
-                text_det_limit_type=p.det_limit_type,
-                text_det_thresh=p.det_thresh,
-                text_det_box_thresh=p.det_box_thresh,
-                text_det_unclip_ratio=p.det_unclip_ratio,
+                **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
                 text_rec_score_thresh=0.0,
                 return_word_box=p.return_word_box,
             )
