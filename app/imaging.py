@@ -36,6 +36,8 @@ _BAND_BYTES = 4 << 20
 class InvalidImage(ClientError):
     """The bytes are not an image we can decode (client error, never cached)."""
 
+    code = "invalid_image"
+
 
 class ImageTooLarge(InvalidImage):
     """The image declares more pixels, a longer side or more decoding work than allowed."""

@@ -154,7 +154,10 @@ class OcrCacheError(Exception):
 
 
 class ClientError(OcrCacheError, ValueError):
-    """The request cannot be served as asked (a 4xx in every protocol); never cached."""
+    """The request cannot be served as asked (a 4xx in every protocol); never cached.
+    ``code`` is the short machine-readable reason the REST API answers with."""
+
+    code = "bad_request"
 
 
 class EngineError(OcrCacheError, RuntimeError):
@@ -167,6 +170,8 @@ class EngineTimeout(EngineError):
 
 class UnsupportedParams(ClientError):
     """The request asks for parameters this engine cannot honour (a client error)."""
+
+    code = "unsupported_params"
 
 
 # A tenant namespace's name (the tenant header, the admin purge's ``namespace``).

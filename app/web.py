@@ -37,7 +37,14 @@ from app.protocols import (
 )
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
-from app.vocabulary import CacheControls, EngineError, EngineTimeout, OcrResult, UnsupportedParams
+from app.vocabulary import (
+    CacheControls,
+    ClientError,
+    EngineError,
+    EngineTimeout,
+    OcrResult,
+    UnsupportedParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,14 +158,9 @@ def create_app(
                 engine.default_params, settings.default_task(), settings.hunyuan_target_language
             )
             outcome = extractions.get_or_compute(req.data, params, _controls(settings))
-        except (BadRequest, InvalidImage, UnsupportedParams) as exc:
-            code = (
-                "unsupported_params"
-                if isinstance(exc, UnsupportedParams)
-                else getattr(exc, "code", "invalid_image")
-            )
+        except ClientError as exc:  # BadRequest, InvalidImage, UnsupportedParams
             observe("rest", 400, "none")
-            return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
+            return Response(rest.error_body(exc.code, str(exc)), status=400, mimetype=JSON)
         except EngineBusy as exc:
             observe("rest", 503, "none")
             body = rest.error_body("engine_busy", str(exc))
