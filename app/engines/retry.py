@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import tenacity
@@ -33,6 +34,7 @@ class RetryPolicy:
     max_backoff: float  # cap on every wait, Retry-After included
     jitter: float = 0.0  # each wait is shortened by up to this fraction, at random
     what: str = "engine backend unavailable"  # the EngineError's and the logs' words
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
 
     def call(self, fn: Callable[[], T], log: logging.Logger) -> T:
         attempts = self.retries + 1
@@ -54,6 +56,7 @@ class RetryPolicy:
             retry=tenacity.retry_if_exception_type(Transient),
             after=warn,
             reraise=True,
+            sleep=self.sleep,
         )
         try:
             return retrying(fn)
