@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-tools run test test-images lint bench parity clean fuzz
+.PHONY: install install-tools run test test-fast test-images lint bench parity clean fuzz
 
 install: $(STAMP)
 
@@ -41,6 +41,10 @@ test: install install-tools
 		(apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 || \
 		echo "chromium not installed: the web page test will be skipped"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit layer (no engine, no processes, no deployment checks): under a minute.
+test-fast: install
+	$(BIN)/python -m pytest -m "not integration and not deploy and not slow" $(PYTEST_ARGS)
 
 # Longer mutation fuzzing of the image decoders (make test runs 3,000 + 40 cases); e.g.
 # make fuzz FUZZ_SEED=7. About 75 s on 2 cores. stderr is dropped: libtiff prints a warning

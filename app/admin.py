@@ -14,10 +14,12 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request
 
 from app.cache.region import OcrCache
+from app.cache.store import RedisStore
 from app.engine_state import EngineState
+from app.protocols.errors import error_envelope
+from app.vocabulary import TENANT_NAME
 
 _MD5 = re.compile(r"[0-9a-f]{32}")
-_NAMESPACE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> None:
@@ -42,13 +44,13 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
             )
         namespace = body.get("namespace", "")
         md5 = body.get("md5")
-        if not isinstance(namespace, str) or (namespace and not _NAMESPACE.fullmatch(namespace)):
+        if not isinstance(namespace, str) or (namespace and not TENANT_NAME.fullmatch(namespace)):
             return _error(
                 400, "invalid_namespace", "namespace: a tenant name, or empty for the default"
             )
         if md5 is not None and (not isinstance(md5, str) or not _MD5.fullmatch(md5)):
             return _error(400, "invalid_md5", "md5: 32 lower-case hex digits")
-        if cache.store is None:
+        if not isinstance(cache.store, RedisStore):
             return _error(409, "no_cache", "caching is disabled on this service")
         removed = cache.purge(namespace=namespace or None, md5=md5)
         return jsonify({"removed": removed, "prefix": cache.prefix(namespace), "md5": md5})
@@ -62,7 +64,7 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
                 "l1": {"entries": len(cache.l1), "bytes": cache.l1.size_bytes},
                 "redis": (
                     {"breaker": store.breaker_state, **store.stats()}
-                    if store
+                    if isinstance(store, RedisStore)
                     else {"state": "disabled"}
                 ),
             }
@@ -72,4 +74,4 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
 
 
 def _error(status: int, code: str, message: str) -> tuple[Response, int]:
-    return jsonify({"error": {"code": code, "message": message}}), status
+    return jsonify(error_envelope(code, message)), status

@@ -13,12 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
-from app.engines.base import OcrParams
+from app import redis_url
+from app.redaction import PolicyError, load_patterns, parse_names
+from app.vocabulary import DETECTION_PARAMS, OcrCacheError, OcrParams
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(OcrCacheError, ValueError):
     """A setting has a value the service cannot run with."""
 
 
@@ -88,10 +90,8 @@ def _redis_url(name: str, raw: str) -> str:
     if value and not value.startswith(schemes):
         raise ConfigError(f"{name}: expected one of {', '.join(schemes)} URLs")
     if value.startswith(("redis+sentinel://", "redis+cluster://")):
-        from app.cache.redis_client import parse
-
         try:
-            parse(value)
+            redis_url.parse(value)
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from None
     return value
@@ -121,8 +121,6 @@ def _commit(name: str, raw: str) -> str:
 
 
 def _redact_types(name: str, raw: str) -> tuple[str, ...]:
-    from app.redaction import PolicyError, parse_names
-
     try:
         return parse_names(raw)
     except PolicyError as exc:
@@ -130,8 +128,6 @@ def _redact_types(name: str, raw: str) -> tuple[str, ...]:
 
 
 def _redact_patterns_file(name: str, raw: str) -> str:
-    from app.redaction import PolicyError, load_patterns
-
     try:
         load_patterns(raw.strip())
     except PolicyError as exc:
@@ -385,14 +381,11 @@ class Settings:
         )
 
     def default_params(self) -> OcrParams:
-        return OcrParams(
-            det_limit_side_len=self.ocr_det_limit_side_len,
-            det_limit_type=self.ocr_det_limit_type,
-            det_thresh=self.ocr_det_thresh,
-            det_box_thresh=self.ocr_det_box_thresh,
-            det_unclip_ratio=self.ocr_det_unclip_ratio,
-            textline_orientation=self.ocr_textline_orientation,
-        )
+        return OcrParams(**{name: getattr(self, f"ocr_{name}") for name in DETECTION_PARAMS})
+
+    def engine_callers(self) -> int:
+        """Threads of one worker that may call the engine at once: HTTP's, and gRPC's too."""
+        return self.web_threads * (2 if self.grpc_enabled else 1)
 
     def grpc_message_limit(self) -> int:
         """gRPC message limit, both ways: ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""

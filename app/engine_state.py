@@ -10,7 +10,8 @@ import threading
 import time
 
 from app import metrics
-from app.engines.base import Engine, EngineError
+from app.engines.base import Engine
+from app.vocabulary import EngineError
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ import h11
 import orjson
 
 from app import logsafe
+from app.protocols.errors import error_envelope
 
 log = logging.getLogger("app.front")
 
@@ -361,7 +362,7 @@ def _json_error(
 
         body = orjson.dumps({"logId": str(uuid.uuid4()), "errorCode": status, "errorMsg": message})
     else:
-        body = orjson.dumps({"error": {"code": code, "message": message}})
+        body = orjson.dumps(error_envelope(code, message))
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

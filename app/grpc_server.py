@@ -2,8 +2,7 @@
 
 Runs inside each gunicorn worker, beside HTTP, on the same cache and engine: every worker
 binds GRPC_PORT with SO_REUSEPORT (grpcio's default on Linux) and the kernel spreads
-connections over them, so gRPC costs no extra engine memory. Stubs come from the .proto in
-app/protocols/proto, compiled at import time (grpcio-tools): one source of truth.
+connections over them, so gRPC costs no extra engine memory. Stubs: app/protocols/pipeline_stubs.py.
 """
 
 from __future__ import annotations
@@ -22,13 +21,9 @@ from app.cache.region import OcrCache
 from app.config import Settings
 from app.protocols import controls, pipeline, trust
 from app.protocols.errors import BadRequest
+from app.protocols.pipeline_stubs import SERVICE, message_size_options, pb2, pb2_grpc
 
 log = logging.getLogger(__name__)
-
-PROTO = "app/protocols/proto/pipeline_service.proto"
-pb2, pb2_grpc = grpc.protos_and_services(PROTO)
-SERVICE = "baidu.paddle_serving.pipeline_serving.PipelineService"
-METHOD = f"/{SERVICE}/inference"
 
 
 class Undecodable:
@@ -125,11 +120,7 @@ def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.web_threads, thread_name_prefix="grpc"),
         maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs or 4 * settings.web_threads,
-        options=[
-            ("grpc.max_receive_message_length", size),
-            ("grpc.max_send_message_length", size),
-            ("grpc.so_reuseport", 1),
-        ],
+        options=[*message_size_options(size), ("grpc.so_reuseport", 1)],
     )
     _add_servicer(server, PipelineServicer(cache, settings))
     bind = f"{settings.host}:{settings.grpc_port if port is None else port}"

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from app.vocabulary import ClientError
+
 # We enforce our own pixel limit before decoding; Pillow's own check stays as a backstop.
 Image.MAX_IMAGE_PIXELS = 200_000_000
 
@@ -31,8 +33,10 @@ MAX_JPEG_SCANS = 100
 _BAND_BYTES = 4 << 20
 
 
-class InvalidImage(ValueError):
+class InvalidImage(ClientError):
     """The bytes are not an image we can decode (client error, never cached)."""
+
+    code = "invalid_image"
 
 
 class ImageTooLarge(InvalidImage):

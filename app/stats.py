@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import metrics
 from app.cache.region import OcrCache
+from app.cache.store import RedisStore
 
 # Cache lookups that were answered without calling the engine.
 _SAVED = ("hit", "coalesced")
@@ -52,7 +53,7 @@ def summarize(exposition: str, cache: OcrCache) -> dict[str, Any]:
     request_count = sums["ocr_request_duration_seconds_count"]
     store = cache.store
     redis: dict[str, Any]
-    if store is None:
+    if not isinstance(store, RedisStore):
         redis = {"state": "disabled"}
     else:
         info = store.stats()

@@ -16,12 +16,12 @@ from app import admin, logsafe, metrics, stats, ui
 from app.cache.breaker import CircuitBreaker
 from app.cache.engine_runner import EngineBusy
 from app.cache.extraction_index import ExtractionIndex
-from app.cache.region import CacheControls, OcrCache
+from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
 from app.engine_state import EngineState
 from app.engines import build_engine
-from app.engines.base import Engine, EngineError, EngineTimeout, OcrResult, UnsupportedParams
+from app.engines.base import Engine
 from app.engines.redacting import with_redaction
 from app.imaging import DecodedImage, ImageTooLarge, InvalidImage, decode_image
 from app.pdf import render_pages
@@ -37,6 +37,14 @@ from app.protocols import (
 )
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
+from app.vocabulary import (
+    CacheControls,
+    ClientError,
+    EngineError,
+    EngineTimeout,
+    OcrResult,
+    UnsupportedParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +104,9 @@ def create_app(
     settings = settings or Settings.from_env()
     logsafe.install()
     logging.getLogger("app").setLevel(settings.log_level)
-    engine = with_redaction(engine or build_engine(settings), settings)
+    engine = with_redaction(
+        engine or build_engine(settings), settings.cache_redact, settings.cache_redact_patterns_file
+    )
     metrics.initialise(engine.kind)
     cache, state = build_cache(settings, engine, store)
     extractions = ExtractionIndex(cache, settings)
@@ -158,14 +168,9 @@ def create_app(
                 engine.default_params, settings.default_task(), settings.hunyuan_target_language
             )
             outcome = extractions.get_or_compute(req.data, params, _controls(settings))
-        except (BadRequest, InvalidImage, UnsupportedParams) as exc:
-            code = (
-                "unsupported_params"
-                if isinstance(exc, UnsupportedParams)
-                else getattr(exc, "code", "invalid_image")
-            )
+        except ClientError as exc:  # BadRequest, InvalidImage, UnsupportedParams
             observe("rest", 400, "none")
-            return Response(rest.error_body(code, str(exc)), status=400, mimetype=JSON)
+            return Response(rest.error_body(exc.code, str(exc)), status=400, mimetype=JSON)
         except EngineBusy as exc:
             observe("rest", 503, "none")
             body = rest.error_body("engine_busy", str(exc))
@@ -290,7 +295,7 @@ def create_app(
         if state.error:
             body["engine_error"] = state.error
         store_ = cache.store
-        if store_ is None:
+        if not isinstance(store_, RedisStore):
             body["redis"] = {"state": "disabled"}
         else:
             body["redis"] = {

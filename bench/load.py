@@ -44,7 +44,7 @@ def _worker(port: int, req: Request, count: int, deadline: float, out: mp.Queue)
 def _grpc_worker(endpoint: str, b64: str, count: int, deadline: float, out: mp.Queue) -> None:
     import grpc  # imported in the child only: the parent process never starts grpc
 
-    from app.grpc_server import pb2, pb2_grpc
+    from app.protocols.pipeline_stubs import pb2, pb2_grpc
 
     stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
     request = pb2.Request(key=["image"], value=[b64])

@@ -19,7 +19,7 @@ from app.imaging import decode_image
 
 app = Flask(__name__)
 cache = redis.Redis.from_url(os.environ["REDIS_URL"])
-engine = PaddleOcrEngine(Settings.from_env())
+engine = PaddleOcrEngine.from_settings(Settings.from_env())
 engine.prepare()  # keeps gunicorn's SIGTERM handling, as the service does
 engine.load()
 

@@ -125,7 +125,7 @@ def floor(redis_url: str, key: str, b64: str, n: int) -> dict:
 
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    engine = PaddleOcrEngine(Settings.from_env({}))
+    engine = PaddleOcrEngine.from_settings(Settings.from_env({}))
     engine.load()
     images = {name: (CORPUS / fname).read_bytes() for name, fname in IMAGES.items()}
     report: dict = {

@@ -30,6 +30,38 @@ WORD_CH = CORPUS / "paddleocr_word_ch_4.jpg"
 SHORT = CORPUS / "rapidocr_short.png"
 
 
+# The test layers (`make test-fast` runs only the unmarked ones). A test that uses the real
+# OCR engine (the `engine` fixture, directly or through `make_app`/`client`) is `integration`
+# by that fact; whole files are marked here by what they start or how long they run.
+_FILE_MARKS = {
+    "test_alerts.py": ("deploy",),  # promtool over the alert rules
+    "test_cli.py": ("integration",),  # the CLI against a live service process
+    "test_deploy.py": ("deploy",),  # Dockerfiles, compose, units
+    "test_entrypoint.py": ("deploy",),  # the container entry point in subprocesses
+    "test_model_permissions.py": ("deploy",),  # model folders as another user
+    "test_observability_hardening.py": ("integration",),
+    "test_scale_out.py": ("deploy", "slow"),  # gunicorn fleets
+    "test_serve.py": ("deploy",),  # gunicorn and `python -m app serve`
+    "test_serving_engine.py": ("integration",),  # a backend `python -m app serve` process
+    "test_slow_clients.py": ("deploy", "slow"),  # the slow-client front in processes
+    "test_webpage.py": ("deploy",),  # Debian's chromium
+    "test_fuzz_images.py": ("slow",),
+    "test_parity.py": ("slow",),  # PaddleX's own serving app as the oracle
+    "test_schemathesis.py": ("slow",),
+    "test_topologies.py": ("slow",),  # Sentinel and Cluster fail-over
+    "test_url_input.py": ("slow",),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in _FILE_MARKS.get(item.path.name, ()):
+            item.add_marker(name)
+        fixtures = getattr(item, "fixturenames", ())
+        if "engine" in fixtures or "stock_client_dir" in fixtures:
+            item.add_marker("integration")
+
+
 def corpus_bytes(path: Path) -> bytes:
     return path.read_bytes()
 
@@ -63,7 +95,7 @@ def base_settings(
 
 @pytest.fixture(scope="session")
 def engine(base_settings: Settings) -> PaddleOcrEngine:
-    eng = PaddleOcrEngine(base_settings)
+    eng = PaddleOcrEngine.from_settings(base_settings)
     eng.load()
     return eng
 

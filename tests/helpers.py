@@ -7,7 +7,7 @@ import re
 import threading
 from typing import Any
 
-from app.engines.base import EngineError
+from app.vocabulary import EngineError
 
 
 def b64(data: bytes) -> str:

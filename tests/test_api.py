@@ -97,7 +97,7 @@ def test_engine_fingerprint_change_is_a_miss(make_app, base_settings):
     data = WORD_EN.read_bytes()
     assert ocr_json(make_app().test_client(), data).headers["X-Cache"] == "MISS"
     assert ocr_json(make_app().test_client(), data).headers["X-Cache"] == "HIT"
-    other = PaddleOcrEngine(base_settings.with_overrides(ocr_cpu_threads=2))
+    other = PaddleOcrEngine.from_settings(base_settings.with_overrides(ocr_cpu_threads=2))
     other.load()
     client = make_app(engine_override=other).test_client()
     resp = ocr_json(client, data)

@@ -17,8 +17,8 @@ import grpc
 import pytest
 from PIL import Image, PngImagePlugin
 
-from app.grpc_server import METHOD, pb2, pb2_grpc
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
+from app.protocols.pipeline_stubs import METHOD, pb2, pb2_grpc
 from tests.conftest import WORD_CH, WORD_EN
 
 # (protocol, input class) -> outcomes seen, e.g. {"400 invalid_image": 3}

@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 import pytest
 
-from app.grpc_server import pb2, pb2_grpc
 from app.imaging import decode_image
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import CORPUS
 from tests.helpers import b64
 from tests.md5_collisions import at_once, colliding_jpegs, shared_pairs
@@ -162,7 +162,7 @@ def hunyuan_client(base_settings, redis_client):  # type: ignore[no-untyped-def]
     fake = FakeVllm(corpus).start()
     fake.respond = respond
     settings = hunyuan_settings(base_settings, fake)
-    app = create_app(settings, engine=HunyuanEngine(settings))
+    app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
     app.testing = True
     yield app.test_client()
     fake.stop()

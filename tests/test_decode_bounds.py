@@ -13,8 +13,8 @@ import pytest
 from PIL import Image, ImageFile, ImageOps
 
 from app import imaging
-from app.grpc_server import pb2, pb2_grpc
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.helpers import b64
 from tests.hostile_images import jpeg_with_scans, png_declaring
 from tests.image_fuzz import FOUND, case

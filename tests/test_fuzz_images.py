@@ -12,8 +12,8 @@ from collections import Counter
 
 import grpc
 
-from app.grpc_server import pb2, pb2_grpc
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.helpers import b64
 from tests.image_fuzz import SEEDS, case, cases
 

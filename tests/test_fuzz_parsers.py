@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from PIL import Image
 from werkzeug.test import EnvironBuilder
 
-from app.engines.base import OcrParams
 from app.imaging import DecodedImage, InvalidImage, decode_image
 from app.protocols import paddlex, pipeline, pipeline_http, rest
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
 from app.protocols.pipeline import PipelineError, PipelineRequest, Tensor
+from app.vocabulary import OcrParams
 from tests.conftest import SHORT, WORD_CH, WORD_EN
 
 MAX_EXAMPLES = 300

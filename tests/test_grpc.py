@@ -8,7 +8,7 @@ import base64
 import grpc
 import pytest
 
-from app.grpc_server import pb2, pb2_grpc
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import PHOTOTEST, WORD_CH, WORD_EN, run_stock_client
 from tests.helpers import metric_sum
 

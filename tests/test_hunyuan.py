@@ -22,7 +22,6 @@ import pytest
 
 from app.cache.keys import digest_image
 from app.config import ConfigError, Settings
-from app.engines.base import EngineError, OcrLine, OcrParams, OcrResult, UnsupportedParams
 from app.engines.hunyuan import HunyuanEngine
 from app.engines.hunyuan_output import (
     parse_extraction,
@@ -33,6 +32,7 @@ from app.engines.hunyuan_output import (
 from app.engines.paddle import PaddleOcrEngine
 from app.engines.serving import ServingEngine
 from app.engines.tasks import task_params
+from app.vocabulary import EngineError, OcrLine, OcrParams, OcrResult, UnsupportedParams
 from app.web import create_app
 from tests.conftest import CORPUS, PHOTOTEST
 from tests.fake_vllm import SPOTTING_10, FakeVllm
@@ -75,7 +75,7 @@ def hunyuan_settings(base_settings: Settings, fake: FakeVllm, **overrides: objec
 def front(base_settings, fake, redis_client):  # type: ignore[no-untyped-def]
     def build(**overrides: object):  # type: ignore[no-untyped-def]
         settings = hunyuan_settings(base_settings, fake, **overrides)
-        app = create_app(settings, engine=HunyuanEngine(settings))
+        app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
         app.testing = True
         client = app.test_client()
         deadline = time.monotonic() + 10
@@ -309,7 +309,7 @@ def test_keys_separate_tasks_arguments_revisions_and_prompt_tables(base_settings
 
     def cache(**overrides: object) -> OcrCache:
         settings = hunyuan_settings(base_settings, fake, **overrides)
-        return OcrCache(settings, HunyuanEngine(settings), None, lambda d: None)  # type: ignore
+        return OcrCache(settings, HunyuanEngine.from_settings(settings), None, lambda d: None)  # type: ignore
 
     digest = digest_image(PHOTOTEST.read_bytes())
     base = cache()
@@ -451,19 +451,25 @@ def test_the_stand_in_rejects_what_vllm_rejects(fake):
 
 
 def test_wrong_model_name_or_key_fails_the_load(base_settings, fake, tmp_path):
-    wrong = HunyuanEngine(hunyuan_settings(base_settings, fake, hunyuan_model="other/model"))
+    wrong = HunyuanEngine.from_settings(
+        hunyuan_settings(base_settings, fake, hunyuan_model="other/model")
+    )
     with pytest.raises(EngineError, match="not HUNYUAN_MODEL='other/model'"):
         wrong.load()
     fake.api_key = "s3cret"
     with pytest.raises(EngineError, match="HTTP 401"):
-        HunyuanEngine(hunyuan_settings(base_settings, fake)).load()
+        HunyuanEngine.from_settings(hunyuan_settings(base_settings, fake)).load()
     key_file = tmp_path / "key"
     key_file.write_text("s3cret\n")
     from_file = Settings.from_env({"HUNYUAN_API_KEY_FILE": str(key_file)}).hunyuan_api_key
-    keyed = HunyuanEngine(hunyuan_settings(base_settings, fake, hunyuan_api_key=from_file))
+    keyed = HunyuanEngine.from_settings(
+        hunyuan_settings(base_settings, fake, hunyuan_api_key=from_file)
+    )
     keyed.load()
     assert (
-        HunyuanEngine(hunyuan_settings(base_settings, fake, hunyuan_api_key="s3cret")).load()
+        HunyuanEngine.from_settings(
+            hunyuan_settings(base_settings, fake, hunyuan_api_key="s3cret")
+        ).load()
         is None
     )
 
@@ -474,7 +480,7 @@ def test_unreachable_vllm_delays_readiness_then_misses_fail_and_hits_are_served(
     from app.embedded_redis import free_port
 
     settings = hunyuan_settings(base_settings, fake)
-    app = create_app(settings, engine=HunyuanEngine(settings))
+    app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
     client = app.test_client()
     assert ocr(client, PHOTOTEST.read_bytes()).headers["X-Cache"] == "MISS"  # one entry
     down = hunyuan_settings(
@@ -483,7 +489,7 @@ def test_unreachable_vllm_delays_readiness_then_misses_fail_and_hits_are_served(
         hunyuan_base_url=f"http://127.0.0.1:{free_port()}",
         hunyuan_startup_wait_seconds=0.5,
     )
-    engine = HunyuanEngine(down)
+    engine = HunyuanEngine.from_settings(down)
     started = time.monotonic()
     engine.load()  # waits, then gives up without failing
     assert 0.5 <= time.monotonic() - started < 3
@@ -528,7 +534,9 @@ def test_paddle_and_serving_engines_only_offer_ocr(base_settings):
     spotting = OcrParams(task="spotting")
     paddle = PaddleOcrEngine.__new__(PaddleOcrEngine)  # check_params needs no model
     paddle.check_params(OcrParams())
-    serving = ServingEngine(base_settings.with_overrides(serving_url="http://127.0.0.1:9"))
+    serving = ServingEngine.from_settings(
+        base_settings.with_overrides(serving_url="http://127.0.0.1:9")
+    )
     for engine in (paddle, serving):
         with pytest.raises(UnsupportedParams, match="not offered"):
             engine.check_params(spotting)
@@ -540,7 +548,7 @@ def test_pool_is_sized_to_the_threads_that_call_the_engine(front, fake, base_set
     # Six callers through the test client, more than 2 threads would bring: room to queue.
     app, _ = front(web_threads=2, grpc_enabled=False, engine_queue_max=6)
     assert app.extensions["ocr"]["cache"].engine.pool_size == 2
-    both = HunyuanEngine(hunyuan_settings(base_settings, fake, web_threads=3))
+    both = HunyuanEngine.from_settings(hunyuan_settings(base_settings, fake, web_threads=3))
     assert both.pool_size == 6  # HTTP and gRPC threads
     fake.delay = 0.3
     data = PHOTOTEST.read_bytes()

@@ -6,7 +6,7 @@ import time
 
 from app.cache.l1 import L1Cache, result_size
 from app.embedded_redis import EmbeddedRedis
-from app.engines.base import OcrLine, OcrResult
+from app.vocabulary import OcrLine, OcrResult
 from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64
 

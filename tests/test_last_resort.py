@@ -16,7 +16,8 @@ import grpc
 import pytest
 
 from app import grpc_server
-from app.engines.base import OcrRequest, OcrResult
+from app.engines.base import OcrRequest
+from app.vocabulary import OcrResult
 from tests.conftest import WORD_EN
 from tests.helpers import metric_sum
 

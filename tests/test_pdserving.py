@@ -1,7 +1,7 @@
 import ast
 
-from app.engines.base import OcrLine, OcrResult
 from app.protocols import pdserving, pipeline, pipeline_http
+from app.vocabulary import OcrLine, OcrResult
 
 
 def test_result_string_is_python_literal_with_float_coordinates():

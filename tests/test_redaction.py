@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 from app import logsafe
 from app.cache.codec import MAGIC
 from app.config import ConfigError, Settings
-from app.grpc_server import pb2, pb2_grpc
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from app.redaction import (
     BUILTIN,
     build_policy,
@@ -318,7 +318,7 @@ def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis
         settings = hunyuan_settings(
             base_settings, fake, cache_redact=ALL, cache_redact_patterns_file=str(patterns)
         )
-        app = create_app(settings, engine=HunyuanEngine(settings))
+        app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
         client = app.test_client()
         deadline = time.monotonic() + 10
         while client.get("/readyz").status_code != 200:
@@ -359,8 +359,8 @@ def test_word_boxes_are_masked_like_their_line(make_app, card_png):  # type: ign
 
 
 def test_words_that_are_not_in_the_line_fail_closed() -> None:
-    from app.engines.base import OcrLine
     from app.engines.redacting import _redact_line
+    from app.vocabulary import OcrLine
 
     box = ((0, 0), (1, 0), (1, 1), (0, 1))
     policy = build_policy(ALL, "")

@@ -92,7 +92,9 @@ def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
 
 
 def test_readyz_is_503_until_the_engine_is_loaded(make_app, base_settings):
-    fresh = PaddleOcrEngine(base_settings)  # not loaded: the app loads it in the background
+    fresh = PaddleOcrEngine.from_settings(
+        base_settings
+    )  # not loaded: the app loads it in the background
     client = make_app(engine_override=fresh).test_client()
     first = client.get("/readyz")
     assert first.status_code == 503 and first.get_json()["engine"] == "loading"
@@ -108,7 +110,7 @@ def test_gunicorn_cli_with_the_config_file(tmp_path, redis_server):
     gRPC from the worker, metrics summed through the multiprocess directory."""
     import grpc
 
-    from app.grpc_server import pb2, pb2_grpc
+    from app.protocols.pipeline_stubs import pb2, pb2_grpc
 
     port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}

@@ -53,7 +53,7 @@ def backend_calls(backend) -> float:  # type: ignore[no-untyped-def]
 
 def front(base_settings, url: str, **overrides):  # type: ignore[no-untyped-def]
     settings = base_settings.with_overrides(ocr_engine="serving", serving_url=url, **overrides)
-    app = create_app(settings, engine=ServingEngine(settings))
+    app = create_app(settings, engine=ServingEngine.from_settings(settings))
     app.testing = True
     client = app.test_client()
     deadline = time.monotonic() + 30
@@ -88,11 +88,13 @@ def test_front_caches_the_remote_pipeline(backend, base_settings, redis_client, 
 
 
 def test_backend_identity_is_the_fingerprint(base_settings, backend):
-    a = ServingEngine(base_settings.with_overrides(serving_url=backend["http"]))
-    b = ServingEngine(
+    a = ServingEngine.from_settings(base_settings.with_overrides(serving_url=backend["http"]))
+    b = ServingEngine.from_settings(
         base_settings.with_overrides(serving_url=backend["http"], serving_model_version="v2")
     )
-    c = ServingEngine(base_settings.with_overrides(serving_url=f"grpc://{backend['grpc']}"))
+    c = ServingEngine.from_settings(
+        base_settings.with_overrides(serving_url=f"grpc://{backend['grpc']}")
+    )
     assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3
 
 

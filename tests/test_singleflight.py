@@ -80,7 +80,7 @@ def test_bounded_wait_then_compute_here(make_app, redis_client):
 
 def test_failed_computation_is_not_shared_as_a_result(make_app, redis_client, engine):
     """The in-process followers of a failing computation get its error once; nothing cached."""
-    from app.engines.base import EngineError
+    from app.vocabulary import EngineError
 
     calls = []
     gate = threading.Event()

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from app.embedded_redis import EmbeddedRedis, free_port
-from app.grpc_server import pb2, pb2_grpc
+from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import ROOT, WORD_EN
 from tests.helpers import b64
 from tests.test_serve import _wait_ready

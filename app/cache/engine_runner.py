@@ -19,7 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from app import metrics
-from app.engines.base import EngineError, EngineTimeout
+from app.vocabulary import EngineError, EngineTimeout
 
 T = TypeVar("T")
 

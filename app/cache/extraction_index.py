@@ -20,10 +20,11 @@ import orjson
 
 from app import metrics
 from app.cache.keys import digest_image
-from app.cache.region import CacheControls, CacheStatus, OcrCache, Outcome
+from app.cache.region import OcrCache
+from app.cache.store import RedisStore
 from app.config import Settings
-from app.engines.base import OcrParams, OcrResult
 from app.engines.tasks import EXTRACTION, FIELD_ARG, extraction_text, extraction_values
+from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class ExtractionIndex:
     ) -> Outcome:
         """``OcrCache.get_or_compute``, plus subset reuse for extraction requests."""
         store = self._cache.store
-        if params.task != EXTRACTION or store is None or controls.bypass:
+        if params.task != EXTRACTION or not isinstance(store, RedisStore) or controls.bypass:
             return self._cache.get_or_compute(image_bytes, params, controls)
         self._cache.engine.check_params(params)  # UnsupportedParams before any lookup
         fields = params.arg_values(FIELD_ARG)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from app.vocabulary import OcrParams
+
 # Bump when the key layout or the entry envelope changes.
 KEY_SCHEMA = "v1"
 
@@ -53,3 +55,51 @@ def done_channel(prefix: str, key: str) -> str:
 def purge_channel(prefix: str) -> str:
     """Pub/sub channel telling every process to drop its L1 after a purge."""
     return f"{prefix}:purge"
+
+
+class KeySpace:
+    """Every name this service gives Redis for one engine, in one place: the entry key, its
+    L1 key, its lease and done channel, a tenant's prefix, the purge pattern and channel.
+
+    ``{prefix}`` is ``CACHE_KEY_PREFIX``, or ``CACHE_KEY_PREFIX.{tenant}`` for a tenant; the
+    pub/sub channels always use the base prefix (one channel space per deployment).
+    """
+
+    def __init__(self, base_prefix: str, engine_fingerprint: str) -> None:
+        self.base_prefix = base_prefix
+        self.fingerprint = engine_fingerprint
+
+    def prefix(self, namespace: str = "") -> str:
+        return f"{self.base_prefix}.{namespace}" if namespace else self.base_prefix
+
+    @staticmethod
+    def task(params: OcrParams) -> str:
+        """The task segment: the task and the digest of its effective parameters, so equal
+        parameters share entries however a protocol spelled them."""
+        return f"{params.task}-{params.digest()}"
+
+    def entry(self, digest: ImageDigest, task: str, namespace: str = "") -> str:
+        return build_key(self.prefix(namespace), self.fingerprint, task, digest)
+
+    def l1(self, digest: ImageDigest, task: str, namespace: str = "") -> tuple[str, ...]:
+        """The in-process key: the SHA-256, so an L1 hit never computes the MD5."""
+        return (self.prefix(namespace), self.fingerprint, task, digest.sha256)
+
+    @staticmethod
+    def lease(entry: str) -> str:
+        return lease_key(entry)
+
+    def done(self, entry: str) -> str:
+        return done_channel(self.base_prefix, entry)
+
+    def done_pattern(self) -> str:
+        """What the notifier subscribes to: every entry's done channel."""
+        return done_channel(self.base_prefix, "*")
+
+    def purge_pattern(self, namespace: str = "", md5: str | None = None) -> str:
+        """A namespace's entries, or one image's entries in it (its hash tag)."""
+        prefix = self.prefix(namespace)
+        return f"{prefix}:*{{{md5}}}*" if md5 else f"{prefix}:*"
+
+    def purge_channel(self) -> str:
+        return purge_channel(self.base_prefix)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from app.engines.base import OcrResult
+from app.vocabulary import OcrResult
 
 # Rough per-object overheads of the decoded result (dataclasses, tuples, ints, floats).
 _RESULT_OVERHEAD = 400

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.cache.keys import purge_channel
+from app.cache.keys import KeySpace
 from app.cache.store import RedisStore
 
 log = logging.getLogger(__name__)
@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 
 class Notifier:
     def __init__(
-        self, store: RedisStore, prefix: str, on_purge: Callable[[], None] = lambda: None
+        self, store: RedisStore, keys: KeySpace, on_purge: Callable[[], None] = lambda: None
     ) -> None:
         self._store = store
-        self._pattern = f"{prefix}:done:*"
-        self._purge_channel = purge_channel(prefix)
+        self._pattern = keys.done_pattern()
+        self._purge_channel = keys.purge_channel()
         self._on_purge = on_purge
         self._lock = threading.Lock()
         self._waiters: dict[str, list[threading.Event]] = {}

@@ -47,6 +47,8 @@ return 0
 
 
 class RedisStore:
+    enabled = True  # a real tier (``NullStore`` is the one that is not)
+
     def __init__(
         self,
         url: str,
@@ -208,3 +210,30 @@ class RedisStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+class NullStore:
+    """Caching off (``CACHE_ENABLED=false`` or no ``REDIS_URL``): the front door is handed
+    this instead of ``None``. Reads miss, writes vanish; ``enabled`` tells the front door to
+    answer BYPASS and the admin/readiness views to say "disabled"."""
+
+    enabled = False
+    breaker_state = "closed"
+
+    def get_many(self, keys: Sequence[str]) -> tuple[bool, list[bytes | None]]:
+        return True, [None] * len(keys)
+
+    def set(self, key: str, value: bytes, ttl_seconds: int) -> bool:
+        return True
+
+    def publish(self, channel: str, message: str) -> None:
+        return None
+
+    def scan_unlink(self, pattern: str, batch: int = 500) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None
+
+
+Store = RedisStore | NullStore

@@ -14,13 +14,13 @@ def build_engine(settings: Settings) -> Engine:
     if settings.ocr_engine == "paddle":
         from app.engines.paddle import PaddleOcrEngine
 
-        return PaddleOcrEngine(settings)
+        return PaddleOcrEngine.from_settings(settings)
     if settings.ocr_engine == "serving":
         from app.engines.serving import ServingEngine
 
-        return ServingEngine(settings)
+        return ServingEngine.from_settings(settings)
     if settings.ocr_engine == "hunyuan":
         from app.engines.hunyuan import HunyuanEngine
 
-        return HunyuanEngine(settings)
+        return HunyuanEngine.from_settings(settings)
     raise ValueError(f"unknown engine {settings.ocr_engine!r}")

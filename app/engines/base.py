@@ -1,63 +1,15 @@
-"""The engine contract, the canonical request parameters and the canonical OCR result
-every protocol renders from."""
+"""The engine contract (``Engine``, ``EngineBase``, ``OcrRequest``); the parameters, the
+result and the errors it speaks in are the shared vocabulary (``app.vocabulary``)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, TypeVar
 
 from app.imaging import DecodedImage
-
-# Bump when the canonical result's shape or meaning changes: it is part of every key.
-RESULT_SCHEMA_VERSION = 1
-
-Point = tuple[int, int]
-Word = tuple[str, tuple[int, int, int, int]]  # text, [x1, y1, x2, y2]
-
-
-@dataclass(frozen=True)
-class OcrParams:
-    """Inference parameters that change the engine's output; they are part of the key.
-
-    The recognition score threshold is not here: engines return every recognized line with
-    its score and each protocol filters at render time, so one entry serves all thresholds.
-
-    ``task`` names what the engine is asked for ("ocr": lines with boxes, PaddleOCR's only
-    task); ``task_args`` are its normalised, sorted arguments (see ``app.engines.tasks``).
-    """
-
-    det_limit_side_len: int = 960
-    det_limit_type: str = "max"
-    det_thresh: float = 0.3
-    det_box_thresh: float = 0.6
-    det_unclip_ratio: float = 1.5
-    textline_orientation: bool = False
-    return_word_box: bool = False  # PaddleOCR's return_word_box: lines carry their words
-    task: str = "ocr"
-    task_args: tuple[tuple[str, str], ...] = ()
-
-    def digest(self) -> str:
-        return _params_digest(self)
-
-    def arg_values(self, name: str) -> tuple[str, ...]:
-        """Every value of task argument ``name``, in order."""
-        return tuple(value for key, value in self.task_args if key == name)
-
-
-@functools.lru_cache(maxsize=1024)
-def _params_digest(params: OcrParams) -> str:
-    """Memoized: it is on every request's path, and a handful of param sets recur."""
-    items = asdict(params)
-    if not params.return_word_box:  # hash as before the field existed
-        del items["return_word_box"]
-    if params.task == "ocr" and not params.task_args:
-        # Hash exactly as before the task fields existed: existing entries stay valid.
-        del items["task"], items["task_args"]
-    canonical = repr(sorted(items.items()))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+from app.vocabulary import OcrParams, OcrResult
 
 
 @dataclass(frozen=True)
@@ -69,88 +21,15 @@ class OcrRequest:
     params: OcrParams
 
 
-@dataclass(frozen=True)
-class OcrLine:
-    text: str
-    score: float
-    box: tuple[Point, Point, Point, Point]  # clockwise from top-left, pixels
-    angle: int = -1  # textline orientation class (0: 0°, 1: 180°), -1 when not classified
-    words: tuple[Word, ...] = ()  # only when asked for (OcrParams.return_word_box)
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "text": self.text,
-            "score": self.score,
-            "box": [list(p) for p in self.box],
-            "angle": self.angle,
-        }
-        if self.words:
-            data["words"] = [[text, list(box)] for text, box in self.words]
-        return data
+Options = TypeVar("Options")
 
 
-@dataclass(frozen=True)
-class OcrResult:
-    """Every detected line in reading order (top-to-bottom, left-to-right), unfiltered.
-
-    ``text`` is the payload of text tasks (markdown, extraction JSON, translation); it is
-    None for line tasks, whose answer is ``lines``.
-    """
-
-    width: int
-    height: int
-    lines: tuple[OcrLine, ...] = field(default_factory=tuple)
-    text: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "width": self.width,
-            "height": self.height,
-            "lines": [line.to_dict() for line in self.lines],
-        }
-        if self.text is not None:
-            data["text"] = self.text
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OcrResult:
-        """Rebuild from ``to_dict`` output; raises on any shape it does not expect."""
-        lines = []
-        for raw in data["lines"]:
-            (x1, y1), (x2, y2), (x3, y3), (x4, y4) = raw["box"]
-            box = ((int(x1), int(y1)), (int(x2), int(y2)), (int(x3), int(y3)), (int(x4), int(y4)))
-            if not isinstance(raw["text"], str):
-                raise ValueError("malformed line")
-            words = tuple(_word(item) for item in raw.get("words", ()))
-            lines.append(OcrLine(raw["text"], float(raw["score"]), box, int(raw["angle"]), words))
-        text = data.get("text")
-        if text is not None and not isinstance(text, str):
-            raise ValueError("malformed text")
-        return cls(
-            width=int(data["width"]), height=int(data["height"]), lines=tuple(lines), text=text
-        )
-
-    def filtered(self, min_score: float) -> tuple[OcrLine, ...]:
-        return tuple(line for line in self.lines if line.score >= min_score)
-
-
-def _word(item: Any) -> Word:
-    text, (x1, y1, x2, y2) = item
-    if not isinstance(text, str):
-        raise ValueError("malformed word")
-    return text, (int(x1), int(y1), int(x2), int(y2))
-
-
-class EngineError(RuntimeError):
-    """The engine could not produce a result for a valid image (never cached)."""
-
-
-class EngineTimeout(EngineError):
-    """The engine did not answer in time (never cached)."""
-
-
-class UnsupportedParams(ValueError):
-    """The request asks for parameters this engine cannot honour (a client error)."""
+def options_from(cls: type[Options], settings: Any, **derived: Any) -> Options:
+    """An engine's options object, filled from ``Settings``: each field is read by its name
+    (one environment variable each), ``derived`` gives the computed ones. The engine itself
+    never sees the whole ``Settings``."""
+    names = {f.name for f in fields(cls)} - derived.keys()  # type: ignore[arg-type]
+    return cls(**{name: getattr(settings, name) for name in names}, **derived)
 
 
 def fingerprint_of(identity: dict[str, Any]) -> str:
@@ -162,8 +41,14 @@ class EngineBase:
     """What every engine shares: ``__init__`` sets ``_fingerprint`` and ``_default_params``."""
 
     kind: str
+    options_type: type  # the engine's options class (``from_settings`` fills it)
     _fingerprint: str
     _default_params: OcrParams
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Any:
+        """The engine as ``OCR_ENGINE`` configures it (the wiring's and the tests' way in)."""
+        return cls(cls.options_type.from_settings(settings))  # type: ignore[call-arg]
 
     @property
     def fingerprint(self) -> str:

@@ -21,29 +21,18 @@ import hashlib
 import io
 import json
 import logging
-import random
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx2
 import openai
 from PIL import Image
 
-from app.config import Settings
 from app.engines import hunyuan_output as output
-from app.engines.base import (
-    RESULT_SCHEMA_VERSION,
-    EngineBase,
-    EngineError,
-    EngineTimeout,
-    OcrParams,
-    OcrRequest,
-    OcrResult,
-    UnsupportedParams,
-    fingerprint_of,
-)
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.retry import RetryPolicy, Transient
 from app.engines.tasks import (
     EXTRACTION,
     FIELD_ARG,
@@ -54,6 +43,14 @@ from app.engines.tasks import (
     check_args,
 )
 from app.imaging import FORMATS
+from app.vocabulary import (
+    RESULT_SCHEMA_VERSION,
+    EngineError,
+    EngineTimeout,
+    OcrParams,
+    OcrResult,
+    UnsupportedParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,25 +122,35 @@ _RETRY_STATUS = frozenset({429, 503})
 _MAX_BACKOFF_SECONDS = 4.0
 
 
-class _Transient(Exception):
-    """A failure worth retrying: transport error, 429 or 503."""
+@dataclass(frozen=True)
+class HunyuanOptions:
+    """What the HunyuanOCR engine reads from ``Settings`` (fields named as there)."""
 
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.retry_after = retry_after
+    hunyuan_base_url: str
+    hunyuan_model: str
+    hunyuan_model_revision: str
+    hunyuan_model_generation: str
+    # HUNYUAN_API_KEY, or the file named by HUNYUAN_API_KEY_FILE (read by Settings).
+    hunyuan_api_key: str = field(repr=False)
+    hunyuan_timeout_seconds: float
+    hunyuan_connect_timeout_seconds: float
+    hunyuan_retries: int
+    hunyuan_max_tokens: int
+    hunyuan_startup_wait_seconds: float
+    engine_callers: int  # HTTP and gRPC threads of a worker may all be waiting on the model
 
-
-def _read_api_key(settings: Settings) -> str:
-    """HUNYUAN_API_KEY, or the file named by HUNYUAN_API_KEY_FILE (read by Settings)."""
-    return settings.hunyuan_api_key or "EMPTY"  # vLLM without --api-key accepts any key
+    @classmethod
+    def from_settings(cls, settings: Any) -> HunyuanOptions:
+        return options_from(cls, settings, engine_callers=settings.engine_callers())
 
 
 class HunyuanEngine(EngineBase):
     kind = "hunyuan"
+    options_type = HunyuanOptions
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        generation = settings.hunyuan_model_generation
+    def __init__(self, options: HunyuanOptions) -> None:
+        self._options = options
+        generation = options.hunyuan_model_generation
         self._prompts = PROMPTS[generation]
         self._sampling = SAMPLING[generation]
         table = json.dumps([self._prompts, self._sampling], sort_keys=True, ensure_ascii=False)
@@ -151,18 +158,22 @@ class HunyuanEngine(EngineBase):
         identity = {
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
-            "model": settings.hunyuan_model,
-            "revision": settings.hunyuan_model_revision,
+            "model": options.hunyuan_model,
+            "revision": options.hunyuan_model_revision,
             "prompt_table": self._prompt_table,
             "prompt_table_digest": hashlib.sha256(table.encode()).hexdigest(),
-            "max_tokens": settings.hunyuan_max_tokens,
+            "max_tokens": options.hunyuan_max_tokens,
         }
         self._fingerprint = fingerprint_of(identity)
         # Spotting: what the line protocols (pdserving, PaddleX, gRPC) render.
         self._default_params = OcrParams(task=SPOTTING)
-        self._api_key = _read_api_key(settings)
-        # HTTP threads and gRPC threads of one worker may all be waiting on the model.
-        self.pool_size = settings.web_threads * (2 if settings.grpc_enabled else 1)
+        self._api_key = options.hunyuan_api_key or "EMPTY"  # vLLM without --api-key: any key
+        self.pool_size = options.engine_callers
+        # Transport errors, 429 and 503: 250 ms, doubling, jittered, Retry-After honoured.
+        self._retry = RetryPolicy(
+            options.hunyuan_retries, 0.25, _MAX_BACKOFF_SECONDS, jitter=0.25,
+            what="vLLM unavailable",
+        )  # fmt: skip
         self._client: openai.OpenAI | None = None
         self._model_checked = False
         self._lock = threading.Lock()
@@ -181,7 +192,7 @@ class HunyuanEngine(EngineBase):
         check_args(params)
 
     def describe(self) -> dict[str, Any]:
-        s = self._settings
+        s = self._options
         return {
             "kind": self.kind,
             "fingerprint": self._fingerprint,
@@ -204,7 +215,7 @@ class HunyuanEngine(EngineBase):
         client = self._ensure_client()
         if self._model_checked:
             return
-        deadline = time.monotonic() + self._settings.hunyuan_startup_wait_seconds
+        deadline = time.monotonic() + self._options.hunyuan_startup_wait_seconds
         while True:
             try:
                 served = [m.id for m in client.models.list()]
@@ -218,16 +229,16 @@ class HunyuanEngine(EngineBase):
                 time.sleep(max(0.01, min(2.0, deadline - time.monotonic())))
             except openai.APIStatusError as exc:
                 raise EngineError(f"vLLM refused /v1/models: HTTP {exc.status_code}") from None
-        if self._settings.hunyuan_model not in served:
+        if self._options.hunyuan_model not in served:
             raise EngineError(
-                f"vLLM serves {served}, not HUNYUAN_MODEL={self._settings.hunyuan_model!r}"
+                f"vLLM serves {served}, not HUNYUAN_MODEL={self._options.hunyuan_model!r}"
             )
         self._model_checked = True
 
     def _ensure_client(self) -> openai.OpenAI:
         with self._lock:
             if self._client is None:
-                s = self._settings
+                s = self._options
                 timeout = openai.Timeout(
                     s.hunyuan_timeout_seconds, connect=s.hunyuan_connect_timeout_seconds
                 )
@@ -282,33 +293,23 @@ class HunyuanEngine(EngineBase):
 
     def _complete(self, messages: list[dict[str, Any]]) -> str:
         client = self._ensure_client()
-        attempts = self._settings.hunyuan_retries + 1
-        for attempt in range(attempts):
-            try:
-                return self._call(client, messages)
-            except _Transient as exc:
-                log.warning("vLLM unavailable (attempt %d/%d): %s", attempt + 1, attempts, exc)
-                if attempt + 1 == attempts:
-                    raise EngineError(f"vLLM unavailable: {exc}") from None
-                backoff = min(0.25 * 2**attempt, _MAX_BACKOFF_SECONDS) * random.uniform(0.75, 1)
-                time.sleep(min(max(backoff, exc.retry_after or 0.0), _MAX_BACKOFF_SECONDS))
-        raise AssertionError("unreachable")
+        return self._retry.call(lambda: self._call(client, messages), log)
 
     def _call(self, client: openai.OpenAI, messages: list[dict[str, Any]]) -> str:
         try:
             response = client.chat.completions.create(
-                model=self._settings.hunyuan_model,
+                model=self._options.hunyuan_model,
                 messages=messages,  # type: ignore[arg-type]
-                max_tokens=self._settings.hunyuan_max_tokens,
+                max_tokens=self._options.hunyuan_max_tokens,
                 **self._sampling,
             )
         except openai.APITimeoutError:
             raise EngineTimeout("vLLM did not answer in time") from None
         except openai.APIConnectionError as exc:
-            raise _Transient(f"connection failed: {exc}") from None
+            raise Transient(f"connection failed: {exc}") from None
         except openai.APIStatusError as exc:
             if exc.status_code in _RETRY_STATUS:
-                raise _Transient(f"HTTP {exc.status_code}", _retry_after(exc)) from None
+                raise Transient(f"HTTP {exc.status_code}", _retry_after(exc)) from None
             raise EngineError(f"vLLM refused the request: HTTP {exc.status_code}") from None
         if not response.choices:
             raise EngineError("vLLM answered no choices")

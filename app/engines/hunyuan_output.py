@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from app.engines.base import OcrLine
 from app.engines.tasks import extraction_text, normalise_key
+from app.vocabulary import OcrLine
 
 # The model gives no per-line confidence; every spotted line scores 1.0.
 SPOTTING_SCORE = 1.0

@@ -12,23 +12,22 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from app.config import Settings
 from app.engines import paddle_models, tasks
-from app.engines.base import (
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.imaging import DecodedImage
+from app.vocabulary import (
+    DETECTION_PARAMS,
     RESULT_SCHEMA_VERSION,
-    EngineBase,
     EngineError,
     OcrLine,
     OcrParams,
-    OcrRequest,
     OcrResult,
-    fingerprint_of,
 )
-from app.imaging import DecodedImage
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +39,40 @@ def _version(dist: str) -> str:
         return "absent"
 
 
+@dataclass(frozen=True)
+class PaddleOptions:
+    """What the in-process engine reads from ``Settings`` (fields named as there)."""
+
+    ocr_model_dir: str
+    ocr_work_dir: str
+    ocr_device: str
+    ocr_cpu_threads: int
+    default_params: OcrParams
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PaddleOptions:
+        return options_from(cls, settings, default_params=settings.default_params())
+
+
 class PaddleOcrEngine(EngineBase):
     """One PaddleOCR pipeline per worker process; calls are serialized (not thread-safe)."""
 
     kind = "paddle"
+    options_type = PaddleOptions
     max_concurrency = 1  # calls are serialized on one thread: queue them in the cache's runner
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(self, options: PaddleOptions) -> None:
+        self._options = options
         # The orientation model is always loaded so requests may switch it on.
         self._models = paddle_models.resolve(
-            settings.ocr_model_dir, settings.ocr_work_dir, with_cls=True
+            options.ocr_model_dir, options.ocr_work_dir, with_cls=True
         )
-        self._default_params = settings.default_params()
-        paddle_dist = "paddlepaddle-gpu" if settings.ocr_device == "gpu" else "paddlepaddle"
+        self._default_params = options.default_params
+        paddle_dist = "paddlepaddle-gpu" if options.ocr_device == "gpu" else "paddlepaddle"
         self._runtime = {
             "runtime": "paddle_inference",
-            "device": settings.ocr_device,
-            "cpu_threads": settings.ocr_cpu_threads,
+            "device": options.ocr_device,
+            "cpu_threads": options.ocr_cpu_threads,
             "paddle": _version(paddle_dist),
             "paddleocr": _version("paddleocr"),
             "paddlex": _version("paddlex"),
@@ -124,7 +139,7 @@ class PaddleOcrEngine(EngineBase):
         os.environ.setdefault("PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK", "True")
         from paddleocr import PaddleOCR  # heavy import: only in the worker that runs it
 
-        kwargs = pipeline_kwargs(self._settings, self._models)
+        kwargs = pipeline_kwargs(self._options, self._models)
         log.info("loading PaddleOCR (%s, fingerprint %s)", kwargs["device"], self._fingerprint)
         return PaddleOCR(**kwargs)
 
@@ -142,12 +157,7 @@ class PaddleOcrEngine(EngineBase):
         try:
             outputs = self._pipeline.predict(
                 bgr,
-                use_textline_orientation=p.textline_orientation,
-                text_det_limit_side_len=p.det_limit_side_len,
-                text_det_limit_type=p.det_limit_type,
-                text_det_thresh=p.det_thresh,
-                text_det_box_thresh=p.det_box_thresh,
-                text_det_unclip_ratio=p.det_unclip_ratio,
+                **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
                 text_rec_score_thresh=0.0,
                 return_word_box=p.return_word_box,
             )
@@ -179,16 +189,16 @@ class PaddleOcrEngine(EngineBase):
         return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
 
 
-def pipeline_kwargs(settings: Settings, models: paddle_models.ModelSet) -> dict[str, Any]:
+def pipeline_kwargs(options: PaddleOptions, models: paddle_models.ModelSet) -> dict[str, Any]:
     """``PaddleOCR(**kwargs)`` for our models and engine settings (also the parity oracle's)."""
-    if settings.ocr_device == "gpu":
+    if options.ocr_device == "gpu":
         device, engine_config = "gpu:0", {"run_mode": "paddle"}
     else:
         device = "cpu"
         engine_config = {
             "run_mode": "mkldnn",
             "enable_new_ir": False,
-            "cpu_threads": settings.ocr_cpu_threads,
+            "cpu_threads": options.ocr_cpu_threads,
             "mkldnn_cache_capacity": 10,
         }
     assert models.cls is not None

@@ -9,18 +9,17 @@ inner engine's fingerprint, so entries made under another policy (or none) are o
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.engines.base import Engine, OcrLine, OcrRequest, OcrResult, fingerprint_of
+from app.engines.base import Engine, OcrRequest, fingerprint_of
 from app.redaction import RedactionPolicy, build_policy, install_log_redaction
-
-if TYPE_CHECKING:
-    from app.config import Settings
+from app.vocabulary import OcrLine, OcrResult
 
 
-def with_redaction(engine: Engine, settings: Settings) -> Engine:
-    """``engine`` itself when no policy is configured; else wrapped, and the logs masked too."""
-    policy = build_policy(settings.cache_redact, settings.cache_redact_patterns_file)
+def with_redaction(engine: Engine, types: tuple[str, ...], patterns_file: str) -> Engine:
+    """``engine`` itself when no policy is configured (``CACHE_REDACT`` and
+    ``CACHE_REDACT_PATTERNS_FILE``); else wrapped, and the logs masked too."""
+    policy = build_policy(types, patterns_file)
     if policy is None:
         return engine
     install_log_redaction(policy)

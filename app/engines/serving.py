@@ -14,50 +14,71 @@ import base64
 import json
 import logging
 import threading
-import time
+from dataclasses import dataclass
 from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
 
-from app.config import Settings
-from app.engines.base import (
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.retry import RetryPolicy, Transient
+from app.engines.tasks import require_ocr
+from app.protocols.pdserving import parse_result_string
+from app.vocabulary import (
     RESULT_SCHEMA_VERSION,
-    EngineBase,
     EngineError,
     EngineTimeout,
     OcrParams,
-    OcrRequest,
     OcrResult,
     UnsupportedParams,
-    fingerprint_of,
 )
-from app.engines.tasks import require_ocr
-from app.protocols.pdserving import parse_result_string
 
 log = logging.getLogger(__name__)
 
 
-class _Transient(Exception):
-    """A transport failure worth retrying (connection refused/reset, unavailable)."""
+@dataclass(frozen=True)
+class ServingOptions:
+    """What the remote-pipeline engine reads from ``Settings`` (fields named as there)."""
+
+    serving_url: str
+    serving_service_name: str
+    serving_model_version: str
+    serving_retries: int
+    serving_timeout_seconds: float
+    web_threads: int  # the HTTP pool's size
+    grpc_message_limit: int
+    default_params: OcrParams
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ServingOptions:
+        return options_from(
+            cls, settings,
+            grpc_message_limit=settings.grpc_message_limit(),
+            default_params=settings.default_params(),
+        )  # fmt: skip
 
 
 class ServingEngine(EngineBase):
     kind = "serving"
+    options_type = ServingOptions
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._url = settings.serving_url
+    def __init__(self, options: ServingOptions) -> None:
+        self._options = options
+        self._url = options.serving_url
         self._grpc = self._url.startswith("grpc://")
         identity = {
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
             "url": self._url,
-            "service": settings.serving_service_name,
-            "model_version": settings.serving_model_version,
+            "service": options.serving_service_name,
+            "model_version": options.serving_model_version,
         }
         self._fingerprint = fingerprint_of(identity)
-        self._default_params = settings.default_params()
+        self._default_params = options.default_params
+        # Connection refused/reset and UNAVAILABLE only: 50 ms, doubling, at most 1 s apart.
+        self._retry = RetryPolicy(
+            options.serving_retries, 0.05, 1.0, what="serving backend unreachable"
+        )
         self._lock = threading.Lock()
         self._stub: Any = None
         self._session: requests.Session | None = None
@@ -75,8 +96,8 @@ class ServingEngine(EngineBase):
             "kind": self.kind,
             "fingerprint": self._fingerprint,
             "url": self._url,
-            "service": self._settings.serving_service_name,
-            "model_version": self._settings.serving_model_version,
+            "service": self._options.serving_service_name,
+            "model_version": self._options.serving_model_version,
         }
 
     def load(self) -> None:
@@ -85,20 +106,17 @@ class ServingEngine(EngineBase):
             if self._grpc and self._stub is None:
                 import grpc
 
-                from app.grpc_server import pb2_grpc
+                from app.protocols.pipeline_stubs import message_size_options, pb2_grpc
 
-                size = self._settings.grpc_message_limit()
+                size = self._options.grpc_message_limit
                 channel = grpc.insecure_channel(
                     self._url.removeprefix("grpc://"),
-                    options=[
-                        ("grpc.max_receive_message_length", size),
-                        ("grpc.max_send_message_length", size),
-                    ],
+                    options=message_size_options(size),
                 )
                 self._stub = pb2_grpc.PipelineServiceStub(channel)
             elif not self._grpc and self._session is None:
                 session = requests.Session()
-                adapter = HTTPAdapter(pool_maxsize=self._settings.web_threads, max_retries=0)
+                adapter = HTTPAdapter(pool_maxsize=self._options.web_threads, max_retries=0)
                 session.mount("http://", adapter)
                 session.mount("https://", adapter)
                 self._session = session
@@ -107,17 +125,8 @@ class ServingEngine(EngineBase):
         if self._stub is None and self._session is None:
             self.load()
         payload = base64.b64encode(request.data).decode()
-        attempts = self._settings.serving_retries + 1
-        for attempt in range(attempts):
-            try:
-                key, value = self._call_grpc(payload) if self._grpc else self._call_http(payload)
-                break
-            except _Transient as exc:
-                log.warning("serving backend unreachable (attempt %d/%d): %s",
-                            attempt + 1, attempts, exc)  # fmt: skip
-                if attempt + 1 == attempts:
-                    raise EngineError(f"serving backend unreachable: {exc}") from None
-                time.sleep(min(0.05 * 2**attempt, 1.0))
+        call = self._call_grpc if self._grpc else self._call_http
+        key, value = self._retry.call(lambda: call(payload), log)
         try:
             lines = parse_result_string(value, key)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -128,15 +137,15 @@ class ServingEngine(EngineBase):
     def _call_grpc(self, payload: str) -> tuple[str, str]:
         import grpc
 
-        from app.grpc_server import pb2
+        from app.protocols.pipeline_stubs import pb2
 
         message = pb2.Request(key=["image"], value=[payload])
         try:
-            reply = self._stub.inference(message, timeout=self._settings.serving_timeout_seconds)
+            reply = self._stub.inference(message, timeout=self._options.serving_timeout_seconds)
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.UNAVAILABLE:
-                raise _Transient(code.name) from None
+                raise Transient(code.name) from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineTimeout("serving backend timed out") from None
             raise EngineError(f"serving backend failed: {code.name}") from None
@@ -144,16 +153,14 @@ class ServingEngine(EngineBase):
 
     def _call_http(self, payload: str) -> tuple[str, str]:
         assert self._session is not None
-        url = f"{self._url}/{self._settings.serving_service_name}/prediction"
+        url = f"{self._url}/{self._options.serving_service_name}/prediction"
         body = json.dumps({"key": ["image"], "value": [payload]})
         try:
-            resp = self._session.post(
-                url, data=body, timeout=self._settings.serving_timeout_seconds
-            )
+            resp = self._session.post(url, data=body, timeout=self._options.serving_timeout_seconds)
         except requests.ConnectionError as exc:
             if isinstance(exc, requests.ReadTimeout):
                 raise EngineTimeout("serving backend timed out") from None
-            raise _Transient(exc.__class__.__name__) from None
+            raise Transient(exc.__class__.__name__) from None
         except requests.Timeout:
             raise EngineTimeout("serving backend timed out") from None
         if resp.status_code != 200:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from app.engines.base import OcrParams, UnsupportedParams
+from app.vocabulary import OcrParams, UnsupportedParams
 
 OCR = "ocr"  # lines with boxes from PaddleOCR (and remote Paddle Serving)
 SPOTTING = "spotting"  # lines with boxes from a VLM (HunyuanOCR)

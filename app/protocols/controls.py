@@ -12,12 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from app.cache.region import CacheControls
 from app.config import Settings
 from app.protocols.errors import BadRequest
+from app.vocabulary import TENANT_NAME, CacheControls
 
 TTL_HEADER = "X-Cache-TTL"
-_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # ASCII digits only: str.isdigit() accepts "²" (int() then raises) and int() accepts " 1_0".
 _SECONDS = re.compile(r"[0-9]{1,10}")
 
@@ -52,7 +51,7 @@ def parse(
                     f"{settings.cache_tenant_header} is accepted from trusted callers only",
                     "untrusted_control",
                 )
-            if not _TENANT.fullmatch(tenant):
+            if not TENANT_NAME.fullmatch(tenant):
                 raise BadRequest(
                     f"{settings.cache_tenant_header} must be 1-64 of [A-Za-z0-9_-]",
                     "invalid_tenant",

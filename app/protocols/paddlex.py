@@ -15,8 +15,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from app.engines.base import OcrLine, OcrParams, OcrResult
 from app.protocols.errors import BadRequest
+from app.vocabulary import DETECTION_PARAMS, OcrLine, OcrParams, OcrResult
 
 INVALID_FILE = "Invalid input file"  # upstream's message for any file it cannot read
 
@@ -45,15 +45,28 @@ class _Request(BaseModel):
 # outside these ranges are meaningless (detection input is capped at 4000 px a side; a
 # threshold of 1.5 finds nothing) or crash the pipeline; upstream passes them on and answers
 # 200 with odd results or a 500.
-# request field -> (OcrParams field, check, expected)
+# OcrParams field -> (check, expected)
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "det_limit_side_len": (lambda v: 16 <= v <= 4096, "16..4096"),
+    "det_limit_type": (lambda v: v in ("min", "max"), "'min' or 'max'"),
+    "det_thresh": (lambda v: 0.0 <= v <= 1.0, "0..1"),
+    "det_box_thresh": (lambda v: 0.0 <= v <= 1.0, "0..1"),
+    "det_unclip_ratio": (lambda v: 0.0 < v <= 10.0, "(0, 10]"),
+    "textline_orientation": (lambda v: True, "a boolean"),
+    "return_word_box": (lambda v: True, "a boolean"),
+}
+
+
+def _camel(keyword: str) -> str:
+    """PaddleOCR's ``predict()`` keyword as PaddleX spells the request field."""
+    first, *rest = keyword.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+# request field -> (OcrParams field, check, expected); the names from the one table.
 _PARAM_FIELDS: dict[str, tuple[str, Any, str]] = {
-    "textDetLimitSideLen": ("det_limit_side_len", lambda v: 16 <= v <= 4096, "16..4096"),
-    "textDetLimitType": ("det_limit_type", lambda v: v in ("min", "max"), "'min' or 'max'"),
-    "textDetThresh": ("det_thresh", lambda v: 0.0 <= v <= 1.0, "0..1"),
-    "textDetBoxThresh": ("det_box_thresh", lambda v: 0.0 <= v <= 1.0, "0..1"),
-    "textDetUnclipRatio": ("det_unclip_ratio", lambda v: 0.0 < v <= 10.0, "(0, 10]"),
-    "useTextlineOrientation": ("textline_orientation", lambda v: True, "a boolean"),
-    "returnWordBox": ("return_word_box", lambda v: True, "a boolean"),
+    _camel(keyword): (name, *_CHECKS[name])
+    for name, keyword in {**DETECTION_PARAMS, "return_word_box": "return_word_box"}.items()
 }
 _UNSUPPORTED_WHEN_TRUE = {
     "useDocOrientationClassify": "document orientation classification",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from app.engines.base import OcrLine
+from app.vocabulary import OcrLine
 
 MAX_OUTPUT_SIDE = 2000  # upstream's default max_output_img_size (2000, 2000)
 JPEG_QUALITY = 95

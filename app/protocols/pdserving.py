@@ -12,7 +12,7 @@ import ast
 
 import numpy as np
 
-from app.engines.base import OcrLine, OcrResult
+from app.vocabulary import OcrLine, OcrResult
 
 
 class _Float32(float):

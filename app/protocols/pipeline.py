@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.cache.engine_runner import EngineBusy
-from app.cache.region import CacheControls, OcrCache
-from app.engines.base import EngineError, EngineTimeout, UnsupportedParams
+from app.cache.region import OcrCache
 from app.imaging import InvalidImage
 from app.protocols import pdserving
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
+from app.vocabulary import CacheControls, EngineError, EngineTimeout, UnsupportedParams
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,10 @@ from typing import Any
 import orjson
 from flask import Request
 
-from app.cache.region import Outcome
-from app.engines.base import OcrParams
 from app.engines.tasks import EXTRACTION, task_params
 from app.protocols.b64 import decode_base64
-from app.protocols.errors import BadRequest
+from app.protocols.errors import BadRequest, error_envelope
+from app.vocabulary import OcrParams, Outcome
 
 # Fields that would carry a prompt: refused rather than silently ignored.
 FREE_TEXT_FIELDS = ("prompt", "messages", "instruction", "system", "question", "query")
@@ -133,4 +132,4 @@ def render(
 
 
 def error_body(code: str, message: str) -> bytes:
-    return orjson.dumps({"error": {"code": code, "message": message}})
+    return orjson.dumps(error_envelope(code, message))
