@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 PADDLEX_PATHS = ("/ocr", "/health")  # PaddleX basic serving's routes
-OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()
-COUNTER_PATHS = frozenset({"/metrics", "/v1/stats"})  # served at /openapi.json
+OPENAPI = Path(__file__).with_name("openapi.json").read_bytes()  # served at /openapi.json
+COUNTER_PATHS = frozenset({"/metrics", "/v1/stats"})  # hidden with the cache status
 
 
 def build_cache(
