@@ -69,7 +69,10 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             metrics.REQUESTS.labels(protocol="grpc", status="INTERNAL").inc()
             context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})")
         if answer.err_no == 0 and trust.shows_cache_status(self._trusted(context), self._settings):
-            context.set_trailing_metadata((("x-cache", answer.cache_status),))
+            metadata = [("x-cache", answer.cache_status)]
+            if answer.cache_tier:
+                metadata.append(("x-cache-tier", answer.cache_tier))
+            context.set_trailing_metadata(tuple(metadata))
         metrics.REQUESTS.labels(protocol="grpc", status=str(answer.err_no)).inc()
         metrics.REQUEST_SECONDS.labels(protocol="grpc", cache=answer.cache_status).observe(
             time.perf_counter() - started

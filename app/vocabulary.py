@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -202,3 +203,11 @@ class CacheControls:
 class Outcome:
     result: OcrResult
     status: CacheStatus
+    # Which tier answered a HIT ("l1", "l2"; later tiers add their own names), "" otherwise.
+    # Rendered as ``X-Cache-Tier`` / gRPC ``x-cache-tier`` / the REST ``cache_tier`` field.
+    tier: str = ""
+
+
+def tiers_of(outcomes: Sequence[Outcome]) -> str:
+    """The ``X-Cache-Tier`` value of a multi-image answer: the tiers that answered, sorted."""
+    return ",".join(sorted({o.tier for o in outcomes if o.tier}))

@@ -44,6 +44,7 @@ from app.vocabulary import (
     EngineTimeout,
     OcrResult,
     UnsupportedParams,
+    tiers_of,
 )
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ def create_app(
     def _hide_cache_status(response: Response) -> Response:
         if not trust.shows_cache_status(g.get("trusted", False), settings):
             response.headers.pop("X-Cache", None)
+            response.headers.pop(TIER_HEADER, None)
         return response
 
     @app.before_request
@@ -191,7 +193,7 @@ def create_app(
                 show_cache=trust.shows_cache_status(g.trusted, settings),
             ),  # fmt: skip
             mimetype=JSON,
-            headers={"X-Cache": outcome.status.value},
+            headers=_cache_headers(outcome.status.value, outcome.tier),
         )
 
     @app.post("/<name>/<method>")
@@ -232,7 +234,7 @@ def create_app(
         observe("pipeline_http", 200, answer.cache_status)
         response = Response(pipeline_http.render(answer), mimetype=JSON)
         if answer.err_no == 0:
-            response.headers["X-Cache"] = answer.cache_status
+            response.headers.extend(_cache_headers(answer.cache_status, answer.cache_tier))
         return response
 
     @app.post("/ocr")
@@ -277,7 +279,7 @@ def create_app(
         status = ",".join(sorted({o.status.value for o in outcomes}))
         observe("paddlex", 200, status)
         body = paddlex.success(log_id, {"ocrResults": pages, "dataInfo": data_info})
-        return Response(body, mimetype=JSON, headers={"X-Cache": status})
+        return Response(body, mimetype=JSON, headers=_cache_headers(status, tiers_of(outcomes)))
 
     @app.get("/health")
     def paddlex_health() -> Response:
@@ -390,6 +392,18 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
         data, settings.pdf_max_pages, settings.pdf_render_scale, settings.max_image_pixels
     )
     return pages, True
+
+
+TIER_HEADER = "X-Cache-Tier"
+
+
+def _cache_headers(status: str, tier: str) -> dict[str, str]:
+    """``X-Cache`` and, for hits, ``X-Cache-Tier`` (l1, l2, ...); both hidden together from
+    untrusted callers when ``CACHE_STATUS_VISIBLE=trusted``."""
+    headers = {"X-Cache": status}
+    if tier:
+        headers[TIER_HEADER] = tier
+    return headers
 
 
 def _retry_after(exc: EngineBusy) -> dict[str, str]:

@@ -40,8 +40,10 @@ def test_miss_then_hit_identical(client):
     second = ocr_json(client, data)
     assert first.status_code == second.status_code == 200
     assert first.headers["X-Cache"] == "MISS" and second.headers["X-Cache"] == "HIT"
+    assert "X-Cache-Tier" not in first.headers and second.headers["X-Cache-Tier"] in ("l1", "l2")
     a, b = first.get_json(), second.get_json()
     assert (a.pop("cache"), b.pop("cache")) == ("MISS", "HIT")
+    assert "cache_tier" not in a and b.pop("cache_tier") == second.headers["X-Cache-Tier"]
     assert a == b
     assert a["width"] == 640 and a["height"] == 480
     assert a["lines"][0]["text"].startswith("This is a lot of 12 point text")
@@ -54,6 +56,7 @@ def test_multipart_and_pipeline_share_the_entry(client):
     assert ocr_json(client, data).headers["X-Cache"] == "HIT"
     resp = pipeline(client, data)
     assert resp.status_code == 200 and resp.headers["X-Cache"] == "HIT"
+    assert resp.headers["X-Cache-Tier"] in ("l1", "l2")
     body = json.loads(resp.data)
     assert list(body) == ["err_no", "err_msg", "key", "value", "tensors"]
     assert body["err_no"] == 0 and body["key"] == ["result"] and body["tensors"] == []

@@ -136,6 +136,7 @@ def test_a_miss_is_stored_under_its_key_and_then_hit(settings, double, redis_cli
     assert redis_client.exists(cache.key_for(digest_image(IMAGES[0]), OcrParams())) == 1
     again = make_cache(settings, double).get_or_compute(IMAGES[0])  # another process: L2
     assert again.status is CacheStatus.HIT and again.result == first.result
+    assert first.tier == "" and again.tier == "l2"
     assert double.calls == 1
 
 
@@ -143,7 +144,8 @@ def test_l1_answers_without_redis(settings, double, redis_client):
     cache = make_cache(settings, double, cache_l1_bytes=1 << 20)
     cache.get_or_compute(IMAGES[0])
     redis_client.flushdb()
-    assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.HIT
+    hit = cache.get_or_compute(IMAGES[0])
+    assert hit.status is CacheStatus.HIT and hit.tier == "l1"
     assert double.calls == 1
 
 

@@ -47,12 +47,14 @@ def test_trailing_metadata_reports_cache_status(grpc_front):
     _, endpoint = grpc_front()
     stub = _stub(endpoint)
     request = pb2.Request(key=["image"], value=[base64.b64encode(WORD_CH.read_bytes()).decode()])
-    statuses = []
+    statuses, tiers = [], []
     for _ in range(2):
         reply, call = stub.inference.with_call(request, timeout=60)
         assert reply.err_no == 0
         statuses.append(dict(call.trailing_metadata())["x-cache"])
+        tiers.append(dict(call.trailing_metadata()).get("x-cache-tier"))
     assert statuses == ["MISS", "HIT"]
+    assert tiers[0] is None and tiers[1] in ("l1", "l2")
 
 
 def test_name_is_checked_only_when_set_and_errors_use_err_no(grpc_front):

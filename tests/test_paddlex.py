@@ -51,6 +51,7 @@ def test_fresh_log_id_even_on_hits_and_shared_entry(client):
     data = b64(WORD_EN.read_bytes())
     first, second = ocr(client, file=data, fileType=1), ocr(client, file=data, fileType=1)
     assert (first.headers["X-Cache"], second.headers["X-Cache"]) == ("MISS", "HIT")
+    assert second.headers["X-Cache-Tier"] in ("l1", "l2")
     assert first.get_json()["logId"] != second.get_json()["logId"]
     assert first.get_json()["result"] == second.get_json()["result"]
     # /v1/ocr with the default options reads the same entry.

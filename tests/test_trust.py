@@ -48,6 +48,7 @@ def test_untrusted_callers_cannot_change_shared_state(app, redis_client):
     resp = client.post("/v1/ocr", json={"image": IMAGE}, headers=hostile, environ_base=UNTRUSTED)
     assert resp.status_code == 200
     assert "X-Cache" not in resp.headers and "cache" not in resp.get_json()  # hidden
+    assert "X-Cache-Tier" not in resp.headers and "cache_tier" not in resp.get_json()
     assert _entry_ttl(app, redis_client, WORD_EN.read_bytes()) > 3600  # TTL not shortened
     resp = client.post("/v1/ocr", json={"image": IMAGE}, headers={"X-Tenant": "acme"},
                        environ_base=UNTRUSTED)  # fmt: skip

@@ -168,7 +168,7 @@ class OcrCache:
                 if hit is not None:
                     metrics.CACHE_REQUESTS.labels(result="hit").inc()
                     metrics.CACHE_TIER_HITS.labels(tier="l1").inc()
-                    outcomes[i] = Outcome(hit, CacheStatus.HIT)
+                    outcomes[i] = Outcome(hit, CacheStatus.HIT, "l1")
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
         for i in pending:
             jobs[i].key = self.key_for(jobs[i].digest, params, controls.namespace)
@@ -181,14 +181,14 @@ class OcrCache:
             if hit is not None:
                 metrics.CACHE_REQUESTS.labels(result="hit").inc()
                 metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
-                outcomes[i] = Outcome(hit, CacheStatus.HIT)
+                outcomes[i] = Outcome(hit, CacheStatus.HIT, "l2")
                 continue
             # Keyed on the full identity: two images with one MD5 share a Redis key (whose
             # entry the SHA-256 check guards), never a computation.
             flight = f"{job.key}#{job.digest.sha256}"
             outcome, shared = self._flights.do(flight, partial(self._miss, job, ok))
             if shared:
-                outcome = Outcome(outcome.result, CacheStatus.COALESCED)
+                outcome = Outcome(outcome.result, CacheStatus.COALESCED, outcome.tier)
             label = "error" if not ok else outcome.status.value.lower()
             metrics.CACHE_REQUESTS.labels(result=label).inc()
             outcomes[i] = outcome
@@ -224,7 +224,7 @@ class OcrCache:
             # Another computation may have finished between our read and our turn.
             hit = self._reread(job)
             if hit is not None:
-                return Outcome(hit, CacheStatus.HIT)
+                return Outcome(hit, CacheStatus.HIT, "l2")
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:

@@ -16,7 +16,13 @@ from app.imaging import InvalidImage
 from app.protocols import pdserving
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
-from app.vocabulary import CacheControls, EngineError, EngineTimeout, UnsupportedParams
+from app.vocabulary import (
+    CacheControls,
+    EngineError,
+    EngineTimeout,
+    UnsupportedParams,
+    tiers_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ class PipelineAnswer:
     keys: list[str] = field(default_factory=list)
     values: list[str] = field(default_factory=list)
     cache_status: str = "none"
+    cache_tier: str = ""  # the tiers that answered the hits (``vocabulary.tiers_of``)
 
 
 @dataclass(frozen=True)
@@ -172,4 +179,6 @@ def answer(
         keys.append(PROFILE_KEY)
         values.append(f"total_ms:{(time.perf_counter() - started) * 1000:.3f}")
     log.debug("pipeline logid=%s clientip=%s cache=%s", req.logid, req.clientip, status)
-    return PipelineAnswer(keys=keys, values=values, cache_status=status)
+    return PipelineAnswer(
+        keys=keys, values=values, cache_status=status, cache_tier=tiers_of(outcomes)
+    )

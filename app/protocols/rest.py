@@ -128,6 +128,8 @@ def render(
     body["engine"] = engine
     if show_cache:
         body["cache"] = outcome.status.value
+        if outcome.tier:
+            body["cache_tier"] = outcome.tier
     return orjson.dumps(body)
 
 
