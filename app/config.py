@@ -283,6 +283,15 @@ class Settings:
     engine_unready_after_failures: int = env("ENGINE_UNREADY_AFTER_FAILURES", _int(1, 1000), 5)
     # Engine calls waiting to start, per worker, before new ones get 503 (0: WEB_THREADS).
     engine_queue_max: int = env("ENGINE_QUEUE_MAX", _int(0, 100_000), 0)
+    # Global miss dispatch (app/cache/dispatch.py): misses go to one Redis stream that every
+    # idle engine pulls from. The queue holds DISPATCH_QUEUE_MAX waiting jobs per live engine
+    # (0: ENGINE_QUEUE_MAX's bound); a job its consumer stopped touching for DISPATCH_CLAIM_MS
+    # is reclaimed, at most DISPATCH_MAX_DELIVERIES times. ENGINE_BATCH_MAX: jobs per call.
+    dispatch_enabled: bool = env("DISPATCH_ENABLED", _bool, True)
+    dispatch_queue_max: int = env("DISPATCH_QUEUE_MAX", _int(0, 100_000), 0)
+    dispatch_claim_ms: int = env("DISPATCH_CLAIM_MS", _int(100, 3_600_000), 10_000)
+    dispatch_max_deliveries: int = env("DISPATCH_MAX_DELIVERIES", _int(1, 100), 3)
+    engine_batch_max: int = env("ENGINE_BATCH_MAX", _int(1, 64), 1)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
     ocr_det_limit_side_len: int = env("OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), 960)

@@ -66,6 +66,19 @@ ENGINE_QUEUE_DROPPED = Counter(
     "Engine calls never run: queue full (refused) or caller gone (timed out while queued)",
     ["reason"],
 )
+# Global miss dispatch (app/cache/dispatch.py): one queue for the whole fleet, so each worker
+# reports the depth it last read from Redis and /metrics shows the most recent report.
+DISPATCH_QUEUE_DEPTH = Gauge(
+    "ocr_dispatch_queue_depth",
+    "Jobs waiting to start in the global dispatch queue (one value for the whole fleet)",
+    multiprocess_mode="livemostrecent",
+)
+DISPATCH_JOBS = Counter(
+    "ocr_dispatch_jobs_total",
+    "Dispatched jobs by what became of them at a consumer (computed, failed, caller_gone, "
+    "reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES)",
+    ["outcome"],
+)
 UNEXPECTED_ERRORS = Counter(
     "ocr_unexpected_errors_total",
     "Requests answered by the last-resort handler (a bug: logged with its request id)",
@@ -84,6 +97,8 @@ def initialise(engine_kind: str) -> None:
         CACHE_TIER_HITS.labels(tier=tier)
     for reason in ("full", "caller_gone"):
         ENGINE_QUEUE_DROPPED.labels(reason=reason)
+    for outcome in ("computed", "failed", "caller_gone", "reclaimed", "abandoned"):
+        DISPATCH_JOBS.labels(outcome=outcome)
     for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)
 

@@ -66,15 +66,39 @@ def corpus_bytes(path: Path) -> bytes:
     return path.read_bytes()
 
 
+@pytest.fixture(autouse=True)
+def _stop_dispatch_feeders() -> Iterator[None]:
+    """Every front door started during a test stops feeding on its engine after it: a
+    feeder left running would take a later test's jobs to an earlier test's engine."""
+    from app.cache import dispatch
+
+    before = set(dispatch._live)
+    yield
+    for dispatcher in dispatch._live - before:
+        dispatcher.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
     with EmbeddedRedis() as server:
         yield server
 
 
+class CacheRedis(redis.Redis):
+    """A client whose ``keys``/``dbsize`` see what the cache stored: not the global dispatch
+    queue's two keys (``{prefix:dispatch:fingerprint}:...``), which live while engines do."""
+
+    def keys(self, pattern: str = "*", **kwargs: object) -> list[bytes]:  # type: ignore[override]
+        found = super().keys(pattern, **kwargs)
+        return [k for k in found if b":dispatch:" not in k.split(b"}", 1)[0]]
+
+    def dbsize(self) -> int:  # type: ignore[override]
+        return len(self.keys("*"))
+
+
 @pytest.fixture()
 def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
+    client = CacheRedis.from_url(redis_server.url)
     client.flushdb()
     yield client
     client.close()

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from app.cache.notify import Notifier
 from app.cache.store import RedisStore
@@ -43,10 +44,12 @@ class Election:
         reread: Callable[[], OcrResult | None],
         compute: Callable[[], Outcome],
         label: str,
+        dispatch: Callable[[str], Outcome] | None = None,
     ) -> Outcome:
         """``compute`` once across processes: as the lease's owner (after one more
         ``reread``), or after waiting for the owner in vain; else the owner's result,
-        COALESCED. ``label`` names the key in logs."""
+        COALESCED. ``label`` names the key in logs. ``dispatch(token)``, when given, is what
+        the owner runs instead of ``compute`` (the global miss queue, ``dispatch.py``)."""
         # Even after a failed read: one slow answer (a loaded host) is not Redis being down,
         # and an open circuit makes the lease calls below fail fast anyway.
         deadline = time.monotonic() + self._wait_seconds
@@ -61,7 +64,8 @@ class Election:
                     return compute()
                 continue
             if acquired:
-                return self._as_owner(lease, token, channel, reread, compute)
+                owned = compute if dispatch is None else partial(dispatch, token)
+                return self._as_owner(lease, token, channel, reread, owned)
             waited = self._wait_for_owner(lease, channel, reread, deadline)
             if waited is not None:
                 return Outcome(waited, CacheStatus.COALESCED)

@@ -49,6 +49,11 @@ class EngineRunner:
     def waiting(self) -> int:
         return self._waiting
 
+    @property
+    def mean_seconds(self) -> float:
+        """Moving average of one call (Retry-After estimates)."""
+        return self._mean_seconds
+
     def run(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error."""
         with self._lock:

@@ -83,7 +83,10 @@ class KeySpace:
 
     def l1(self, digest: ImageDigest, task: str, namespace: str = "") -> tuple[str, ...]:
         """The in-process key: the SHA-256, so an L1 hit never computes the MD5."""
-        return (self.prefix(namespace), self.fingerprint, task, digest.sha256)
+        return self.l1_for(digest.sha256, task, namespace)
+
+    def l1_for(self, sha256: str, task: str, namespace: str = "") -> tuple[str, ...]:
+        return (self.prefix(namespace), self.fingerprint, task, sha256)
 
     @staticmethod
     def lease(entry: str) -> str:
@@ -103,3 +106,15 @@ class KeySpace:
 
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
+
+    def dispatch(self) -> tuple[str, str]:
+        """The global miss queue of this engine (a stream) and its live-engine register (a
+        sorted set): one hash tag, one slot. Per fingerprint: a job is computed only by an
+        engine whose results it may store."""
+        tag = f"{{{self.base_prefix}:dispatch:{self.fingerprint}}}"
+        return f"{tag}:jobs", f"{tag}:engines"
+
+    @staticmethod
+    def job_error(entry: str, token: str) -> str:
+        """A short-lived marker: the job of lease ``token`` failed (never a cached result)."""
+        return f"{entry}:error:{token}"

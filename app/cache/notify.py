@@ -42,10 +42,10 @@ class Notifier:
         # The first waiter gives the subscription a moment, so no notification is missed.
         self._subscribed.wait(0.5)
 
-    def register(self, channel: str) -> threading.Event:
+    def register(self, channel: str) -> Wakeup:
         """Register before re-checking the cache; then ``wait`` on the returned event."""
         self._ensure_started()
-        event = threading.Event()
+        event = Wakeup()
         with self._lock:
             self._waiters.setdefault(channel, []).append(event)
         return event
@@ -72,7 +72,7 @@ class Notifier:
                 while True:
                     message = pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "pmessage":
-                        self._wake(message["channel"])
+                        self._wake(message["channel"], message.get("data"))
                     elif message and message.get("type") == "message":
                         self._on_purge()
             except Exception as exc:  # any Redis/socket failure: resubscribe later
@@ -87,9 +87,20 @@ class Notifier:
                     except Exception:  # noqa: S110 - closing a broken client
                         pass
 
-    def _wake(self, channel: bytes | str) -> None:
+    def _wake(self, channel: bytes | str, data: object = None) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel
+        message = data.decode(errors="replace") if isinstance(data, bytes) else str(data or "")
         with self._lock:
             events = list(self._waiters.get(name, []))
         for event in events:
+            event.messages.append(message)
             event.set()
+
+
+class Wakeup(threading.Event):
+    """A waiter's event, with the messages that woke it (the dispatch queue's consumers
+    say ``error:<token>:...`` or ``lost:<token>`` there; the election only waits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []

@@ -19,6 +19,8 @@ from functools import partial
 
 from app import metrics
 from app.cache.codec import Codec
+from app.cache.dispatch import Dispatcher
+from app.cache.dispatch import Job as DispatchJob
 from app.cache.election import Election
 from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
@@ -32,6 +34,7 @@ from app.imaging import DecodedImage
 from app.vocabulary import (
     CacheControls,
     CacheStatus,
+    ClientError,
     EngineError,
     EngineTimeout,
     OcrParams,
@@ -78,10 +81,9 @@ class OcrCache:
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
         # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
         # in; a remote engine serves them concurrently, an in-process one says how many.
+        slots = getattr(engine, "max_concurrency", None) or settings.engine_callers()
         self._engine_runner = EngineRunner(
-            getattr(engine, "max_concurrency", None) or settings.engine_callers(),
-            settings.engine_queue_max or settings.web_threads,
-            settings.ocr_timeout_seconds,
+            slots, settings.engine_queue_max or settings.web_threads, settings.ocr_timeout_seconds
         )
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
@@ -97,6 +99,30 @@ class OcrCache:
                 settings.singleflight_lease_ms,
                 settings.singleflight_wait_seconds,
             )
+        # Global miss dispatch: this process's misses go to one queue for every engine, and
+        # its engine takes the next job from it whenever it is free (``dispatch.py``).
+        self._dispatcher: Dispatcher | None = None
+        if self._election is not None and settings.dispatch_enabled:
+            self._dispatcher = Dispatcher(
+                self._store,  # type: ignore[arg-type]
+                self._keys,
+                notifier,
+                slots=slots,
+                per_engine_max=settings.dispatch_queue_max
+                or settings.engine_queue_max
+                or settings.web_threads,
+                claim_ms=settings.dispatch_claim_ms,
+                max_deliveries=settings.dispatch_max_deliveries,
+                batch_max=settings.engine_batch_max,
+                poll_seconds=max(0.5, settings.singleflight_lease_ms / 5000),
+                mean_seconds=lambda: self._engine_runner.mean_seconds,
+            )
+            self._dispatcher.start(self._wait_for_engine, self._serve_jobs)
+
+    def close(self) -> None:
+        """Stop taking jobs from the global queue (jobs being computed finish)."""
+        if self._dispatcher is not None:
+            self._dispatcher.stop()
 
     @property
     def store(self) -> Store:
@@ -229,27 +255,84 @@ class OcrCache:
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:
             return compute()
+        # The owner hands its miss to whichever engine is free first; an entry that is not to
+        # be stored (no-store) has nothing to hand back through Redis: computed here.
+        dispatch = None
+        if self._dispatcher is not None and not controls.no_store:
+            dispatch = partial(self._dispatch, job, compute)
         return self._election.run(
             self._keys.lease(job.key),
             self._keys.done(job.key),
             partial(self._reread, job),
             compute,
             label=job.digest.md5,
+            dispatch=dispatch,
         )
+
+    def _dispatch(self, job: _Job, compute: Callable[[], Outcome], token: str) -> Outcome:
+        """As the lease's owner: queue the job for any engine and wait for its entry."""
+        assert self._dispatcher is not None
+        queued = DispatchJob(
+            key=job.key, sha256=job.digest.sha256, token=token, params=job.params,
+            namespace=job.controls.namespace, ttl=job.controls.ttl or self._ttl(),
+            deadline=time.time() + self._settings.ocr_timeout_seconds, data=job.data,
+        )  # fmt: skip
+        error_key = self._keys.job_error(job.key, token)
+
+        def read() -> tuple[bool, OcrResult | None, str | None]:
+            ok, (entry, error) = self._store.get_many([job.key, error_key])
+            return ok, self._read(entry, job), error.decode() if error else None
+
+        result = self._dispatcher.request(queued, read, self._settings.ocr_timeout_seconds)
+        return compute() if result is None else Outcome(result, CacheStatus.MISS)
+
+    def _serve_jobs(self, jobs: Sequence[DispatchJob]) -> None:
+        """A feeder's jobs (this process's engine is free): compute, store, notify; a failed
+        job gets an error marker instead (never an entry)."""
+        assert self._dispatcher is not None
+        groups: dict[OcrParams, list[tuple[DispatchJob, DecodedImage]]] = {}
+        for queued in jobs:
+            try:
+                groups.setdefault(queued.params, []).append((queued, self._decode(queued.data)))
+            except ClientError as exc:  # cannot happen for a job its requester decoded
+                self._dispatcher.fail(queued, f"error:{exc}")
+        for params, members in groups.items():
+            requests = [OcrRequest(q.data, image, params) for q, image in members]
+            for (queued, _), answer in zip(members, self._run_engine_many(requests), strict=True):
+                if isinstance(answer, EngineBusy):
+                    self._dispatcher.fail(queued, f"busy:{answer.retry_after}:{answer}")
+                elif isinstance(answer, EngineTimeout):
+                    self._dispatcher.fail(queued, f"timeout:{answer}")
+                elif isinstance(answer, Exception):
+                    self._dispatcher.fail(queued, f"error:{answer}")
+                else:
+                    metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
+                    l1_key = self._keys.l1_for(queued.sha256, self._keys.task(params),
+                                               queued.namespace)  # fmt: skip
+                    if self._write_entry(queued.key, queued.sha256, answer, queued.ttl, l1_key):
+                        self._store.publish(self._keys.done(queued.key), "ok")
+                    else:  # the requester computes for itself rather than wait in vain
+                        self._dispatcher.fail(queued, "lost")
+                    continue
+                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
 
     def _compute_and_store(self, job: _Job, image: DecodedImage) -> Outcome:
         result = self._run_engine(image, job.data, job.params)
         if not job.controls.no_store:
             ttl = job.controls.ttl or self._ttl()
-            fingerprint = self._engine.fingerprint
-            entry = self._codec.encode(
-                result.to_dict(), job.digest.sha256, fingerprint, ttl, job.key
-            )
-            # Waiters elsewhere read this entry when notified: one retry covers a slow answer.
-            if not self._store.set(job.key, entry, ttl) and self._store.breaker_state == "closed":
-                self._store.set(job.key, entry, ttl)
-            self._l1.put(self._l1_key(job), result, ttl)
+            self._write_entry(job.key, job.digest.sha256, result, ttl, self._l1_key(job))
         return Outcome(result, CacheStatus.MISS)
+
+    def _write_entry(
+        self, key: str, sha256: str, result: OcrResult, ttl: int, l1_key: tuple[str, ...]
+    ) -> bool:
+        entry = self._codec.encode(result.to_dict(), sha256, self._engine.fingerprint, ttl, key)
+        # Waiters elsewhere read this entry when notified: one retry covers a slow answer.
+        stored = self._store.set(key, entry, ttl)
+        if not stored and self._store.breaker_state == "closed":
+            stored = self._store.set(key, entry, ttl)
+        self._l1.put(l1_key, result, ttl)
+        return stored
 
     def _ttl(self) -> int:
         ttl = self._settings.cache_ttl_seconds
@@ -282,6 +365,33 @@ class OcrCache:
         metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
         metrics.ENGINE_SECONDS.labels(engine=kind).observe(time.perf_counter() - start)
         return result
+
+    def _run_engine_many(self, requests: list[OcrRequest]) -> list[OcrResult | Exception]:
+        """``ENGINE_BATCH_MAX`` jobs with one set of parameters: one engine call where the
+        engine takes a list (``recognize_many``); a failed batch is retried image by image,
+        so one bad image fails only itself."""
+        many = getattr(self._engine, "recognize_many", None)
+        if len(requests) > 1 and many is not None:
+            self._wait_for_engine()
+            start = time.perf_counter()
+            try:
+                results = self._engine_runner.run(many, requests)
+            except EngineError:
+                pass
+            else:
+                self._on_engine_outcome(True)
+                kind, share = self._engine.kind, (time.perf_counter() - start) / len(requests)
+                for _ in results:
+                    metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
+                    metrics.ENGINE_SECONDS.labels(engine=kind).observe(share)
+                return list(results)
+        answers: list[OcrResult | Exception] = []
+        for request in requests:
+            try:
+                answers.append(self._run_engine(request.image, request.data, request.params))
+            except EngineError as exc:
+                answers.append(exc)
+        return answers
 
     def purge(self, namespace: str | None = None, md5: str | None = None) -> int:
         """Delete a namespace's entries, or one image's entries in a namespace, without

@@ -128,9 +128,21 @@ class RedisStore:
     def publish(self, channel: str, message: str) -> None:
         self._call("publish", lambda: self._client.publish(channel, message))
 
-    def pubsub_client(self) -> Any:
-        """A client for a long-lived subscription (blocking reads need no short timeout)."""
-        return redis_client.connect(self._url, None, self._timeouts[1], **self._options)
+    def pubsub_client(self, timeout_s: float | None = None, *, dedicated: bool = False) -> Any:
+        """A client for a long-lived subscription or blocking reads (no short timeout);
+        ``dedicated``: one connection of its own (a single node only), whose blocking reads
+        another client can end (CLIENT UNBLOCK)."""
+        extra = {"single_connection_client": True} if dedicated and not self._cluster else {}
+        if "sentinel" in self._url.split("://", 1)[0]:
+            extra = {}
+        return redis_client.connect(
+            self._url, timeout_s, self._timeouts[1], **self._options, **extra
+        )
+
+    def run(self, op: str, fn: Any) -> tuple[bool, Any]:
+        """``fn(client)`` under the breaker, as the methods above: (ok, value), never raises
+        (the dispatch queue's commands, ``app/cache/dispatch.py``)."""
+        return self._call(op, lambda: fn(self._client))
 
     def scan_unlink(self, pattern: str, batch: int = 500) -> int:
         """Delete keys matching ``pattern`` in batches (SCAN + UNLINK): Redis is never
