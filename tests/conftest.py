@@ -140,6 +140,7 @@ def make_app(
             deadline = time.monotonic() + 30
             while not state.ready and time.monotonic() < deadline:
                 time.sleep(0.005)
+            app.extensions["ocr"]["cache"].dispatch_ready(30)  # its feeder took its place
         return app
 
     return factory

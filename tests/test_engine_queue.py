@@ -48,9 +48,9 @@ def _big_calls(cache, n: int) -> tuple[list[threading.Thread], list[object]]:
     return threads, outcomes
 
 
-def _wait_depth(value: float, timeout: float) -> None:
+def _wait_depth(value: float, timeout: float, gauge: str = "ocr_engine_queue_depth") -> None:
     deadline = time.monotonic() + timeout
-    while metric_sum(_metrics(), "ocr_engine_queue_depth") != value:
+    while metric_sum(_metrics(), gauge) != value:
         assert time.monotonic() < deadline, _metrics()
         time.sleep(0.05)
 
@@ -79,8 +79,12 @@ def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
             assert time.monotonic() < deadline, "the engine is still busy with dropped work"
 
 
-def test_a_full_queue_is_refused_in_every_protocol(make_app):
-    app = make_app(ocr_timeout_seconds=60.0, engine_queue_max=2)
+@pytest.mark.parametrize("dispatch", [True, False], ids=["global-queue", "worker-queue"])
+def test_a_full_queue_is_refused_in_every_protocol(make_app, dispatch):
+    """The global dispatch queue (its depth is ``ocr_dispatch_queue_depth``) and, with
+    DISPATCH_ENABLED=false, the worker's own engine queue are refused alike."""
+    gauge = "ocr_dispatch_queue_depth" if dispatch else "ocr_engine_queue_depth"
+    app = make_app(ocr_timeout_seconds=60.0, engine_queue_max=2, dispatch_enabled=dispatch)
     cache = app.extensions["ocr"]["cache"]
     settings = app.extensions["ocr"]["settings"].with_overrides(host="127.0.0.1")
     server, port = grpc_server.start(cache, settings, port=0)
@@ -88,7 +92,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
     http = app.test_client()
     image = base64.b64encode(SHORT.read_bytes()).decode()
     threads, outcomes = _big_calls(cache, 3)  # one runs, two wait: the queue is full
-    _wait_depth(2, 10)
+    _wait_depth(2, 10, gauge)
     try:
         with pytest.raises(grpc.RpcError) as info:
             stub.inference(grpc_server.pb2.Request(key=["image"], value=[image]), timeout=10)
@@ -105,7 +109,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
         with pytest.raises(EngineBusy) as busy:
             cache.get_or_compute(WORD_CH.read_bytes())
         assert busy.value.retry_after >= 1
-        assert metric_sum(_metrics(), "ocr_engine_queue_depth") == 2
+        assert metric_sum(_metrics(), gauge) == 2
     finally:
         server.stop(0)
         for t in threads:

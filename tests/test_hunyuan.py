@@ -483,6 +483,8 @@ def test_unreachable_vllm_delays_readiness_then_misses_fail_and_hits_are_served(
     app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
     client = app.test_client()
     assert ocr(client, PHOTOTEST.read_bytes()).headers["X-Cache"] == "MISS"  # one entry
+    # That process is gone: its healthy engine would otherwise take the next miss (dispatch).
+    app.extensions["ocr"]["cache"].close()
     down = hunyuan_settings(
         base_settings,
         fake,

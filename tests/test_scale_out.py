@@ -179,7 +179,9 @@ def test_owner_killed_mid_computation_a_waiter_completes(cluster):
         waiter.join(120)
         resp = result["resp"]
         assert resp.status_code == 200 and resp.json()["lines"]
-        assert resp.headers["X-Cache"] == "MISS"  # the waiter took over and computed
+        # The waiter took over and computed (MISS), or the job the dead owner had queued was
+        # computed by a live engine anyway (global dispatch) and the waiter read it.
+        assert resp.headers["X-Cache"] in ("MISS", "COALESCED")
         assert instances[0].ocr(data).headers["X-Cache"] == "HIT"
     finally:
         owner.stop(signal.SIGKILL)

@@ -164,11 +164,14 @@ class Dispatcher:
         self._slots = slots
         self._per_engine_max = per_engine_max
         self._claim_ms = claim_ms
+        # An idle feeder reports in every BLOCK_MS, a busy one every third of claim_ms.
+        self._live_ms = max(claim_ms, 3 * BLOCK_MS)
         self._max_deliveries = max_deliveries
         self._batch_max = batch_max
         self._poll_seconds = poll_seconds
         self._mean_seconds = mean_seconds
         self._stopped = threading.Event()
+        self.reported = threading.Event()  # a feeder has reported in: jobs can be taken
         self._threads: list[threading.Thread] = []
         self._client_ids: dict[int, int] = {}
         self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
@@ -230,7 +233,7 @@ class Dispatcher:
             self._notifier.unregister(channel, event)
 
     def _submit(self, job: Job) -> tuple[str, int, int] | None:
-        ttl = str(self._claim_ms)
+        ttl = str(self._live_ms)
 
         def run(client: Any) -> Any:
             return client.eval(_SUBMIT, 2, self._stream, self._engines, GROUP,
@@ -326,6 +329,7 @@ class Dispatcher:
                             self._claim_ms * 4, GROUP)  # fmt: skip
         if depth >= 0:
             metrics.DISPATCH_QUEUE_DEPTH.set(depth)
+        self.reported.set()
 
     def _read(self, client: Any, consumer: str) -> list[Job]:
         try:

@@ -119,6 +119,11 @@ class OcrCache:
             )
             self._dispatcher.start(self._wait_for_engine, self._serve_jobs)
 
+    def dispatch_ready(self, timeout: float) -> bool:
+        """True once this process's engine takes jobs from the global queue (at once when
+        dispatch is off): until then its misses are computed here."""
+        return self._dispatcher is None or self._dispatcher.reported.wait(timeout)
+
     def close(self) -> None:
         """Stop taking jobs from the global queue (jobs being computed finish)."""
         if self._dispatcher is not None:

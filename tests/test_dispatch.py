@@ -1,0 +1,282 @@
+"""Global miss dispatch (issue 14 §1): the unit layer, against a real embedded Redis with
+counting engine doubles held and released by events. Each ``make_cache`` is one process's
+front door (its own store, notifier and feeder threads); the doubles here take one call at a
+time, as the in-process Paddle engine does."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+
+from app.cache.breaker import CircuitBreaker
+from app.cache.dispatch import Job
+from app.cache.engine_runner import EngineBusy
+from app.cache.keys import digest_image
+from app.cache.region import OcrCache
+from app.cache.store import RedisStore
+from app.config import Settings
+from app.embedded_redis import EmbeddedRedis
+from app.engines.base import OcrRequest
+from app.imaging import decode_image
+from app.vocabulary import CacheControls, CacheStatus, EngineError, EngineTimeout, OcrParams
+from tests.test_cache_unit import IMAGES, WAIT, CountingEngine
+
+
+class SerialEngine(CountingEngine):
+    """One call at a time (one feeder per front door), like the in-process Paddle engine."""
+
+    max_concurrency = 1
+
+
+class BatchingEngine(SerialEngine):
+    """Also takes a list of images in one call (``ENGINE_BATCH_MAX``), recording its sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def recognize_many(self, requests: list[OcrRequest]) -> list:
+        self.batches.append(len(requests))
+        return [self.recognize(r) for r in requests]
+
+
+@pytest.fixture()
+def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
+    return base_settings.with_overrides(singleflight_lease_ms=2000, singleflight_wait_seconds=20.0)
+
+
+def make_cache(settings: Settings, engine: CountingEngine, gate=None, **overrides) -> OcrCache:  # type: ignore[no-untyped-def]
+    settings = settings.with_overrides(**overrides)
+    store = RedisStore(
+        settings.redis_url,
+        settings.redis_timeout_ms,
+        settings.redis_connect_timeout_ms,
+        CircuitBreaker(settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds),
+    )
+    return OcrCache(
+        settings,
+        engine,
+        store,
+        lambda data: decode_image(data, settings.max_image_pixels),
+        wait_for_engine=gate or (lambda: None),
+    )
+
+
+def text_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:8]
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def wait_for(check, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + WAIT
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_free_engine_in_another_process_takes_the_next_miss(settings):
+    """Two distinct misses from one process run at once on two processes' engines: the
+    requesting process's engine is busy, the other's would otherwise idle."""
+    first, second = SerialEngine(), SerialEngine()
+    a, b = make_cache(settings, first), make_cache(settings, second)
+    first.hold(), second.hold()
+    with ThreadPoolExecutor(2) as pool:
+        one = pool.submit(a.get_or_compute, IMAGES[0])
+        wait_for(lambda: first.calls + second.calls == 1, "the first miss never started")
+        two = pool.submit(a.get_or_compute, IMAGES[1])
+        assert first.entered.wait(WAIT) and second.entered.wait(WAIT)  # both engines busy
+        first.release.set(), second.release.set()
+        outcomes = [one.result(WAIT), two.result(WAIT)]
+    assert (first.calls, second.calls) == (1, 1)
+    assert [o.status for o in outcomes] == [CacheStatus.MISS, CacheStatus.MISS]
+    assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES[:2]]
+    assert b.get_or_compute(IMAGES[1]).status is CacheStatus.HIT
+
+
+def test_one_computation_per_distinct_image_over_three_processes(settings):
+    engines = [SerialEngine() for _ in range(3)]
+    caches = [make_cache(settings, e) for e in engines]
+    trace = [IMAGES[i % 4] for i in range(24)]
+    with ThreadPoolExecutor(12) as pool:
+        outcomes = list(pool.map(lambda i: caches[i % 3].get_or_compute(trace[i]), range(24)))
+    assert sum(e.calls for e in engines) == 4
+    assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in trace]
+    assert sum(o.status is CacheStatus.MISS for o in outcomes) == 4
+
+
+def test_params_and_tenant_travel_with_the_job(settings, redis_client):
+    """Computed by the other process's engine: stored under the requester's tenant and
+    parameters, answering exactly that request."""
+    engines = [SerialEngine(), SerialEngine()]
+    a, _ = make_cache(settings, engines[0]), make_cache(settings, engines[1])
+    params = replace(OcrParams(), det_limit_side_len=1216, return_word_box=True)
+    for engine in engines:
+        engine.hold()
+    with ThreadPoolExecutor(2) as pool:
+        blocker = pool.submit(a.get_or_compute, IMAGES[2])
+        wait_for(lambda: sum(e.calls for e in engines) == 1, "the first miss never started")
+        holder, other = engines if engines[0].calls else engines[::-1]
+        other.release.set()  # the other process's engine is free; the holder is busy
+        outcome = a.get_or_compute(IMAGES[0], params, CacheControls(namespace="acme"))
+        holder.release.set()
+        blocker.result(WAIT)
+    assert other.calls == 1 and outcome.status is CacheStatus.MISS
+    key = a.key_for(digest_image(IMAGES[0]), params, "acme")
+    assert key.startswith("ocr.acme:") and redis_client.exists(key) == 1
+    assert redis_client.exists(a.key_for(digest_image(IMAGES[0]), OcrParams())) == 0
+
+
+def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
+    engine = SerialEngine()
+    cache = make_cache(settings, engine, dispatch_queue_max=1)
+    engine.hold()
+    before = counter("ocr_engine_queue_dropped_total", reason="full")
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(cache.get_or_compute, IMAGES[0])
+        assert engine.entered.wait(WAIT)
+        waiting = pool.submit(cache.get_or_compute, IMAGES[1])
+        stream, _ = cache.keys.dispatch()
+        wait_for(lambda: cache.store.run("t", lambda c: c.xlen(stream))[1] == 2, "not queued")
+        with pytest.raises(EngineBusy) as busy:
+            cache.get_or_compute(IMAGES[2])  # one engine, one waiting job: full
+        assert busy.value.retry_after >= 1
+        assert counter("ocr_dispatch_queue_depth") == 1
+        assert counter("ocr_engine_queue_dropped_total", reason="full") == before + 1
+        engine.release.set()
+        assert [running.result(WAIT).status, waiting.result(WAIT).status] == ["MISS", "MISS"]
+    assert engine.calls == 2  # the refused image was never computed nor cached
+    assert cache.get_or_compute(IMAGES[2]).status is CacheStatus.MISS
+
+
+def test_a_job_whose_caller_gave_up_is_not_computed(settings, redis_client):
+    engine = SerialEngine()
+    cache = make_cache(settings, engine, ocr_timeout_seconds=0.3)
+    engine.hold()
+    gone = counter("ocr_engine_queue_dropped_total", reason="caller_gone")
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(cache.get_or_compute, IMAGES[0])
+        assert engine.entered.wait(WAIT)
+        with pytest.raises(EngineTimeout):
+            cache.get_or_compute(IMAGES[1])  # waits behind the held call, then gives up
+        assert counter("ocr_engine_queue_dropped_total", reason="caller_gone") == gone + 1
+        engine.release.set()
+        with pytest.raises(EngineTimeout):
+            running.result(WAIT)  # it too waited longer than 0.3 s
+    stream, _ = cache.keys.dispatch()
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the running job was never acked")
+    assert engine.calls == 1  # the abandoned job never reached the engine
+
+
+def test_a_job_whose_requester_died_is_dropped_by_its_consumer(settings, redis_client):
+    """No lease for its token: the requester is gone (a waiter would have re-elected)."""
+    engine = SerialEngine()
+    cache = make_cache(settings, engine)
+    stream, _ = cache.keys.dispatch()
+    wait_for(lambda: redis_client.exists(stream), "the feeder never started")
+    gone = counter("ocr_dispatch_jobs_total", outcome="caller_gone")
+    key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
+    orphan = Job(key, digest_image(IMAGES[0]).sha256, "dead-token", OcrParams(), "", 60,
+                 time.time() + 60, IMAGES[0])  # fmt: skip
+    redis_client.xadd(stream, dict(zip(orphan.fields()[::2], orphan.fields()[1::2])))
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the orphan was never taken")
+    assert engine.calls == 0 and redis_client.exists(key) == 0
+    assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
+
+
+def test_a_job_whose_consumer_died_is_reclaimed(settings, redis_client):
+    """A consumer read the job and died (it never acks, never touches it): after
+    DISPATCH_CLAIM_MS a live feeder claims it, computes it, and the requester is answered."""
+    engine = SerialEngine()
+    gate = threading.Event()
+    cache = make_cache(settings, engine, gate=gate.wait, dispatch_claim_ms=1000)
+    stream, engines = cache.keys.dispatch()
+    redis_client.xgroup_create(stream, "engines", id="0", mkstream=True)
+    now_ms = int(redis_client.time()[0]) * 1000
+    redis_client.zadd(engines, {"dead-consumer": now_ms})  # it was live when the job came
+    reclaimed = counter("ocr_dispatch_jobs_total", outcome="reclaimed")
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(cache.get_or_compute, IMAGES[0])
+        taken = redis_client.xreadgroup("engines", "dead-consumer", {stream: ">"}, count=1,
+                                        block=int(WAIT * 1000))  # fmt: skip
+        assert taken, "the requester never queued its job"
+        gate.set()  # this process's engine is ready now: its feeder starts
+        outcome = asked.result(WAIT)
+    assert outcome.status is CacheStatus.MISS and outcome.result.lines[0].text == text_of(IMAGES[0])
+    assert engine.calls == 1
+    assert counter("ocr_dispatch_jobs_total", outcome="reclaimed") == reclaimed + 1
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the reclaimed job was never acked")
+
+
+def test_an_engine_error_reaches_the_requester_at_once_and_is_not_cached(settings, redis_client):
+    """The consumer's error comes back as an error (not after OCR_TIMEOUT_SECONDS, set to an
+    hour here), and nothing stays in Redis: no entry, no marker, no lease."""
+    failing, other = SerialEngine(), SerialEngine()
+    a = make_cache(settings, failing, ocr_timeout_seconds=3600.0)
+    make_cache(settings, other, ocr_timeout_seconds=3600.0)
+    failing.fail = other.fail = 1
+    with pytest.raises(EngineError) as raised:
+        a.get_or_compute(IMAGES[0])
+    assert not isinstance(raised.value, EngineTimeout)
+    assert failing.calls + other.calls == 1
+    assert redis_client.dbsize() == 0
+    failing.fail = other.fail = 0
+    assert a.get_or_compute(IMAGES[0]).status is CacheStatus.MISS
+
+
+def test_redis_down_while_waiting_the_requester_computes_itself(base_settings):
+    """The queue's Redis stops while the job is on another process's busy engine: the
+    requester computes it with its own engine, which was still loading until then."""
+    with EmbeddedRedis() as server:
+        settings = base_settings.with_overrides(
+            redis_url=server.url, singleflight_lease_ms=2000, redis_timeout_ms=200
+        )
+        own, busy = SerialEngine(), SerialEngine()
+        loaded = threading.Event()
+        a = make_cache(settings, own, gate=loaded.wait)  # no feeder until its engine loads
+        make_cache(settings, busy)
+        _, engines = a.keys.dispatch()
+        probe = redis.Redis.from_url(server.url)
+        wait_for(lambda: probe.zcard(engines) == 1, "the other process never reported in")
+        busy.hold()
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(a.get_or_compute, IMAGES[0])
+            assert busy.entered.wait(WAIT)  # the job runs on the other process's engine
+            server.stop()
+            loaded.set()
+            outcome = asked.result(WAIT)
+            busy.release.set()
+    assert outcome.status is CacheStatus.MISS
+    assert outcome.result.lines[0].text == text_of(IMAGES[0]) and own.calls == 1
+
+
+def test_batches_take_up_to_engine_batch_max_waiting_jobs(settings):
+    engine = BatchingEngine()
+    cache = make_cache(settings, engine, engine_batch_max=4)
+    engine.hold()
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(cache.get_or_compute, IMAGES[0])
+        assert engine.entered.wait(WAIT)
+        rest = [pool.submit(cache.get_or_compute, d) for d in IMAGES[1:]]
+        stream, _ = cache.keys.dispatch()
+        wait_for(lambda: cache.store.run("t", lambda c: c.xlen(stream))[1] == 4, "not queued")
+        engine.release.set()
+        outcomes = [f.result(WAIT) for f in [first, *rest]]
+    assert engine.batches[-1] == 3  # the three waiting jobs went in one call
+    assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES]
+
+
+def test_dispatch_off_keeps_the_owner_computing(settings):
+    engine = SerialEngine()
+    cache = make_cache(settings, engine, dispatch_enabled=False)
+    assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS
+    assert engine.calls == 1
