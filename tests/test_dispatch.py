@@ -187,7 +187,8 @@ def test_a_job_whose_requester_died_is_dropped_by_its_consumer(settings, redis_c
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     orphan = Job(key, digest_image(IMAGES[0]).sha256, "dead-token", OcrParams(), "", 60,
                  time.time() + 60, IMAGES[0])  # fmt: skip
-    redis_client.xadd(stream, dict(zip(orphan.fields()[::2], orphan.fields()[1::2])))
+    fields = orphan.fields()
+    redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
     wait_for(lambda: redis_client.xlen(stream) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
     assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
