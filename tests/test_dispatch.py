@@ -160,7 +160,7 @@ def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
 
 def test_a_job_whose_caller_gave_up_is_not_computed(settings, redis_client):
     engine = SerialEngine()
-    cache = make_cache(settings, engine, ocr_timeout_seconds=0.3)
+    cache = make_cache(settings, engine, ocr_timeout_seconds=1.5)
     engine.hold()
     gone = counter("ocr_engine_queue_dropped_total", reason="caller_gone")
     with ThreadPoolExecutor(1) as pool:
@@ -171,14 +171,14 @@ def test_a_job_whose_caller_gave_up_is_not_computed(settings, redis_client):
         assert counter("ocr_engine_queue_dropped_total", reason="caller_gone") == gone + 1
         engine.release.set()
         with pytest.raises(EngineTimeout):
-            running.result(WAIT)  # it too waited longer than 0.3 s
+            running.result(WAIT)  # it too waited longer than 1.5 s
     stream, _ = cache.keys.dispatch()
     wait_for(lambda: redis_client.xlen(stream) == 0, "the running job was never acked")
     assert engine.calls == 1  # the abandoned job never reached the engine
 
 
 def test_a_job_whose_requester_died_is_dropped_by_its_consumer(settings, redis_client):
-    """No lease for its token: the requester is gone (a waiter would have re-elected)."""
+    """Its key's lease is another requester's: this one is gone and a waiter re-elected."""
     engine = SerialEngine()
     cache = make_cache(settings, engine)
     stream, _ = cache.keys.dispatch()
@@ -188,9 +188,11 @@ def test_a_job_whose_requester_died_is_dropped_by_its_consumer(settings, redis_c
     orphan = Job(key, digest_image(IMAGES[0]).sha256, "dead-token", OcrParams(), "", 60,
                  time.time() + 60, IMAGES[0])  # fmt: skip
     fields = orphan.fields()
+    redis_client.set(f"{key}:lease", "the-new-owner", px=60_000)
     redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
     wait_for(lambda: redis_client.xlen(stream) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
+    redis_client.delete(f"{key}:lease")
     assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
 
 

@@ -12,8 +12,8 @@ goes to whichever engine frees up first. It computes, writes the entry with the 
   (one Lua script checks and adds). Live engines are the feeders that reported in the last
   ``DISPATCH_CLAIM_MS`` (a sorted set scored by Redis' own clock).
 - **Callers gone**: a requester that gives up deletes its job if it has not started; a
-  consumer drops a job whose deadline passed or whose lease is no longer its requester's
-  (the requester died or gave up: a waiter re-elects and submits its own).
+  consumer drops a job whose deadline passed or whose lease another requester holds now
+  (this one died or gave up, and a waiter re-elected and queued its own job).
 - **Reclaim**: a consumer touches its jobs (XCLAIM JUSTID) every third of
   ``DISPATCH_CLAIM_MS`` while computing; a job idle longer (its consumer died) is claimed by
   another feeder, at most ``DISPATCH_MAX_DELIVERIES`` times (an image that kills engines is
@@ -412,7 +412,10 @@ class Dispatcher:
                 pass  # the jobs stay pending and are reclaimed, then dropped as done
 
     def _wanted(self, client: Any, jobs: list[Job]) -> list[Job]:
-        """Jobs someone still waits for: before their deadline, their lease still theirs."""
+        """Jobs someone may still wait for: before their deadline, and their key's lease not
+        taken by another requester (that one re-elected after this one died or gave up, and
+        queued its own job). A lease that merely expired (its owner starved on a loaded host)
+        keeps the job: its requester may still be waiting."""
         now = time.time()
         pipe = client.pipeline(transaction=False)
         for job in jobs:
@@ -420,7 +423,7 @@ class Dispatcher:
         leases = pipe.execute()
         wanted = []
         for job, lease in zip(jobs, leases, strict=True):
-            if job.deadline > now and lease is not None and _text(lease) == job.token:
+            if job.deadline > now and (lease is None or _text(lease) == job.token):
                 wanted.append(job)
             else:
                 metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()

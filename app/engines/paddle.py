@@ -146,47 +146,60 @@ class PaddleOcrEngine(EngineBase):
     def recognize(self, request: OcrRequest) -> OcrResult:
         return self._runner.submit(self._recognize_here, request).result()
 
+    def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
+        """Several images with one set of parameters in one pipeline call (a list input:
+        ``ENGINE_BATCH_MAX``); results in order."""
+        return self._runner.submit(self._predict_here, requests).result()
+
     def _recognize_here(self, request: OcrRequest) -> OcrResult:
+        return self._predict_here([request])[0]
+
+    def _predict_here(self, requests: list[OcrRequest]) -> list[OcrResult]:
         if self._pipeline is None:
             raise EngineError("engine not loaded")
         # The whole page goes in, as upstream's serving passes it: detection resizes by itself
         # (limit_side_len, max_side_limit 4000) and recognition crops from the full image.
         # Memory is bounded by MAX_IMAGE_PIXELS at decode time.
-        image, p = request.image, request.params
-        bgr = np.ascontiguousarray(image.pixels[:, :, ::-1])
+        p = requests[0].params
+        images = [np.ascontiguousarray(r.image.pixels[:, :, ::-1]) for r in requests]
         try:
             outputs = self._pipeline.predict(
-                bgr,
+                images[0] if len(images) == 1 else images,
                 **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
                 text_rec_score_thresh=0.0,
                 return_word_box=p.return_word_box,
             )
+            outputs = list(outputs)
         except Exception as exc:  # the runtime raises anything; never let it be cached
             log.warning("paddle inference failed: %s", str(exc)[-500:])
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
-        raw = outputs[0]
-        angles = list(raw.get("textline_orientation_angles") or [])
-        if len(angles) != len(raw["rec_texts"]):
-            angles = [-1] * len(raw["rec_texts"])
-        texts = raw["rec_texts"]
-        words: list[tuple[Any, ...]] = [()] * len(texts)
-        if p.return_word_box:
-            words = [
-                tuple(
-                    (str(word), tuple(int(v) for v in box))
-                    for word, box in zip(line_words, line_boxes, strict=True)
-                )
-                for line_words, line_boxes in zip(
-                    raw["text_word"], raw["text_word_boxes"], strict=True
-                )
-            ]
-        lines = []
-        for text, score, poly, angle, line_words in zip(
-            texts, raw["rec_scores"], raw["rec_polys"], angles, words, strict=True
-        ):
-            box = tuple((int(x), int(y)) for x, y in np.asarray(poly).reshape(-1, 2)[:4])
-            lines.append(OcrLine(str(text), float(score), box, int(angle), line_words))  # type: ignore[arg-type]
-        return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
+        if len(outputs) != len(requests):
+            raise EngineError(f"paddle answered {len(outputs)} results for {len(requests)}")
+        return [_result(r.image, raw, p) for r, raw in zip(requests, outputs, strict=True)]
+
+
+def _result(image: Any, raw: Any, p: OcrParams) -> OcrResult:
+    """One pipeline output as our result (every line, with its score)."""
+    angles = list(raw.get("textline_orientation_angles") or [])
+    if len(angles) != len(raw["rec_texts"]):
+        angles = [-1] * len(raw["rec_texts"])
+    texts = raw["rec_texts"]
+    words: list[tuple[Any, ...]] = [()] * len(texts)
+    if p.return_word_box:
+        words = [
+            tuple(
+                (str(word), tuple(int(v) for v in box))
+                for word, box in zip(line_words, line_boxes, strict=True)
+            )
+            for line_words, line_boxes in zip(raw["text_word"], raw["text_word_boxes"], strict=True)
+        ]
+    lines = []
+    for text, score, poly, angle, line_words in zip(
+        texts, raw["rec_scores"], raw["rec_polys"], angles, words, strict=True
+    ):
+        box = tuple((int(x), int(y)) for x, y in np.asarray(poly).reshape(-1, 2)[:4])
+        lines.append(OcrLine(str(text), float(score), box, int(angle), line_words))  # type: ignore[arg-type]
+    return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
 
 
 def pipeline_kwargs(options: PaddleOptions, models: paddle_models.ModelSet) -> dict[str, Any]:

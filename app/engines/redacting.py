@@ -50,6 +50,12 @@ class RedactingEngine:
     def recognize(self, request: OcrRequest) -> OcrResult:
         return redact_result(self._inner.recognize(request), self._policy)
 
+    def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
+        """The inner engine's batch (or one call per image), each result masked."""
+        many = getattr(self._inner, "recognize_many", None)
+        results = many(requests) if many else [self._inner.recognize(r) for r in requests]
+        return [redact_result(result, self._policy) for result in results]
+
 
 def redact_result(result: OcrResult, policy: RedactionPolicy) -> OcrResult:
     lines = tuple(_redact_line(line, policy) for line in result.lines)

@@ -1,0 +1,229 @@
+"""`make bench`, part 2: global miss dispatch (issue 14 §1), measured side by side in one run.
+
+Two services on one private Redis, 2 gunicorn workers x 8 threads each (one engine per
+worker), identical but for ``DISPATCH_ENABLED``; rounds alternate between them:
+
+- **Engine utilization**: 20 distinct images, each first sent alone (its single-request
+  time), then all 20 at once from 8 clients on an empty cache: utilization = sum of the
+  single-request times / 2 engines / the concurrent wall time.
+- **Trace with 80 % repeats** (10 distinct images x 5, shuffled, 12 clients): its wall time
+  against the work-conserving ideal, the same 10 distinct images sent once each from 12
+  clients on an empty cache (no repeats: every request is engine work).
+- **Engine calls / distinct images** with 2 instances (a second dispatch service joins the
+  first): the trace over both instances at 12 clients, then 16 identical cold requests at
+  once.
+
+Results: bench/results/dispatch.json. About 5 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import redis
+import requests
+
+from app.embedded_redis import EmbeddedRedis, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
+RESULTS = ROOT / "bench" / "results"
+WORKERS, THREADS = 2, 8
+ROUNDS = int(os.environ.get("BENCH_DISPATCH_ROUNDS", "2"))
+DISTINCT, CLIENTS = 20, 8
+TRACE_DISTINCT, TRACE_REPEAT, TRACE_CLIENTS = 10, 5, 12
+
+
+def pick_images() -> list[bytes]:
+    """20 corpus images of ordinary size (20-400 KB), in name order: cards, receipts, pages."""
+    files = sorted(
+        p
+        for p in CORPUS.iterdir()
+        if p.suffix.lower() in (".jpg", ".png") and 20_000 <= p.stat().st_size <= 400_000
+    )
+    return [p.read_bytes() for p in files[:DISTINCT]]
+
+
+class Service:
+    def __init__(self, redis_url: str, **env: str) -> None:
+        self.port = free_port()
+        full = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        full.update(
+            REDIS_URL=redis_url, HTTP_PORT=str(self.port), GRPC_ENABLED="false",
+            HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS), WEB_THREADS=str(THREADS),
+            LOG_LEVEL="warning", CACHE_L1_BYTES="0", REDIS_TIMEOUT_MS="250", **env,
+        )  # fmt: skip
+        self.proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=full)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.session = requests.Session()
+
+    def wait_ready(self, timeout: float = 240) -> None:
+        deadline, streak = time.monotonic() + timeout, 0
+        while streak < 3 * WORKERS:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("service did not become ready")
+            try:
+                streak = streak + 1 if requests.get(f"{self.base}/readyz", timeout=2).ok else 0
+            except requests.RequestException:
+                streak = 0
+            time.sleep(0.3)
+        time.sleep(2)  # every worker's feeder has reported in (they heartbeat every second)
+
+    def ocr(self, data: bytes) -> str:
+        body = {"image": base64.b64encode(data).decode()}
+        resp = requests.post(f"{self.base}/v1/ocr", json=body, timeout=300)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{resp.status_code}: {resp.text[:200]}")
+        return resp.headers.get("X-Cache", "")
+
+    def engine_calls(self) -> float:
+        text = requests.get(f"{self.base}/metrics", timeout=10).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("ocr_engine_calls_total{")
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def concurrent(targets: Sequence[Service], items: Sequence[bytes], clients: int) -> float:
+    """Wall seconds to answer ``items`` from ``clients`` threads (request i to target i % n)."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda i: targets[i % len(targets)].ocr(items[i]), range(len(items))))
+    return time.perf_counter() - start
+
+
+def measure_round(service: Service, flush, images: list[bytes], trace: list[bytes]) -> dict:  # type: ignore[no-untyped-def]
+    singles = []
+    for data in images:  # each alone: its single-request (miss) time
+        flush()
+        start = time.perf_counter()
+        assert service.ocr(data) == "MISS"
+        singles.append(time.perf_counter() - start)
+    flush()
+    before = service.engine_calls()
+    wall = concurrent([service], images, CLIENTS)
+    calls = service.engine_calls() - before
+    distinct = list(dict.fromkeys(trace))
+    flush()
+    ideal = concurrent([service], distinct, TRACE_CLIENTS)
+    flush()
+    before = service.engine_calls()
+    trace_wall = concurrent([service], trace, TRACE_CLIENTS)
+    trace_calls = service.engine_calls() - before
+    return {
+        "single_request_s": round(sum(singles), 3),
+        "concurrent_wall_s": round(wall, 3),
+        "utilization": round(sum(singles) / WORKERS / wall, 3),
+        "engine_calls": calls,
+        "trace_ideal_wall_s": round(ideal, 3),
+        "trace_wall_s": round(trace_wall, 3),
+        "trace_vs_ideal": round(ideal / trace_wall, 3),
+        "trace_engine_calls_per_distinct": round(trace_calls / len(distinct), 3),
+    }
+
+
+def main() -> int:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    images = pick_images()
+    rng = random.Random(14)
+    trace = [images[i] for i in range(TRACE_DISTINCT) for _ in range(TRACE_REPEAT)]
+    rng.shuffle(trace)
+    report: dict = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "setup": {
+            "workers": WORKERS,
+            "threads": THREADS,
+            "rounds": ROUNDS,
+            "utilization": f"{DISTINCT} distinct images, {CLIENTS} clients",
+            "trace": f"{TRACE_DISTINCT} distinct x {TRACE_REPEAT} "
+            f"({100 - 100 // TRACE_REPEAT} % repeats), {TRACE_CLIENTS} clients",
+        },  # fmt: skip
+    }
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+
+        def flush() -> None:  # the entries only: the dispatch queue and its engines stay
+            keys = [k for k in client.scan_iter("ocr:*")]
+            if keys:
+                client.delete(*keys)
+
+        services = {
+            "dispatch": Service(server.url, DISPATCH_ENABLED="true"),
+            "per_worker": Service(server.url, DISPATCH_ENABLED="false"),
+        }
+        try:
+            for service in services.values():
+                service.wait_ready()
+            for service in services.values():  # warm both (first calls are slower)
+                flush()
+                concurrent([service], images[:4], 4)
+            rounds: dict[str, list[dict]] = {name: [] for name in services}
+            for r in range(ROUNDS):
+                for name, service in services.items():
+                    rounds[name].append(measure_round(service, flush, images, trace))
+                    print(f"round {r + 1} {name}: {rounds[name][-1]}", flush=True)
+            report["single_instance"] = {
+                name: {"rounds": rs, **_medians(rs)} for name, rs in rounds.items()
+            }
+            services.pop("per_worker").stop()
+            second = Service(server.url, DISPATCH_ENABLED="true")
+            services["second"] = second
+            second.wait_ready()
+            report["two_instances"] = measure_two(
+                [services["dispatch"], second], flush, trace, images[DISTINCT - 1]
+            )
+        finally:
+            for service in services.values():
+                service.stop()
+    out = RESULTS / "dispatch.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+def measure_two(targets: list[Service], flush, trace: list[bytes], burst: bytes) -> dict:  # type: ignore[no-untyped-def]
+    flush()
+    before = sum(t.engine_calls() for t in targets)
+    wall = concurrent(targets, trace, TRACE_CLIENTS)
+    trace_calls = sum(t.engine_calls() for t in targets) - before
+    flush()
+    before = sum(t.engine_calls() for t in targets)
+    concurrent(targets, [burst] * 16, 16)
+    burst_calls = sum(t.engine_calls() for t in targets) - before
+    distinct = len(set(trace))
+    return {
+        "trace_requests": len(trace),
+        "trace_distinct": distinct,
+        "trace_wall_s": round(wall, 3),
+        "trace_engine_calls": trace_calls,
+        "burst_requests": 16,
+        "burst_engine_calls": burst_calls,
+        "engine_calls_per_distinct": round((trace_calls + burst_calls) / (distinct + 1), 3),
+    }
+
+
+def _medians(rounds: list[dict]) -> dict:
+    keys = ("utilization", "trace_vs_ideal", "trace_engine_calls_per_distinct")
+    return {f"median_{k}": round(statistics.median(r[k] for r in rounds), 3) for k in keys}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
