@@ -27,7 +27,7 @@ DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring"]
-OVERLAYS = ["cpu", "gpu", "serving-sidecar", "monitoring"]
+OVERLAYS = ["cpu", "gpu", "serving-sidecar", "monitoring", "keda"]
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}
@@ -427,8 +427,11 @@ def test_front_deployment_service_and_scaling(overlay: str) -> None:
         ("grpc", 18091),
     }
     assert _named(objects, "PodDisruptionBudget", "ocr-cache")["spec"]["maxUnavailable"] == 1
-    hpa = _named(objects, "HorizontalPodAutoscaler", "ocr-cache")
-    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    if overlay == "keda":  # KEDA makes the HPA from its ScaledObject (checked below)
+        assert not [n for k, n in objects if k == "HorizontalPodAutoscaler"]
+    else:
+        hpa = _named(objects, "HorizontalPodAutoscaler", "ocr-cache")
+        assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     assert front["envFrom"][0]["configMapRef"]["name"].startswith("ocr-cache-env")
     assert int(config["WEB_CONCURRENCY"]) >= 1
@@ -476,3 +479,23 @@ def test_serving_sidecar_overlay_pairs_front_and_paddle_serving() -> None:
     assert config["SERVING_MODEL_VERSION"] == _serving_model_version()
     mounts = {m["mountPath"] for m in sidecar["volumeMounts"]}
     assert "/opt/PaddleOCR/deploy/run" in mounts  # its only writable directory
+
+
+def test_keda_overlay_scales_on_the_global_miss_queue() -> None:
+    """The autoscaling example of issue 14: KEDA on the dispatch queue's depth (the gauge
+    the service exports) and CPU, targeting the front Deployment; no second HPA."""
+    from app import metrics
+
+    objects = _objects("keda")
+    scaled = _named(objects, "ScaledObject", "ocr-cache")
+    deployment = _named(objects, "Deployment", "ocr-cache")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    triggers = {t["type"]: t for t in scaled["spec"]["triggers"]}
+    gauge = metrics.DISPATCH_QUEUE_DEPTH._name
+    assert gauge in triggers["prometheus"]["metadata"]["query"]
+    assert float(triggers["prometheus"]["metadata"]["threshold"]) >= 1
+    assert triggers["cpu"]["metadata"]["value"] == "70"
+    assert 1 <= scaled["spec"]["minReplicaCount"] < scaled["spec"]["maxReplicaCount"]
+    assert ("PodMonitor", "ocr-cache") in objects or any(k == "PodMonitor" for k, _ in objects)
