@@ -74,6 +74,8 @@ bench: install
 	@command -v wrk >/dev/null || apt-get install -y -q wrk >/dev/null 2>&1 || \
 		echo "wrk not installed: throughput measured with Python client processes"
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.dispatch
+	$(BIN)/python -m bench.batch
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
