@@ -51,12 +51,15 @@ def _start_grpc(worker: Any) -> None:
 
 
 def _stop_grpc(server: Any, worker: Any) -> None:
-    """Graceful: in-flight RPCs get up to the request timeout to finish."""
+    """Graceful: in-flight RPCs get up to the request timeout to finish; the engine takes
+    no more dispatched jobs (one it is computing finishes, or is reclaimed elsewhere)."""
     wsgi = getattr(worker, "wsgi", None)
     ocr = getattr(wsgi, "extensions", {}).get("ocr") or {}
     grpc = ocr.get("grpc")
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
+    if ocr.get("cache") is not None:  # take no more jobs from the global miss queue
+        ocr["cache"].close()
 
 
 def prepare_metrics_dir(server: Any = None) -> str:
