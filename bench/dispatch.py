@@ -88,11 +88,16 @@ class Service:
         return resp.headers.get("X-Cache", "")
 
     def engine_calls(self) -> float:
+        return self._metric("ocr_engine_calls_total{")
+
+    def engine_seconds(self) -> float:
+        """Seconds the engines spent computing (summed over workers)."""
+        return self._metric("ocr_engine_duration_seconds_sum{")
+
+    def _metric(self, prefix: str) -> float:
         text = requests.get(f"{self.base}/metrics", timeout=10).text
         return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("ocr_engine_calls_total{")
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
         )
 
     def stop(self) -> None:
@@ -116,24 +121,30 @@ def measure_round(service: Service, flush, images: list[bytes], trace: list[byte
         assert service.ocr(data) == "MISS"
         singles.append(time.perf_counter() - start)
     flush()
-    before = service.engine_calls()
+    before, busy = service.engine_calls(), service.engine_seconds()
     wall = concurrent([service], images, CLIENTS)
     calls = service.engine_calls() - before
+    busy = service.engine_seconds() - busy
     distinct = list(dict.fromkeys(trace))
     flush()
     ideal = concurrent([service], distinct, TRACE_CLIENTS)
     flush()
-    before = service.engine_calls()
+    before, trace_busy = service.engine_calls(), service.engine_seconds()
     trace_wall = concurrent([service], trace, TRACE_CLIENTS)
     trace_calls = service.engine_calls() - before
+    trace_busy = service.engine_seconds() - trace_busy
     return {
         "single_request_s": round(sum(singles), 3),
         "concurrent_wall_s": round(wall, 3),
         "utilization": round(sum(singles) / WORKERS / wall, 3),
+        # The same question asked of the engines themselves: the fraction of the wall time
+        # they were computing (robust to a background load that changes between phases).
+        "engine_busy_fraction": round(busy / WORKERS / wall, 3),
         "engine_calls": calls,
         "trace_ideal_wall_s": round(ideal, 3),
         "trace_wall_s": round(trace_wall, 3),
         "trace_vs_ideal": round(ideal / trace_wall, 3),
+        "trace_engine_busy_fraction": round(trace_busy / WORKERS / trace_wall, 3),
         "trace_engine_calls_per_distinct": round(trace_calls / len(distinct), 3),
     }
 
@@ -221,7 +232,8 @@ def measure_two(targets: list[Service], flush, trace: list[bytes], burst: bytes)
 
 
 def _medians(rounds: list[dict]) -> dict:
-    keys = ("utilization", "trace_vs_ideal", "trace_engine_calls_per_distinct")
+    keys = ("utilization", "engine_busy_fraction", "trace_vs_ideal",
+            "trace_engine_busy_fraction", "trace_engine_calls_per_distinct")  # fmt: skip
     return {f"median_{k}": round(statistics.median(r[k] for r in rounds), 3) for k in keys}
 
 
