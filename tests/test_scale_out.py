@@ -122,6 +122,27 @@ def test_trace_with_repeats_computes_each_distinct_image_once(cluster):
     assert total_calls(instances) - before == len(set(trace))
 
 
+def test_an_idle_engine_of_another_instance_takes_a_miss(cluster):
+    """Global miss dispatch (issue 14): three distinct cold pages sent at once to one
+    instance (two engines) are computed on three engines: the other instance's idle engine
+    takes the one this instance's busy engines would have queued."""
+    _, instances, _ = cluster
+    names = ("sroie_000.jpg", "paddleocr_doc_00006737.jpg", "paddleocr_doc_00009282.jpg")
+    images = [(CORPUS / name).read_bytes() for name in names]
+    before = [i.engine_calls() for i in instances]
+    barrier = threading.Barrier(len(images))
+
+    def one(data: bytes) -> requests.Response:
+        barrier.wait()
+        return instances[0].ocr(data)
+
+    with ThreadPoolExecutor(len(images)) as pool:
+        responses = list(pool.map(one, images))
+    assert [(r.status_code, r.headers["X-Cache"]) for r in responses] == [(200, "MISS")] * 3
+    calls = [i.engine_calls() - b for i, b in zip(instances, before, strict=True)]
+    assert sum(calls) == 3 and calls[1] >= 1, calls
+
+
 def test_colliding_pairs_never_cross_between_instances(cluster):
     """Issue 11 §1: two images with one MD5, sent at once to 2 instances x 2 workers, over
     REST and PaddleX, each round a fresh pair: every answer is its own image's."""
