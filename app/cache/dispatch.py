@@ -327,6 +327,11 @@ class Dispatcher:
             if jobs:
                 self._run(client, consumer, jobs, serve)
         self._client_ids.pop(slot, None)
+        if client is not None:  # stopped between jobs: nothing of ours is pending
+            try:
+                client.xgroup_delconsumer(self._stream, GROUP, consumer)
+            except _REDIS_ERRORS:
+                pass
         _close(client)
 
     def _heartbeat(self, client: Any, consumer: str) -> None:
