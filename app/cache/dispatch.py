@@ -460,6 +460,11 @@ class Dispatcher:
         if marker == "lost":
             self._store.publish(self._keys.done(job.key), f"lost:{job.token}")
             return
+        # A consumer's timeout comes after its requester's own (which started earlier, at
+        # submit), as does any failure past the deadline: no one is left to read a marker.
+        if marker.startswith("timeout:") or time.time() >= job.deadline:
+            self._store.publish(self._keys.done(job.key), f"error:{job.token}:{marker}")
+            return
         self._store.run(
             "dispatch",
             lambda c: c.set(self._keys.job_error(job.key, job.token), marker, ex=ERROR_TTL_S),
