@@ -54,8 +54,10 @@ class EngineRunner:
         """Moving average of one call (Retry-After estimates)."""
         return self._mean_seconds
 
-    def run(self, fn: Callable[..., T], *args: object) -> T:
-        """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error."""
+    def run(self, fn: Callable[..., T], *args: object, timeout: float | None = None) -> T:
+        """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error.
+        ``timeout``: this call's own bound (a dispatched job's time left), else the runner's."""
+        timeout = self._timeout if timeout is None else max(0.001, timeout)
         with self._lock:
             if self._waiting >= self._max_queue:
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
@@ -67,7 +69,7 @@ class EngineRunner:
             metrics.ENGINE_QUEUE_DEPTH.inc()
         future: Future[T] = self._pool.submit(self._start, fn, *args)
         try:
-            return future.result(timeout=self._timeout)
+            return future.result(timeout=timeout)
         except FutureTimeout:
             if future.cancel():  # never started: the engine will not run it for nobody
                 self._left_queue()
@@ -75,6 +77,8 @@ class EngineRunner:
             # else it is running: it finishes in its thread and its result is dropped.
             raise EngineTimeout(
                 f"OCR took longer than OCR_TIMEOUT_SECONDS={self._timeout:g}"
+                if timeout == self._timeout
+                else f"OCR took longer than the {timeout:.3g} s its caller had left"
             ) from None
 
     def _start(self, fn: Callable[..., T], *args: object) -> T:

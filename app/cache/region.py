@@ -303,7 +303,10 @@ class OcrCache:
                 self._dispatcher.fail(queued, f"error:{exc}")
         for params, members in groups.items():
             requests = [OcrRequest(q.data, image, params) for q, image in members]
-            for (queued, _), answer in zip(members, self._run_engine_many(requests), strict=True):
+            # The requester's deadline bounds the call, not this process's own timeout.
+            left = min(q.deadline for q, _ in members) - time.time()
+            answers = self._run_engine_many(requests, left)
+            for (queued, _), answer in zip(members, answers, strict=True):
                 if isinstance(answer, EngineBusy):
                     self._dispatcher.fail(queued, f"busy:{answer.retry_after}:{answer}")
                 elif isinstance(answer, EngineTimeout):
@@ -347,13 +350,15 @@ class OcrCache:
     def _compute(self, data: bytes, params: OcrParams) -> OcrResult:
         return self._run_engine(self._decode(data), data, params)
 
-    def _run_engine(self, image: DecodedImage, data: bytes, params: OcrParams) -> OcrResult:
+    def _run_engine(
+        self, image: DecodedImage, data: bytes, params: OcrParams, timeout: float | None = None
+    ) -> OcrResult:
         self._wait_for_engine()
         start = time.perf_counter()
         kind = self._engine.kind
         try:
             result = self._engine_runner.run(
-                self._engine.recognize, OcrRequest(data, image, params)
+                self._engine.recognize, OcrRequest(data, image, params), timeout=timeout
             )
         except EngineBusy:
             metrics.ENGINE_CALLS.labels(engine=kind, outcome="busy").inc()
@@ -371,7 +376,9 @@ class OcrCache:
         metrics.ENGINE_SECONDS.labels(engine=kind).observe(time.perf_counter() - start)
         return result
 
-    def _run_engine_many(self, requests: list[OcrRequest]) -> list[OcrResult | Exception]:
+    def _run_engine_many(
+        self, requests: list[OcrRequest], timeout: float
+    ) -> list[OcrResult | Exception]:
         """``ENGINE_BATCH_MAX`` jobs with one set of parameters: one engine call where the
         engine takes a list (``recognize_many``); a failed batch is retried image by image,
         so one bad image fails only itself."""
@@ -380,7 +387,7 @@ class OcrCache:
             self._wait_for_engine()
             start = time.perf_counter()
             try:
-                results = self._engine_runner.run(many, requests)
+                results = self._engine_runner.run(many, requests, timeout=timeout)
             except EngineError:
                 pass
             else:
@@ -393,7 +400,9 @@ class OcrCache:
         answers: list[OcrResult | Exception] = []
         for request in requests:
             try:
-                answers.append(self._run_engine(request.image, request.data, request.params))
+                answers.append(
+                    self._run_engine(request.image, request.data, request.params, timeout)
+                )
             except EngineError as exc:
                 answers.append(exc)
         return answers
