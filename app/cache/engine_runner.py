@@ -54,9 +54,16 @@ class EngineRunner:
         """Moving average of one call (Retry-After estimates)."""
         return self._mean_seconds
 
-    def run(self, fn: Callable[..., T], *args: object, timeout: float | None = None) -> T:
+    def run(
+        self,
+        fn: Callable[..., T],
+        *args: object,
+        timeout: float | None = None,
+        elapsed: list[float] | None = None,
+    ) -> T:
         """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error.
-        ``timeout``: this call's own bound (a dispatched job's time left), else the runner's."""
+        ``timeout``: this call's own bound (a dispatched job's time left), else the runner's;
+        ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait)."""
         timeout = self._timeout if timeout is None else max(0.001, timeout)
         with self._lock:
             if self._waiting >= self._max_queue:
@@ -67,7 +74,7 @@ class EngineRunner:
                 )
             self._waiting += 1
             metrics.ENGINE_QUEUE_DEPTH.inc()
-        future: Future[T] = self._pool.submit(self._start, fn, *args)
+        future: Future[T] = self._pool.submit(self._start, elapsed, fn, *args)
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:
@@ -81,7 +88,7 @@ class EngineRunner:
                 else f"OCR took longer than the {timeout:.3g} s its caller had left"
             ) from None
 
-    def _start(self, fn: Callable[..., T], *args: object) -> T:
+    def _start(self, spent: list[float] | None, fn: Callable[..., T], *args: object) -> T:
         self._left_queue()
         began = time.perf_counter()
         try:
@@ -89,6 +96,8 @@ class EngineRunner:
         finally:
             elapsed = time.perf_counter() - began
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+            if spent is not None:
+                spent.append(elapsed)
 
     def _left_queue(self) -> None:
         with self._lock:
