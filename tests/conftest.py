@@ -140,7 +140,8 @@ def make_app(
             deadline = time.monotonic() + 30
             while not state.ready and time.monotonic() < deadline:
                 time.sleep(0.005)
-            app.extensions["ocr"]["cache"].dispatch_ready(30)  # its feeder took its place
+            # Its feeder took its place in the global miss queue (at once when Redis answers).
+            app.extensions["ocr"]["cache"].dispatch_ready(5)
         return app
 
     return factory

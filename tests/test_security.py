@@ -128,8 +128,8 @@ def acl_redis(tmp_path):  # type: ignore[no-untyped-def]
         admin.acl_setuser("admin", enabled=True, passwords=["+admin-pw"], keys=["*"],
                           channels=["*"], commands=["+@all"])  # fmt: skip
         admin.execute_command(
-            "ACL", "SETUSER", "ocr", "on", ">ocr-secret-pw", "~ocr:*", "&ocr:*", "&ocr:done:*",
-            "+@all", "-@dangerous",
+            "ACL", "SETUSER", "ocr", "on", ">ocr-secret-pw", "~ocr:*", "~{ocr:dispatch:*",
+            "&ocr:*", "&ocr:done:*", "+@all", "-@dangerous",
         )  # fmt: skip
         admin.execute_command("ACL", "SETUSER", "default", "off")
         secret = tmp_path / "redis-password"
@@ -147,9 +147,11 @@ def test_acl_user_limited_to_the_prefix_with_password_file(make_app, acl_redis, 
     assert settings.redis_password == "ocr-secret-pw"
     assert "ocr-secret-pw" not in repr(settings)
     with caplog.at_level(logging.DEBUG):
-        client = make_app(
+        app = make_app(
             redis_url=server.url, redis_username="ocr", redis_password=settings.redis_password
-        ).test_client()
+        )
+        assert app.extensions["ocr"]["cache"].dispatch_ready(30)  # the queue's keys allowed too
+        client = app.test_client()
         statuses = [ocr(client, WORD_CH.read_bytes()).headers["X-Cache"] for _ in range(2)]
     assert statuses == ["MISS", "HIT"]
     assert "ocr-secret-pw" not in caplog.text
