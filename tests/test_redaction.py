@@ -14,11 +14,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-import zstandard
 from PIL import Image, ImageDraw, ImageFont
 
 from app import logsafe
-from app.cache.codec import MAGIC
+from app.cache.codec import MAGIC, plaintext
 from app.config import ConfigError, Settings
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from app.redaction import (
@@ -221,9 +220,7 @@ def _stored_plaintext(redis_client) -> str:  # type: ignore[no-untyped-def]
             continue
         value = redis_client.get(key)
         assert value[:4] == MAGIC, value[:8]
-        inner = value[4:]
-        body = zstandard.ZstdDecompressor().decompress(inner[1:]) if inner[:1] == b"z" else inner
-        texts.append(body.decode("utf-8", "replace"))
+        texts.append(plaintext(value).decode("utf-8", "replace"))  # decompressed JSON
     return "\n".join(texts)
 
 

@@ -88,6 +88,11 @@ class OcrCache:
             settings.cache_l1_bytes if settings.cache_enabled else 0,
             settings.cache_l1_max_age_seconds,
         )
+        # Bound once: a labels() lookup per hit is measurable on the L2 hit path.
+        self._l2_hit_counters = (
+            metrics.CACHE_REQUESTS.labels(result="hit"),
+            metrics.CACHE_TIER_HITS.labels(tier="l2"),
+        )
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
             notifier = Notifier(self._store, self._keys, on_purge=self._l1.clear)
@@ -179,8 +184,8 @@ class OcrCache:
             job = jobs[i]
             hit = self._read(value, job)
             if hit is not None:
-                metrics.CACHE_REQUESTS.labels(result="hit").inc()
-                metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
+                self._l2_hit_counters[0].inc()
+                self._l2_hit_counters[1].inc()
                 outcomes[i] = Outcome(hit, CacheStatus.HIT, "l2")
                 continue
             # Keyed on the full identity: two images with one MD5 share a Redis key (whose
@@ -206,11 +211,9 @@ class OcrCache:
         if entry is None:
             log.info("cache entry for %s is unusable; treating as a miss", digest.md5)
             return None
-        try:
-            result = OcrResult.from_dict(entry.result)
-        except (KeyError, TypeError, ValueError):
-            return None
-        self._l1.put(self._l1_key(job), result, entry.expires_at - time.time())
+        result = entry.result
+        if self._l1.enabled:
+            self._l1.put(self._l1_key(job), result, entry.expires_at - time.time())
         return result
 
     def _reread(self, job: _Job) -> OcrResult | None:
