@@ -45,8 +45,12 @@ def pack(result: OcrResult) -> list[Any]:
     return [result.width, result.height, lines, result.text, single]
 
 
+_INT = {int}
+
+
 def _ints(values: list[Any], count: int) -> bool:
-    return len(values) == count and all(type(v) is int for v in values)
+    """``count`` values, all of type int (not bool), checked in C: set(map(type, ...))."""
+    return len(values) == count and set(map(type, values)) == _INT
 
 
 def unpack(data: Any) -> OcrResult:
