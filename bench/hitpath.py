@@ -31,7 +31,7 @@ SIZES = {  # the issue's body sizes: a text page, a receipt, a photographed page
 CONCURRENCY = 8
 ROUNDS = int(os.environ.get("BENCH_HIT_ROUNDS", "3"))
 SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", "6"))
-WARMUP_SECONDS = 1.5
+WARMUP_SECONDS = 2  # wrk takes whole seconds
 LATENCY_REQUESTS = int(os.environ.get("BENCH_HIT_REQUESTS", "400"))
 REQUESTS = int(os.environ.get("BENCH_THROUGHPUT_REQUESTS", "4000"))
 
