@@ -18,6 +18,8 @@ work as it can.
 
 from __future__ import annotations
 
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,9 @@ def pack(result: OcrResult) -> list[Any]:
 
 
 _INT = {int}
+_STR, _LIST, _NUMBER = {str}, {list}, {float, int}
+_ROW_LENGTHS, _BOX_LENGTH = {4, 5}, {8}
+_COL0, _COL1, _COL2, _COL3 = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 
 
 def _ints(values: list[Any], count: int) -> bool:
@@ -64,31 +69,55 @@ def unpack(data: Any) -> OcrResult:
         raise ValueError("malformed result")
     if text is not None and type(text) is not str:
         raise ValueError("malformed text")
-    scores: list[float] = []
-    for row in rows:
-        if type(row) is not list or not 4 <= len(row) <= 5:
-            raise ValueError("malformed line")
-        score = row[1]
-        if type(score) is not float and type(score) is not int:
-            raise ValueError("malformed score")
-        scores.append(score)
+    # Every check is one C-level pass over a column (map/set), not Python per line.
+    if not set(map(type, rows)) <= _LIST or not set(map(len, rows)) <= _ROW_LENGTHS:
+        raise ValueError("malformed line")
+    texts, scores = list(map(_COL0, rows)), list(map(_COL1, rows))
+    boxes, angles = list(map(_COL2, rows)), list(map(_COL3, rows))
+    if (
+        not set(map(type, texts)) <= _STR
+        or not set(map(type, scores)) <= _NUMBER
+        or not set(map(type, angles)) <= _INT
+        or not set(map(type, boxes)) <= _LIST
+        or not set(map(len, boxes)) <= _BOX_LENGTH
+        or not set(map(type, chain.from_iterable(boxes))) <= _INT
+    ):
+        raise ValueError("malformed line")
     # One numpy call for every score: the float32 they were written from, as Python floats.
     exact = np.asarray(scores, dtype=np.float32).tolist() if single else scores
-    lines = []
-    for row, score in zip(rows, exact, strict=True):
-        line_text, box, angle = row[0], row[2], row[3]
-        if type(line_text) is not str or type(angle) is not int or type(box) is not list:
-            raise ValueError("malformed line")
-        if not _ints(box, 8):
-            raise ValueError("malformed box")
-        words: tuple[Any, ...] = ()
-        if len(row) == 5:
-            words = tuple(_word(item) for item in row[4])
-        x1, y1, x2, y2, x3, y3, x4, y4 = box
-        lines.append(
-            OcrLine(line_text, score, ((x1, y1), (x2, y2), (x3, y3), (x4, y4)), angle, words)
+    lines = [
+        _line(
+            text_,
+            score,
+            ((b[0], b[1]), (b[2], b[3]), (b[4], b[5]), (b[6], b[7])),
+            angle,
+            tuple(map(_word, row[4])) if len(row) == 5 else (),
         )
+        for row, text_, score, b, angle in zip(rows, texts, exact, boxes, angles, strict=True)
+    ]
     return OcrResult(width, height, tuple(lines), text)
+
+
+def _fast_line(text: str, score: float, box: Any, angle: int, words: Any) -> OcrLine:
+    """An ``OcrLine`` with its fields set directly: the frozen dataclass ``__init__`` (one
+    ``object.__setattr__`` per field) is three quarters of ``unpack``'s time, and every value
+    here was type-checked above. The result is an ordinary, still frozen, ``OcrLine``."""
+    line = _NEW(OcrLine)
+    line.__dict__.update(text=text, score=score, box=box, angle=angle, words=words)
+    return line
+
+
+def _checked_line_factory() -> Any:
+    """``_fast_line`` if it builds what the constructor builds (e.g. not if ``OcrLine``
+    gains ``__slots__`` or a field), else the constructor itself."""
+    sample = ("t", 0.5, ((0, 1), (2, 3), (4, 5), (6, 7)), 0, (("w", (0, 1, 2, 3)),))
+    try:
+        same = _fast_line(*sample) == OcrLine(*sample) and vars(_fast_line(*sample)) == vars(
+            OcrLine(*sample)
+        )
+    except (AttributeError, TypeError):
+        same = False
+    return _fast_line if same else OcrLine
 
 
 def _word(item: Any) -> tuple[str, tuple[int, int, int, int]]:
@@ -97,3 +126,7 @@ def _word(item: Any) -> tuple[str, tuple[int, int, int, int]]:
     if not _ints(item[1:], 4):
         raise ValueError("malformed word box")
     return item[0], (item[1], item[2], item[3], item[4])
+
+
+_NEW = object.__new__
+_line = _checked_line_factory()
