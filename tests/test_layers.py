@@ -161,3 +161,12 @@ def test_only_entry_points_import_the_servers():
 def test_routes_are_wired_by_create_app_only():
     importers = {m for m in MODULES if any(i.startswith("app.routes.") for i in imports(m))}
     assert importers - {m for m in MODULES if m.startswith("app.routes")} == {"app.web"}
+
+
+def test_readme_layout_lists_every_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    layout = layout[: layout.find("\n## ", 1)] if "\n## " in layout[1:] else layout
+    paths = sorted(str(p.relative_to(ROOT)) for p in MODULES.values())
+    missing = [path for path in paths if f"`{path}`" not in layout]
+    assert not missing, f"README Layout lacks {missing}"

@@ -61,6 +61,7 @@ CALL_ERRORS: dict[type[Exception], tuple[int, str]] = {
     EngineTimeout: (TIMEOUT, "process"),
     EngineError: (UNKNOWN_ERROR, "process"),
 }
+_CALL_FAILURES = (PipelineError, *CALL_ERRORS)
 
 
 class Lookup(Protocol):
@@ -188,7 +189,7 @@ def answer(
         outcomes = cache.get_or_compute_many(images, controls=controls_for(req, controls))
     except EngineBusy:
         raise
-    except (PipelineError, *CALL_ERRORS) as exc:
+    except _CALL_FAILURES as exc:
         failed = failure(req, exc)
         log.info("pipeline logid=%s clientip=%s err_no=%s", req.logid, req.clientip, failed.err_no)
         return failed
