@@ -3,8 +3,9 @@ the configuration sits on leaf modules only, the engines import only the shared 
 and their own options, the cache neither the configuration nor the protocols, the protocols
 not the cache, and only the entry points import the servers.
 
-The static graph comes from ``ast`` (every ``import``, in functions too); two rules are also
-checked at run time, in a fresh interpreter's ``sys.modules``."""
+The graph comes from ``ast`` (every ``import``, in functions too, or only those run when a
+module is loaded); the configuration's rule is also checked in a fresh interpreter's
+``sys.modules``."""
 
 from __future__ import annotations
 
@@ -44,13 +45,15 @@ def _name(path: Path) -> str:
 MODULES = {_name(p): p for p in APP.rglob("*.py")}
 
 
-def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
-    """Nodes under ``if TYPE_CHECKING:``: names for annotations, never imported at run time."""
+def _skipped(tree: ast.Module, top_level: bool) -> set[ast.AST]:
+    """Nodes under ``if TYPE_CHECKING:`` (names for annotations, never imported at run time)
+    and, for ``top_level``, in functions (imported when called, not when loaded)."""
     skipped: set[ast.AST] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in (
-            "TYPE_CHECKING",
-            "typing.TYPE_CHECKING",
+        lazy = top_level and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        if lazy or (
+            isinstance(node, ast.If)
+            and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
         ):
             for child in node.body:
                 skipped.update(ast.walk(child))
@@ -58,11 +61,11 @@ def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
 
 
 @cache
-def imports(module: str) -> frozenset[str]:
-    """The ``app`` modules ``module`` imports anywhere in its text (in functions too; not
-    under TYPE_CHECKING), with the packages Python loads on the way."""
+def imports(module: str, top_level: bool = False) -> frozenset[str]:
+    """The ``app`` modules ``module`` imports (anywhere, or ``top_level``: when it is loaded),
+    with the packages Python loads on the way."""
     tree = ast.parse(MODULES[module].read_text())
-    skipped = _type_checking_only(tree)
+    skipped = _skipped(tree, top_level)
     found = set()
     for node in ast.walk(tree):
         if node in skipped:
@@ -79,10 +82,10 @@ def imports(module: str) -> frozenset[str]:
     return frozenset(name for name in found if name in MODULES and name != module)
 
 
-def closure(module: str) -> set[str]:
+def closure(module: str, top_level: bool = False) -> set[str]:
     seen, todo = set(), [module]
     while todo:
-        for name in imports(todo.pop()):
+        for name in imports(todo.pop(), top_level):
             if name not in seen:
                 seen.add(name)
                 todo.append(name)
@@ -122,11 +125,9 @@ def test_engines_import_only_the_vocabulary_and_their_options():
     for engine in engines:
         outside = {m for m in imports(engine) if not m.startswith("app.engines")}
         assert outside <= ENGINE_MAY_IMPORT, (engine, outside - ENGINE_MAY_IMPORT)
-    # ``build_engine`` names Settings for its signature only: at run time no engine module
-    # brings the configuration, the cache or a server along.
-    loaded = loaded_after_import(*engines)
-    outside = {m for m in loaded if not m.startswith("app.engines")}
-    assert outside <= ENGINE_MAY_IMPORT, outside - ENGINE_MAY_IMPORT
+        # What loading it brings along (``build_engine``'s lazy imports are the engines').
+        loaded = {m for m in closure(engine, top_level=True) if not m.startswith("app.engines")}
+        assert loaded <= ENGINE_MAY_IMPORT, (engine, loaded - ENGINE_MAY_IMPORT)
 
 
 def _forbidden(module: str, names: set[str] | frozenset[str]) -> set[str]:
@@ -141,15 +142,12 @@ def _forbidden(module: str, names: set[str] | frozenset[str]) -> set[str]:
 
 
 def test_cache_and_protocols_stay_apart_and_below_the_servers():
-    """Their own imports statically; everything they bring along at run time (the static
-    closure would follow ``build_engine``'s lazy imports, which only the wiring calls)."""
+    """Their own imports, and everything loading them brings along (the full closure would
+    follow ``build_engine``'s lazy imports, which only the wiring calls)."""
     layer = sorted(m for m in MODULES if m.startswith(("app.cache", "app.protocols")))
     for module in layer:
         assert not _forbidden(module, imports(module)), module
-    cache_modules = [m for m in layer if m.startswith("app.cache")]
-    assert not _forbidden("app.cache", loaded_after_import(*cache_modules))
-    protocol_modules = [m for m in layer if m.startswith("app.protocols")]
-    assert not _forbidden("app.protocols", loaded_after_import(*protocol_modules))
+        assert not _forbidden(module, closure(module, top_level=True)), module
 
 
 def test_only_entry_points_import_the_servers():
