@@ -20,6 +20,10 @@ from app.vocabulary import DETECTION_PARAMS, OcrCacheError, OcrParams
 T = TypeVar("T")
 
 
+# The detection parameters' defaults are OcrParams' (one source; vocabulary.DETECTION_PARAMS).
+_PARAMS = OcrParams()
+
+
 class ConfigError(OcrCacheError, ValueError):
     """A setting has a value the service cannot run with."""
 
@@ -285,13 +289,21 @@ class Settings:
     engine_queue_max: int = env("ENGINE_QUEUE_MAX", _int(0, 100_000), 0)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
-    ocr_det_limit_side_len: int = env("OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), 960)
-    ocr_det_limit_type: str = env("OCR_DET_LIMIT_TYPE", _choice("max", "min"), "max")
-    ocr_det_thresh: float = env("OCR_DET_THRESH", _float(0.0, 1.0), 0.3)
-    ocr_det_box_thresh: float = env("OCR_DET_BOX_THRESH", _float(0.0, 1.0), 0.6)
-    ocr_det_unclip_ratio: float = env("OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), 1.5)
+    ocr_det_limit_side_len: int = env(
+        "OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), _PARAMS.det_limit_side_len
+    )
+    ocr_det_limit_type: str = env(
+        "OCR_DET_LIMIT_TYPE", _choice("max", "min"), _PARAMS.det_limit_type
+    )
+    ocr_det_thresh: float = env("OCR_DET_THRESH", _float(0.0, 1.0), _PARAMS.det_thresh)
+    ocr_det_box_thresh: float = env("OCR_DET_BOX_THRESH", _float(0.0, 1.0), _PARAMS.det_box_thresh)
+    ocr_det_unclip_ratio: float = env(
+        "OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), _PARAMS.det_unclip_ratio
+    )
     ocr_rec_score_thresh: float = env("OCR_REC_SCORE_THRESH", _float(0.0, 1.0), 0.5)
-    ocr_textline_orientation: bool = env("OCR_TEXTLINE_ORIENTATION", _bool, False)
+    ocr_textline_orientation: bool = env(
+        "OCR_TEXTLINE_ORIENTATION", _bool, _PARAMS.textline_orientation
+    )
 
     # Remote Paddle Serving pipeline (OCR_ENGINE=serving).
     serving_url: str = env("SERVING_URL", _serving_url, "")

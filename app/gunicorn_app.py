@@ -44,17 +44,17 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
 def _start_grpc(worker: Any) -> None:
     """Serve gRPC from this worker too, on the same cache (SO_REUSEPORT shares the port)."""
     ocr = getattr(worker.wsgi, "extensions", {}).get("ocr")  # None: not our app
-    if ocr is not None and ocr["settings"].grpc_enabled:
+    if ocr is not None and ocr.settings.grpc_enabled:
         from app import grpc_server
 
-        ocr["grpc"], _ = grpc_server.start(ocr["cache"], ocr["settings"])
+        ocr.grpc, _ = grpc_server.start(ocr.cache, ocr.settings)
 
 
 def _stop_grpc(server: Any, worker: Any) -> None:
     """Graceful: in-flight RPCs get up to the request timeout to finish."""
     wsgi = getattr(worker, "wsgi", None)
-    ocr = getattr(wsgi, "extensions", {}).get("ocr") or {}
-    grpc = ocr.get("grpc")
+    ocr = getattr(wsgi, "extensions", {}).get("ocr")
+    grpc = getattr(ocr, "grpc", None)
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
 

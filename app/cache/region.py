@@ -24,9 +24,9 @@ from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
 from app.cache.notify import Notifier
+from app.cache.options import CacheOptions
 from app.cache.singleflight import SingleFlight
 from app.cache.store import NullStore, RedisStore, Store
-from app.config import Settings
 from app.engines.base import Engine, OcrRequest
 from app.imaging import DecodedImage
 from app.vocabulary import (
@@ -60,33 +60,33 @@ Decoder = Callable[[bytes], DecodedImage]
 class OcrCache:
     def __init__(
         self,
-        settings: Settings,
+        options: CacheOptions,
         engine: Engine,
         store: Store | None,
         decode: Decoder,
         wait_for_engine: Callable[[], None] = lambda: None,
         on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     ) -> None:
-        self._settings = settings
+        self._options = options
         self._engine = engine
-        self._store: Store = store if store is not None and settings.cache_enabled else NullStore()
-        self._keys = KeySpace(settings.cache_key_prefix, engine.fingerprint)
+        self._store: Store = store if store is not None and options.cache_enabled else NullStore()
+        self._keys = KeySpace(options.cache_key_prefix, engine.fingerprint)
         self._decode = decode
         self._wait_for_engine = wait_for_engine
         self._on_engine_outcome = on_engine_outcome
-        self._codec = Codec(settings.cache_compress_min_bytes, settings.cache_encryption_keys)
+        self._codec = Codec(options.cache_compress_min_bytes, options.cache_encryption_keys)
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
         # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
         # in; a remote engine serves them concurrently, an in-process one says how many.
         self._engine_runner = EngineRunner(
-            getattr(engine, "max_concurrency", None) or settings.engine_callers(),
-            settings.engine_queue_max or settings.web_threads,
-            settings.ocr_timeout_seconds,
+            getattr(engine, "max_concurrency", None) or options.engine_callers,
+            options.engine_queue_size,
+            options.ocr_timeout_seconds,
         )
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
-            settings.cache_l1_bytes if settings.cache_enabled else 0,
-            settings.cache_l1_max_age_seconds,
+            options.cache_l1_bytes if options.cache_enabled else 0,
+            options.cache_l1_max_age_seconds,
         )
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
@@ -94,8 +94,8 @@ class OcrCache:
             self._election = Election(
                 self._store,
                 notifier,
-                settings.singleflight_lease_ms,
-                settings.singleflight_wait_seconds,
+                options.singleflight_lease_ms,
+                options.singleflight_wait_seconds,
             )
 
     @property
@@ -252,8 +252,8 @@ class OcrCache:
         return Outcome(result, CacheStatus.MISS)
 
     def _ttl(self) -> int:
-        ttl = self._settings.cache_ttl_seconds
-        jitter = int(ttl * self._settings.cache_ttl_jitter)
+        ttl = self._options.cache_ttl_seconds
+        jitter = int(ttl * self._options.cache_ttl_jitter)
         return max(1, ttl - random.randint(0, jitter)) if jitter else ttl
 
     def _compute(self, data: bytes, params: OcrParams) -> OcrResult:

@@ -1,0 +1,37 @@
+"""What the cache front door reads from ``Settings`` (fields named as there), filled by
+``Settings`` like the engines' options: ``OcrCache`` never sees the whole configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.engines.base import options_from
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    cache_enabled: bool
+    cache_key_prefix: str
+    cache_ttl_seconds: int
+    cache_ttl_jitter: float
+    cache_compress_min_bytes: int
+    cache_encryption_keys: tuple[tuple[str, bytes], ...]
+    cache_l1_bytes: int
+    cache_l1_max_age_seconds: float
+    singleflight_lease_ms: int
+    singleflight_wait_seconds: float
+    ocr_timeout_seconds: float
+    # Derived: engine threads of one worker (``Settings.engine_callers``; an engine that says
+    # how many calls it takes at once overrides it) and the queue before EngineBusy.
+    engine_callers: int
+    engine_queue_size: int
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> CacheOptions:
+        return options_from(
+            cls,
+            settings,
+            engine_callers=settings.engine_callers(),
+            engine_queue_size=settings.engine_queue_max or settings.web_threads,
+        )
