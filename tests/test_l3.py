@@ -7,6 +7,7 @@ purge removes objects."""
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import time
 from collections.abc import Iterator
@@ -386,6 +387,12 @@ def test_purge_removes_l3_objects_by_image_and_by_namespace(
 # End to end, the real engine -----------------------------------------------------------
 
 
+def ocr(client, data: bytes):  # type: ignore[no-untyped-def]
+    return client.post(
+        "/v1/ocr", data={"file": (io.BytesIO(data), "x.png")}, content_type="multipart/form-data"
+    )
+
+
 def test_http_answers_recalled_from_l3_are_identical_and_engine_free(
     s3, bucket, make_app, redis_client
 ):
@@ -397,14 +404,14 @@ def test_http_answers_recalled_from_l3_are_identical_and_engine_free(
     app = make_app(**overrides)
     client = app.test_client()
     images = [WORD_EN.read_bytes(), SHORT.read_bytes()]
-    first = [client.post("/v1/ocr", data={"file": (data, "x.png")}) for data in images]
+    first = [ocr(client, data) for data in images]
     assert [r.headers["X-Cache"] for r in first] == ["MISS", "MISS"]
     assert app.extensions["ocr"]["cache"].l3.flush(WAIT)
     redis_client.flushdb()  # every entry evicted
     calls = sample("ocr_engine_calls_total", engine="paddle", outcome="ok")
 
     fresh = make_app(**overrides)  # another worker: empty L1
-    again = [fresh.test_client().post("/v1/ocr", data={"file": (d, "x.png")}) for d in images]
+    again = [ocr(fresh.test_client(), data) for data in images]
     assert [r.headers["X-Cache"] for r in again] == ["HIT", "HIT"]
     assert [r.headers["X-Cache-Tier"] for r in again] == ["l3", "l3"]
     assert sample("ocr_engine_calls_total", engine="paddle", outcome="ok") == calls
