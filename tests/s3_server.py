@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -76,6 +77,9 @@ class SeaweedS3:
              "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
              "-master.volumeSizeLimitMB=64", "-volume.max=8"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # Its admin identity: requests signed with another pair are refused.
+            env={**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                 "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
         )  # fmt: skip
         log.close()
         deadline = time.monotonic() + self._timeout
