@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ from app.config import ConfigError, Settings
 from app.embedded_redis import EmbeddedRedis
 from app.vocabulary import CacheControls, CacheStatus, OcrParams
 from tests import s3_server
-from tests.conftest import SHORT, WORD_EN
+from tests.conftest import ROOT, SHORT, WORD_EN
 from tests.test_cache_unit import IMAGES, WAIT, CountingEngine, make_cache
 
 _names = itertools.count()
@@ -425,3 +426,22 @@ def test_http_answers_recalled_from_l3_are_identical_and_engine_free(
     )
     assert purge.status_code == 200 and purge.get_json()["removed"] >= 2
     assert objects(s3, bucket) == []
+
+
+# The documented bucket lifecycle rule ---------------------------------------------------
+
+
+def test_the_documented_lifecycle_rule_is_accepted_by_the_store(s3, s3_env):
+    """docs/l3-lifecycle.json, as docs/L3.md shows it, applied with the call the docs give
+    (put-bucket-lifecycle-configuration), outlives the default retention."""
+    path = ROOT / "docs" / "l3-lifecycle.json"
+    rules = json.loads(path.read_text())
+    doc = (ROOT / "docs" / "L3.md").read_text()
+    assert json.loads(doc.split("```json\n", 1)[1].split("```", 1)[0]) == rules
+    days = rules["Rules"][0]["Expiration"]["Days"]
+    assert days * 86400 > Settings().cache_l3_ttl_seconds
+    client = s3_server.client(s3.endpoint)
+    client.put_bucket_lifecycle_configuration(Bucket=BUCKET, LifecycleConfiguration=rules)
+    stored = client.get_bucket_lifecycle_configuration(Bucket=BUCKET)["Rules"]
+    assert stored[0]["Expiration"] == {"Days": days}
+    assert stored[0]["Filter"] == {"Prefix": "l3/"}
