@@ -10,6 +10,7 @@ import hashlib
 import io
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -230,13 +231,17 @@ def test_single_flight_holds_across_tiers(s3, bucket, settings, double, redis_cl
 def test_no_cache_recomputes_and_a_callers_own_ttl_stays_off_l3(
     s3, bucket, settings, double, redis_client
 ):
+    writers = sum(t.name == "l3-writer" for t in threading.enumerate())
     cache = l3_cache(settings, double, bucket)
     cache.get_or_compute(IMAGES[0], controls=CacheControls(ttl=60))
     flushed(cache)
     assert objects(s3, bucket) == []
     cache.get_or_compute(IMAGES[0], controls=CacheControls(no_cache=True))
+    cache.get_or_compute(IMAGES[1])
     flushed(cache)
-    assert len(objects(s3, bucket)) == 1 and double.calls == 2
+    assert len(objects(s3, bucket)) == 2 and double.calls == 3
+    # One writer thread for this process, however many writes.
+    assert sum(t.name == "l3-writer" for t in threading.enumerate()) == writers + 1
 
 
 # Integrity -----------------------------------------------------------------------------
@@ -420,6 +425,12 @@ def test_http_answers_recalled_from_l3_are_identical_and_engine_free(
         a, b = before.get_json(), after.get_json()
         assert b.pop("cache_tier") == "l3" and a.pop("cache") == "MISS" and b.pop("cache") == "HIT"
         assert a == b
+    stats = (
+        fresh.test_client()
+        .get("/admin/stats", headers={"Authorization": f"Bearer {overrides['admin_token']}"})
+        .get_json()
+    )
+    assert stats["l3"]["breaker"] == "closed" and stats["l3"]["bucket"] == BUCKET
     # The admin purge removes the objects too.
     purge = fresh.test_client().post(
         "/admin/purge", json={}, headers={"Authorization": f"Bearer {overrides['admin_token']}"}

@@ -86,6 +86,7 @@ class ColdTier:
         self._pid = 0
         self._client: Any = None
         self._writer: threading.Thread | None = None
+        self._writer_pid = 0
         self._purges: list[tuple[str, float]] = []
 
     @classmethod
@@ -173,13 +174,15 @@ class ColdTier:
             writer.join(timeout=30)
 
     def _start_writer(self) -> None:
-        if self._writer is not None and self._writer.is_alive() and self._pid == os.getpid():
+        """One writer thread per process, started on first use (after a fork, too)."""
+        if self._writer_pid == os.getpid() and self._writer is not None:
             return
         with self._lock:
-            if self._writer is None or not self._writer.is_alive() or self._pid != os.getpid():
+            if self._writer_pid != os.getpid() or self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, name="l3-writer")
                 self._writer.daemon = True
                 self._writer.start()
+                self._writer_pid = os.getpid()
 
     def _write_loop(self) -> None:
         while True:
