@@ -187,6 +187,14 @@ def test_an_entry_evicted_from_redis_comes_back_from_l3(s3, bucket, settings, do
     assert 0 < redis_client.ttl(key) <= settings.cache_ttl_seconds
     again = l3_cache(settings, double, bucket).get_or_compute(IMAGES[0])
     assert again.tier == "l2" and again.result == computed.result and double.calls == 1
+    # no-store: answered from L3, nothing written back; a request's TTL bounds the refill.
+    redis_client.delete(key)
+    quiet = l3_cache(settings, double, bucket).get_or_compute(
+        IMAGES[0], controls=CacheControls(no_store=True)
+    )
+    assert quiet.tier == "l3" and not redis_client.exists(key)
+    l3_cache(settings, double, bucket).get_or_compute(IMAGES[0], controls=CacheControls(ttl=60))
+    assert 0 < redis_client.ttl(key) <= 60 and double.calls == 1
 
 
 def test_a_real_maxmemory_eviction_is_recalled_from_l3(s3, bucket, settings, double):

@@ -270,16 +270,19 @@ class OcrCache:
 
     def _recall(self, job: _Job) -> Outcome | None:
         """L3 read-through: a verified object refills L2 (a fresh envelope for the rest of
-        its L3 retention, at most CACHE_TTL_SECONDS) and L1."""
+        its L3 retention, at most CACHE_TTL_SECONDS or the request's TTL) and L1, unless the
+        request says no-store."""
         assert self._l3 is not None
         fingerprint = self._engine.fingerprint
         found = self._l3.recall(self._object_name(job), job.key, job.digest.sha256, fingerprint)
         if found is None:
             return None
-        ttl = max(1, int(min(found.remaining_seconds, self._settings.cache_ttl_seconds)))
-        entry = self._codec.encode(found.data, job.digest.sha256, fingerprint, ttl, job.key)
-        self._store.set(job.key, entry, ttl)
-        self._l1.put(self._l1_key(job), found.result, ttl)
+        bound = job.controls.ttl or self._settings.cache_ttl_seconds
+        ttl = max(1, int(min(found.remaining_seconds, bound)))
+        if not job.controls.no_store:
+            entry = self._codec.encode(found.data, job.digest.sha256, fingerprint, ttl, job.key)
+            self._store.set(job.key, entry, ttl)
+            self._l1.put(self._l1_key(job), found.result, ttl)
         metrics.CACHE_TIER_HITS.labels(tier="l3").inc()
         return Outcome(found.result, CacheStatus.HIT, "l3")
 
