@@ -74,6 +74,7 @@ bench: install
 	@command -v wrk >/dev/null || apt-get install -y -q wrk >/dev/null 2>&1 || \
 		echo "wrk not installed: throughput measured with Python client processes"
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.l3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

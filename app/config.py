@@ -115,6 +115,18 @@ def _http_url(name: str, raw: str) -> str:
     return value
 
 
+def _s3_url(name: str, raw: str) -> str:
+    """``s3://bucket[/prefix]``: a valid bucket name (3-63 of [a-z0-9.-]), an optional prefix."""
+    value = raw.strip().rstrip("/")
+    if not value:
+        return ""
+    bucket, _, prefix = value.removeprefix("s3://").partition("/")
+    valid = 3 <= len(bucket) <= 63 and all(c.islower() or c.isdigit() or c in ".-" for c in bucket)
+    if not value.startswith("s3://") or not valid or bucket[0] in ".-" or "//" in f"/{prefix}":
+        raise ConfigError(f"{name}: expected s3://bucket[/prefix] (bucket: 3-63 of a-z 0-9 . -)")
+    return value
+
+
 def _commit(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value and (len(value) != 40 or any(c not in "0123456789abcdef" for c in value)):
@@ -278,6 +290,21 @@ class Settings:
     # Cross-process single-flight (a Redis lease per key being computed).
     singleflight_lease_ms: int = env("SINGLEFLIGHT_LEASE_MS", _int(100, 3_600_000), 10_000)
     singleflight_wait_seconds: float = env("SINGLEFLIGHT_WAIT_SECONDS", _float(0.0, 3600.0), 60.0)
+    # Cold tier (L3, app/cache/l3.py): S3-compatible object storage, off when unset. Endpoint,
+    # region and credentials come from the standard AWS variables (AWS_ENDPOINT_URL_S3, ...).
+    cache_l3_url: str = env("CACHE_L3_URL", _s3_url, "")
+    cache_l3_ttl_seconds: int = env("CACHE_L3_TTL_SECONDS", _int(1, 10 * 365 * 86400), 2_592_000)
+    cache_l3_addressing: str = env(
+        "CACHE_L3_ADDRESSING", _choice("auto", "path", "virtual"), "auto"
+    )
+    cache_l3_connect_timeout_ms: int = env("CACHE_L3_CONNECT_TIMEOUT_MS", _int(1, 60_000), 500)
+    cache_l3_timeout_ms: int = env("CACHE_L3_TIMEOUT_MS", _int(1, 600_000), 1000)
+    cache_l3_retries: int = env("CACHE_L3_RETRIES", _int(0, 10), 1)
+    cache_l3_queue_max: int = env("CACHE_L3_QUEUE_MAX", _int(1, 1_000_000), 1000)
+    cache_l3_breaker_failures: int = env("CACHE_L3_BREAKER_FAILURES", _int(1, 1000), 3)
+    cache_l3_breaker_cooldown_seconds: float = env(
+        "CACHE_L3_BREAKER_COOLDOWN_SECONDS", _float(0.0, 3600.0), 10.0
+    )
 
     # Engine.
     ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving", "hunyuan"), "paddle")

@@ -37,7 +37,7 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "on_starting": prepare_metrics_dir,
         "child_exit": _child_exit,
         "post_worker_init": _start_grpc,
-        "worker_exit": _stop_grpc,
+        "worker_exit": _worker_exit,
     }
 
 
@@ -57,6 +57,19 @@ def _stop_grpc(server: Any, worker: Any) -> None:
     grpc = getattr(ocr, "grpc", None)
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
+
+
+def _drain_l3(server: Any, worker: Any) -> None:
+    """Give the L3 write-behind queue a few seconds to empty (its thread is a daemon)."""
+    ocr = getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ocr") or {}
+    cache = ocr.get("cache")
+    if cache is not None and cache.l3 is not None:
+        cache.l3.flush(5.0)
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    _stop_grpc(server, worker)
+    _drain_l3(server, worker)
 
 
 def prepare_metrics_dir(server: Any = None) -> str:

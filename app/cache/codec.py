@@ -38,6 +38,7 @@ _ZSTD_LEVEL = 3  # zstd contexts are not thread-safe; they are cheap, so one per
 class Entry:
     result: dict[str, Any]
     expires_at: float  # epoch seconds
+    created: float = 0.0  # epoch seconds; the cold tier (L3) keeps entries by their age
 
 
 class Codec:
@@ -97,7 +98,8 @@ class Codec:
             or not isinstance(envelope.get("ttl"), int)
         ):
             return None
-        return Entry(envelope["result"], envelope["created"] + envelope["ttl"])
+        created = envelope["created"]
+        return Entry(envelope["result"], created + envelope["ttl"], created)
 
     def _open(self, body: bytes, key: str) -> bytes | None:
         """The inner ``j``/``z`` value: decrypted when sealed; refused when it should be."""

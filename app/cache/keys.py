@@ -103,3 +103,14 @@ class KeySpace:
 
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
+
+    def object(self, digest: ImageDigest, task: str, namespace: str = "") -> str:
+        """The entry's name in the cold tier (L3), below its bucket prefix:
+        ``{prefix}/{md5}/{schema}-{fingerprint}-{task}``. Object stores list by prefix only,
+        so the namespace and then the MD5 come first: a purge of a namespace or of one
+        image is one prefix listing (``object_prefix``)."""
+        return f"{self.object_prefix(namespace, digest.md5)}{KEY_SCHEMA}-{self.fingerprint}-{task}"
+
+    def object_prefix(self, namespace: str = "", md5: str | None = None) -> str:
+        """A namespace's objects, or one image's objects in it (every engine and task)."""
+        return f"{self.prefix(namespace)}/{md5}/" if md5 else f"{self.prefix(namespace)}/"

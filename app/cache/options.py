@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.cache.l3 import L3Options
 from app.engines.base import options_from
 
 
@@ -26,6 +27,7 @@ class CacheOptions:
     # how many calls it takes at once overrides it) and the queue before EngineBusy.
     engine_callers: int
     engine_queue_size: int
+    l3: L3Options  # the cold tier's own options (off when ``cache_l3_url`` is empty)
 
     @classmethod
     def from_settings(cls, settings: Any) -> CacheOptions:
@@ -34,4 +36,5 @@ class CacheOptions:
             settings,
             engine_callers=settings.engine_callers(),
             engine_queue_size=settings.engine_queue_max or settings.web_threads,
+            l3=L3Options.from_settings(settings),
         )

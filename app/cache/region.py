@@ -23,6 +23,7 @@ from app.cache.election import Election
 from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
+from app.cache.l3 import ColdTier
 from app.cache.notify import Notifier
 from app.cache.options import CacheOptions
 from app.cache.singleflight import SingleFlight
@@ -88,6 +89,8 @@ class OcrCache:
             options.cache_l1_bytes if options.cache_enabled else 0,
             options.cache_l1_max_age_seconds,
         )
+        # L3: object storage below Redis (CACHE_L3_URL), only where there is a Redis tier.
+        self._l3 = ColdTier.from_options(options.l3, self._codec) if self._store.enabled else None
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
             notifier = Notifier(self._store, self._keys, on_purge=self._l1.clear)
@@ -114,6 +117,11 @@ class OcrCache:
     @property
     def keys(self) -> KeySpace:
         return self._keys
+
+    @property
+    def l3(self) -> ColdTier | None:
+        """The cold tier (object storage), or None when ``CACHE_L3_URL`` is unset."""
+        return self._l3
 
     def prefix(self, namespace: str = "") -> str:
         """``{CACHE_KEY_PREFIX}`` or, for a tenant, ``{CACHE_KEY_PREFIX}.{tenant}``."""
@@ -225,6 +233,10 @@ class OcrCache:
             hit = self._reread(job)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT, "l2")
+        if self._l3 is not None and not controls.no_cache:
+            recalled = self._recall(job)  # one GET per image per process (single-flight)
+            if recalled is not None:
+                return recalled
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:
@@ -249,7 +261,30 @@ class OcrCache:
             if not self._store.set(job.key, entry, ttl) and self._store.breaker_state == "closed":
                 self._store.set(job.key, entry, ttl)
             self._l1.put(self._l1_key(job), result, ttl)
+            if self._l3 is not None and not job.controls.ttl:  # a caller's own TTL stays off L3
+                self._l3.archive(self._object_name(job), entry)  # write-behind, never blocks
         return Outcome(result, CacheStatus.MISS)
+
+    def _object_name(self, job: _Job) -> str:
+        return self._keys.object(job.digest, job.task, job.controls.namespace)
+
+    def _recall(self, job: _Job) -> Outcome | None:
+        """L3 read-through: a verified object refills L2 (a fresh envelope for the rest of
+        its L3 retention, at most CACHE_TTL_SECONDS or the request's TTL) and L1, unless the
+        request says no-store."""
+        assert self._l3 is not None
+        fingerprint = self._engine.fingerprint
+        found = self._l3.recall(self._object_name(job), job.key, job.digest.sha256, fingerprint)
+        if found is None:
+            return None
+        bound = job.controls.ttl or self._options.cache_ttl_seconds
+        ttl = max(1, int(min(found.remaining_seconds, bound)))
+        if not job.controls.no_store:
+            entry = self._codec.encode(found.data, job.digest.sha256, fingerprint, ttl, job.key)
+            self._store.set(job.key, entry, ttl)
+            self._l1.put(self._l1_key(job), found.result, ttl)
+        metrics.CACHE_TIER_HITS.labels(tier="l3").inc()
+        return Outcome(found.result, CacheStatus.HIT, "l3")
 
     def _ttl(self) -> int:
         ttl = self._options.cache_ttl_seconds
@@ -289,4 +324,6 @@ class OcrCache:
         removed = self._store.scan_unlink(self._keys.purge_pattern(namespace or "", md5))
         self._l1.clear()
         self._store.publish(self._keys.purge_channel(), self._keys.prefix(namespace or ""))
+        if self._l3 is not None:  # L3 objects too (list + delete by prefix); counted in removed
+            removed += self._l3.purge(self._keys.object_prefix(namespace or "", md5)) or 0
         return removed
