@@ -13,6 +13,7 @@ from PIL import Image
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from app import admin, logsafe, metrics, stats, ui
+from app.cache import near_dup
 from app.cache.breaker import CircuitBreaker
 from app.cache.engine_runner import EngineBusy
 from app.cache.extraction_index import ExtractionIndex
@@ -142,6 +143,8 @@ def create_app(
         if not trust.shows_cache_status(g.get("trusted", False), settings):
             response.headers.pop("X-Cache", None)
             response.headers.pop(TIER_HEADER, None)
+            for name in DETAIL_HEADERS:
+                response.headers.pop(name, None)
         return response
 
     @app.before_request
@@ -193,7 +196,7 @@ def create_app(
                 show_cache=trust.shows_cache_status(g.trusted, settings),
             ),  # fmt: skip
             mimetype=JSON,
-            headers=_cache_headers(outcome.status.value, outcome.tier),
+            headers={**_cache_headers(outcome.status.value, outcome.tier), **dict(outcome.details)},
         )
 
     @app.post("/<name>/<method>")
@@ -395,6 +398,7 @@ def _paddlex_images(req: paddlex.InferRequest, settings: Settings) -> tuple[list
 
 
 TIER_HEADER = "X-Cache-Tier"
+DETAIL_HEADERS = (near_dup.SOURCE_HEADER, near_dup.FIGURES_HEADER)  # "similar" hits
 
 
 def _cache_headers(status: str, tier: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from app.cache.election import Election
 from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
+from app.cache.near_dup import NearDuplicates
 from app.cache.notify import Notifier
 from app.cache.singleflight import SingleFlight
 from app.cache.store import NullStore, RedisStore, Store
@@ -87,6 +88,10 @@ class OcrCache:
         self._l1 = L1Cache(
             settings.cache_l1_bytes if settings.cache_enabled else 0,
             settings.cache_l1_max_age_seconds,
+        )
+        # Near-duplicate tiers (pixel, similar) after an exact miss (app/cache/near_dup.py).
+        self._near = NearDuplicates(
+            settings, engine, self._store, self._keys, self._codec, self._l1
         )
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
@@ -226,6 +231,10 @@ class OcrCache:
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT, "l2")
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
+        if redis_ok and not controls.no_cache:
+            near = self._near.lookup(image, job.task, controls, self._l1_key(job))
+            if near is not None:
+                return near
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:
             return compute()
@@ -249,6 +258,9 @@ class OcrCache:
             if not self._store.set(job.key, entry, ttl) and self._store.breaker_state == "closed":
                 self._store.set(job.key, entry, ttl)
             self._l1.put(self._l1_key(job), result, ttl)
+            self._near.record(
+                image, result, job.task, job.controls, job.key, job.digest.sha256, ttl
+            )
         return Outcome(result, CacheStatus.MISS)
 
     def _ttl(self) -> int:
