@@ -355,3 +355,30 @@ def test_changed_variants_miss_with_the_real_engine(make_app, engine, name):
         answer = client.post("/v1/ocr", json={"image": b64(data)})
         assert answer.headers["X-Cache"] == "MISS", variant
     assert tried >= 2
+
+
+def test_pixel_and_similar_tiers_over_grpc(grpc_front):
+    """An image first seen over REST answers a lossless copy over gRPC (tier in the
+    trailing metadata); ``x-cache-similar: off`` metadata keeps a request off the similar
+    tier."""
+    import grpc
+
+    from app.protocols.pipeline_stubs import pb2, pb2_grpc
+
+    app, endpoint = grpc_front(cache_similar=True)
+    page = (CORPUS / "rapidocr_en.jpg").read_bytes()
+    app.test_client().post("/v1/ocr", json={"image": b64(page)})
+    stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
+
+    def ask(data: bytes, *metadata: tuple[str, str]) -> dict[str, str]:
+        request = pb2.Request(key=["image"], value=[b64(data)])
+        reply, call = stub.inference.with_call(request, timeout=60, metadata=metadata)
+        assert reply.err_no == 0
+        return dict(call.trailing_metadata())
+
+    tiff = ask(nv.benign(page, "tiff"))
+    assert (tiff["x-cache"], tiff["x-cache-tier"]) == ("HIT", "pixel")
+    off = ask(nv.benign(page, "jpeg85"), ("x-cache-similar", "off"))
+    assert off["x-cache"] == "MISS"
+    resized = ask(nv.benign(page, "resize75"))
+    assert (resized["x-cache"], resized.get("x-cache-tier")) == ("HIT", "similar")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,10 +184,17 @@ class SimilarityIndex:
         if entry is None or not isinstance(entry.result.get("png"), str):
             return None
         try:
-            raw = np.frombuffer(base64.b64decode(entry.result["png"], validate=True), np.uint8)
+            png = base64.b64decode(entry.result["png"], validate=True)
         except ValueError:
             return None
-        grey = cv2.imdecode(raw, cv2.IMREAD_GRAYSCALE)
+        # Only what ``record`` writes: a PNG no larger than REF_MAX_SIDE (checked in its
+        # header before anything is decompressed).
+        if png[:8] != b"\x89PNG\r\n\x1a\n" or len(png) < 24:
+            return None
+        width, height = struct.unpack(">II", png[16:24])
+        if not (0 < width <= verify.REF_MAX_SIDE and 0 < height <= verify.REF_MAX_SIDE):
+            return None
+        grey = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_GRAYSCALE)
         return grey if grey is not None and grey.ndim == 2 else None
 
 
