@@ -184,15 +184,31 @@ def summarize(result: dict[str, Any]) -> None:
 
 
 def print_tables(result: dict[str, Any]) -> None:
-    for tier, per in result["tables"].items():
-        print(f"\n{tier} tier\n\n| set | variant | n | hits | wrong hits | wrong beyond spaces |")
-        print("|---|---|---:|---:|---:|---:|")
-        for variant, cell in sorted(per.items(), key=lambda kv: (kv[0] < "c", kv[0])):
-            kind, name = variant.split(":")
-            print(
-                f"| {kind} | {name} | {cell['n']} | {cell['hit']} | {cell['wrong']} "
-                f"| {cell['wrong_beyond_spaces']} |"
-            )
+    """The README's tables: per variant, which tier answered; then one confusion matrix per
+    tier (benign should hit, changed must miss; a wrong hit is a hit whose text differs
+    from the engine's on that exact input)."""
+    rows = result["rows"]
+    per = result["tables"]
+    print("| set | variant | n | pixel hits | similar hits | misses | wrong hits "
+          "| wrong beyond spaces |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for variant in sorted(per["pixel"], key=lambda v: (v.startswith("changed"), v)):
+        kind, name = variant.split(":")
+        p, s_ = per["pixel"][variant], per["similar"][variant]
+        n, hits = p["n"], p["hit"] + s_["hit"]
+        wrong = p["wrong"] + s_["wrong"]
+        beyond = p["wrong_beyond_spaces"] + s_["wrong_beyond_spaces"]
+        print(f"| {kind} | {name} | {n} | {p['hit']} | {s_['hit']} | {n - hits} | {wrong} "
+              f"| {beyond} |")  # fmt: skip
+    for tier in ("pixel", "similar"):
+        print(f"\n{tier} tier | hit | miss | wrong hits (beyond spaces)")
+        print("|---|---:|---:|---:|")
+        for kind in ("benign", "changed"):
+            mine = [r for r in rows if r["kind"] == kind]
+            hit = [r for r in mine if r["tier"] == tier]
+            beyond = sum(r["wrong_beyond_spaces"] for r in hit)
+            wrong = sum(r["wrong"] for r in hit)
+            print(f"| {kind} | {len(hit)} | {len(mine) - len(hit)} | {wrong} ({beyond}) |")
 
 
 def main() -> None:
