@@ -76,7 +76,7 @@ bench: install
 	$(BIN)/python -m bench.run
 
 # The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of
-# the corpus, with the real engine as ground truth (about 10 minutes on 2 cores);
+# the corpus, with the real engine as ground truth (about 15 minutes on 2 shared cores);
 # writes bench/results/near_duplicates.json.
 bench-near: install
 	$(BIN)/python -m bench.near_duplicates

@@ -296,7 +296,14 @@ def test_verify_figures_catch_one_changed_character():
     same = verify.compare(page, (800, 600), page, (800, 600), result)
     diff = verify.compare(other, (800, 600), page, (800, 600), result)
     assert same.block == 0 and same.line == 0
-    assert diff.block > 40 and diff.line > 20
+    defaults = Settings.from_env({})
+    limits = verify.Thresholds(
+        defaults.cache_similar_max_aspect,
+        defaults.cache_similar_max_block,
+        defaults.cache_similar_max_line,
+    )
+    assert limits.accept(same) and not limits.accept(diff)
+    assert diff.block > 3 * limits.block and diff.line > limits.line
     assert float(np.abs(other.astype(float) - page).mean()) < 1  # a page mean hides it
 
 

@@ -8,9 +8,10 @@ page whose total changed by one digit. So nothing is served before three figures
   JPEG noise), the largest mean absolute difference over any small window (``BLOCK`` px, a
   sliding box filter). A mean over the page hides one changed digit; a maximum does not;
 - ``line``: for each line the cached result found, its box (scaled to the common size) is
-  cropped from both pictures, binarised with one threshold (Otsu's, on the cached crop), and
-  the largest share of differing pixels over any character-sized window is taken. One
-  changed character in a line lights up one window.
+  cropped from both pictures, and the largest mean difference over any character-sized
+  window (as tall as the line, half as wide) is taken, relative to the line's own contrast
+  (ink against paper), so grey or faint text counts as much as black. One changed
+  character in a line lights up one window.
 
 Figures are in grey levels (``block``, 0..255) and percent (``aspect``, ``line``).
 """
@@ -27,6 +28,7 @@ from app.vocabulary import OcrLine, OcrResult
 REF_MAX_SIDE = 1600  # the reference picture kept per entry: grey, longest side at most this
 BLOCK = 8  # px at the common scale
 _BLUR_SIGMA = 1.0
+_MIN_CONTRAST = 48.0  # grey levels
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def compare(
     line = 0.0
     sx, sy = cw / sw, ch / sh
     for item in result.lines:
-        line = max(line, _line_figure(a, b, item, sx, sy))
+        line = max(line, _line_figure(a, diff, item, sx, sy))
         if stop_above is not None and line > stop_above.line:
             break
     return Figures(aspect, block, line)
@@ -110,7 +112,7 @@ def _prepare(g: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return cv2.GaussianBlur(g.astype(np.float32), (0, 0), _BLUR_SIGMA)
 
 
-def _line_figure(a: np.ndarray, b: np.ndarray, line: OcrLine, sx: float, sy: float) -> float:
+def _line_figure(a: np.ndarray, diff: np.ndarray, line: OcrLine, sx: float, sy: float) -> float:
     import cv2
 
     xs = [p[0] * sx for p in line.box]
@@ -120,15 +122,16 @@ def _line_figure(a: np.ndarray, b: np.ndarray, line: OcrLine, sx: float, sy: flo
     y1, y2 = max(0, int(min(ys)) - 1), min(height, int(np.ceil(max(ys))) + 1)
     if x2 - x1 < 2 or y2 - y1 < 2:
         return 0.0
-    ca, cb = a[y1:y2, x1:x2], b[y1:y2, x1:x2]
-    threshold, _ = cv2.threshold(ca.astype(np.uint8), 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
-    ink_a = (ca < threshold).astype(np.float32)
-    ink_b = (cb < threshold).astype(np.float32)
-    xor = np.abs(ink_a - ink_b)
+    ca = a[y1:y2, x1:x2]
+    # Differences relative to the line's own contrast (ink against paper), so faint or grey
+    # text counts as much as black; the floor keeps a blank crop's noise from growing.
+    lo, hi = np.percentile(ca, (5, 95))
+    contrast = max(float(hi - lo), _MIN_CONTRAST)
+    rel = diff[y1:y2, x1:x2] / contrast
     # A character window: as tall as the shorter side of the box, half as wide.
     side = min(x2 - x1, y2 - y1)
     win = (max(2, side // 2), max(2, side))
-    return float(cv2.boxFilter(xor, -1, win, normalize=True).max()) * 100
+    return float(cv2.boxFilter(rel, -1, win, normalize=True).max()) * 100
 
 
 def rescale(result: OcrResult, width: int, height: int) -> OcrResult:
