@@ -285,6 +285,12 @@ class Settings:
     cache_control_token: str = secret("CACHE_CONTROL_TOKEN", _token, "")
     cache_status_visible: str = env("CACHE_STATUS_VISIBLE", _choice("all", "trusted"), "all")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
+    # Near-duplicates (app/cache/near_dup.py): the similarity tier and its thresholds.
+    cache_similar: bool = env("CACHE_SIMILAR", _bool, False)
+    cache_similar_max_distance: int = env("CACHE_SIMILAR_MAX_DISTANCE", _int(0, 256), 40)
+    cache_similar_max_aspect: float = env("CACHE_SIMILAR_MAX_ASPECT", _float(0.0, 100.0), 0.6)
+    cache_similar_max_block: float = env("CACHE_SIMILAR_MAX_BLOCK", _float(0.0, 255.0), 12.0)
+    cache_similar_max_line: float = env("CACHE_SIMILAR_MAX_LINE", _float(0.0, 100.0), 12.0)
     cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
     cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)
     # Cross-process single-flight (a Redis lease per key being computed).

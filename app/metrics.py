@@ -32,7 +32,14 @@ CACHE_REQUESTS = Counter(
     "Cache lookups by outcome (error = Redis failed, answered from the engine)",
     ["result"],
 )
-CACHE_TIER_HITS = Counter("ocr_cache_tier_hits_total", "Cache hits by tier (l1, l2, l3)", ["tier"])
+CACHE_TIER_HITS = Counter(
+    "ocr_cache_tier_hits_total", "Cache hits by tier (l1, l2, pixel, similar, l3)", ["tier"]
+)
+SIMILAR_CHECKS = Counter(
+    "ocr_cache_similar_lookups_total",
+    "Similarity-tier lookups (CACHE_SIMILAR=on) by outcome (hit: a verified candidate)",
+    ["outcome"],
+)
 REDIS_ERRORS = Counter(
     "ocr_redis_errors_total", "Redis operations that failed or were skipped", ["op", "reason"]
 )
@@ -103,8 +110,10 @@ def initialise(engine_kind: str) -> None:
         ENGINE_CALLS.labels(engine=engine_kind, outcome=outcome)
     for result in ("hit", "miss", "coalesced", "bypass", "error"):
         CACHE_REQUESTS.labels(result=result)
-    for tier in ("l1", "l2", "l3"):
+    for tier in ("l1", "l2", "pixel", "similar", "l3"):
         CACHE_TIER_HITS.labels(tier=tier)
+    for outcome in ("hit", "miss"):
+        SIMILAR_CHECKS.labels(outcome=outcome)
     for reason in ("full", "caller_gone"):
         ENGINE_QUEUE_DROPPED.labels(reason=reason)
     for result in ("hit", "miss", "rejected", "error", "circuit_open"):

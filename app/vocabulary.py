@@ -216,6 +216,7 @@ class CacheControls:
     ttl: int | None = None  # TTL override for writes, already bounded by the caller
     namespace: str = ""  # tenant namespace: its own keys, never shared
     trusted: bool = True  # may use shared-state controls (app/protocols/trust.py)
+    similar: bool = True  # may be answered by the similarity tier (X-Cache-Similar: off)
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,9 @@ class Outcome:
     # Which tier answered a HIT ("l1", "l2"; later tiers add their own names), "" otherwise.
     # Rendered as ``X-Cache-Tier`` / gRPC ``x-cache-tier`` / the REST ``cache_tier`` field.
     tier: str = ""
+    # What a "similar" hit adds: (header name, value) pairs, e.g. the source image's digest
+    # and the similarity figures (app/cache/near_dup.py).
+    details: tuple[tuple[str, str], ...] = ()
 
 
 def tiers_of(outcomes: Sequence[Outcome]) -> str:

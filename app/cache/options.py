@@ -27,6 +27,12 @@ class CacheOptions:
     # how many calls it takes at once overrides it) and the queue before EngineBusy.
     engine_callers: int
     engine_queue_size: int
+    # The similarity tier (CACHE_SIMILAR, app/cache/near_dup.py) and its thresholds.
+    cache_similar: bool
+    cache_similar_max_distance: int
+    cache_similar_max_aspect: float
+    cache_similar_max_block: float
+    cache_similar_max_line: float
     l3: L3Options  # the cold tier's own options (off when ``cache_l3_url`` is empty)
 
     @classmethod

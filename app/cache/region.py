@@ -24,6 +24,7 @@ from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
 from app.cache.l3 import ColdTier
+from app.cache.near_dup import NearDuplicates
 from app.cache.notify import Notifier
 from app.cache.options import CacheOptions
 from app.cache.singleflight import SingleFlight
@@ -91,6 +92,8 @@ class OcrCache:
         )
         # L3: object storage below Redis (CACHE_L3_URL), only where there is a Redis tier.
         self._l3 = ColdTier.from_options(options.l3, self._codec) if self._store.enabled else None
+        # Near-duplicate tiers (pixel, similar) after an exact miss (app/cache/near_dup.py).
+        self._near = NearDuplicates(options, engine, self._store, self._keys, self._codec, self._l1)
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
             notifier = Notifier(self._store, self._keys, on_purge=self._l1.clear)
@@ -238,6 +241,10 @@ class OcrCache:
             if recalled is not None:
                 return recalled
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
+        if redis_ok and not controls.no_cache:
+            near = self._near.lookup(image, job.task, controls, self._l1_key(job))
+            if near is not None:
+                return near
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:
             return compute()
@@ -263,6 +270,9 @@ class OcrCache:
             self._l1.put(self._l1_key(job), result, ttl)
             if self._l3 is not None and not job.controls.ttl:  # a caller's own TTL stays off L3
                 self._l3.archive(self._object_name(job), entry)  # write-behind, never blocks
+            self._near.record(
+                image, result, job.task, job.controls, job.key, job.digest.sha256, ttl
+            )
         return Outcome(result, CacheStatus.MISS)
 
     def _object_name(self, job: _Job) -> str:

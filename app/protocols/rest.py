@@ -147,6 +147,8 @@ def render(
         body["cache"] = outcome.status.value
         if outcome.tier:
             body["cache_tier"] = outcome.tier
+        if outcome.details:  # a "similar" hit: its source and figures (as the headers)
+            body["cache_details"] = dict(outcome.details)
     return orjson.dumps(body)
 
 

@@ -8,12 +8,14 @@ import time
 from flask import Response, g, request
 
 from app import metrics
+from app.cache import near_dup
 from app.config import Settings
 from app.protocols import controls as cache_controls
 from app.vocabulary import CacheControls, EngineBusy
 
 JSON = "application/json"
 TIER_HEADER = "X-Cache-Tier"
+DETAIL_HEADERS = (near_dup.SOURCE_HEADER, near_dup.FIGURES_HEADER)  # "similar" hits
 
 
 def controls(settings: Settings) -> CacheControls:
@@ -28,10 +30,13 @@ def observe(protocol: str, status: int, cache_status: str) -> None:
     )
 
 
-def cache_headers(status: str, tier: str) -> dict[str, str]:
-    """``X-Cache`` and, for hits, ``X-Cache-Tier`` (l1, l2, ...); both hidden together from
-    untrusted callers when ``CACHE_STATUS_VISIBLE=trusted`` (``lifecycle``)."""
-    headers = {"X-Cache": status}
+def cache_headers(
+    status: str, tier: str, details: tuple[tuple[str, str], ...] = ()
+) -> dict[str, str]:
+    """``X-Cache`` and, for hits, ``X-Cache-Tier`` (l1, l2, ...) and a similar hit's
+    ``DETAIL_HEADERS``; all hidden together from untrusted callers when
+    ``CACHE_STATUS_VISIBLE=trusted`` (``lifecycle``)."""
+    headers = {"X-Cache": status, **dict(details)}
     if tier:
         headers[TIER_HEADER] = tier
     return headers

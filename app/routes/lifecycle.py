@@ -60,6 +60,8 @@ def register(app: Flask, settings: Settings) -> None:
         if not trust.shows_cache_status(g.get("trusted", False), settings):
             response.headers.pop("X-Cache", None)
             response.headers.pop(common.TIER_HEADER, None)
+            for name in common.DETAIL_HEADERS:
+                response.headers.pop(name, None)
         return response
 
     @app.before_request

@@ -37,5 +37,8 @@ def v1_ocr() -> Response:
             show_cache=trust.shows_cache_status(g.trusted, settings),
         ),  # fmt: skip
         mimetype=common.JSON,
-        headers=common.cache_headers(outcome.status.value, outcome.tier),
+        headers={
+            **common.cache_headers(outcome.status.value, outcome.tier),
+            **dict(outcome.details),
+        },
     )
