@@ -217,3 +217,21 @@ def test_key_layout():
     assert digest.md5 == "900150983cd24fb0d6963f7d28e17f72"
     key = build_key("ocr", "f" * 16, "ocr", digest)
     assert key == f"ocr:{KEY_SCHEMA}:{'f' * 16}:ocr:{{{digest.md5}}}"  # hash tag on the MD5
+
+
+@pytest.mark.parametrize("keys", [(), KEYS])
+def test_side_blobs_are_bound_like_entries_and_never_read_as_results(keys):
+    codec = Codec(keys=keys)
+    blob = codec.encode_blob(b"\x89PNG picture", SHA, "fp", 60, KEY)
+    assert codec.decode_blob(blob, SHA, "fp", KEY) == b"\x89PNG picture"
+    assert codec.decode_blob(blob, OTHER_SHA, "fp", KEY) is None  # another image
+    assert codec.decode_blob(blob, SHA, "other-fp", KEY) is None  # another engine
+    assert codec.decode(blob, SHA, "fp", KEY) is None  # a blob is never a result
+    entry = codec.encode(RESULT, SHA, "fp", 60, KEY)
+    assert codec.decode_blob(entry, SHA, "fp", KEY) is None  # nor a result a blob
+    if keys:
+        assert codec.decode_blob(blob, SHA, "fp", KEY + "x") is None  # moved to another key
+        assert Codec().decode_blob(blob, SHA, "fp", KEY) is None  # sealed: unreadable
+        assert (
+            codec.decode_blob(Codec().encode_blob(b"x", SHA, "fp", 60, KEY), SHA, "fp", KEY) is None
+        )

@@ -7,6 +7,8 @@ Layout: ``b"OCR1"`` + one codec byte + payload. What is written (envelope versio
   compact canonical result (``compact``), compressed with that shipped dictionary
   (``dictionaries``). The header is checked before anything is decompressed, so an entry
   of another image or engine costs no decompression or JSON work.
+- ``b``: a side value bound like an entry (the same header, then raw bytes; e.g. the
+  similarity tier's reference picture): read only by ``decode_blob``, never as a result.
 - ``e``: AES-GCM (the ``cryptography`` package): 1 byte key-id length, the key id, a 12-byte
   nonce, then the ciphertext of the inner value, authenticated with the Redis key as
   associated data (an entry cannot be moved to another key).
@@ -42,7 +44,7 @@ from app.vocabulary import OcrResult
 MAGIC = b"OCR1"
 ENVELOPE_VERSION = 2
 _LEGACY_VERSION = 1
-_PLAIN, _ZSTD, _COMPACT, _SEALED = b"j", b"z", b"c", b"e"
+_PLAIN, _ZSTD, _COMPACT, _SEALED, _BLOB = b"j", b"z", b"c", b"e", b"b"
 _NONCE = 12
 _HEADER = struct.Struct(">B32sIIIB")  # version, sha256, created, ttl, dictionary id, fp length
 _ZSTD_LEVEL = 19  # writes happen on misses only (after an engine call of ~1 s): spend on size
@@ -54,6 +56,7 @@ _FORMAT = zstandard.FORMAT_ZSTD1_MAGICLESS  # the envelope says what follows: 4 
 class Entry:
     result: OcrResult
     expires_at: float  # epoch seconds
+    created: float = 0.0  # epoch seconds; the cold tier (L3) keeps entries by their age
 
 
 class Codec:
@@ -90,6 +93,38 @@ class Codec:
             dict_data=dictionaries.get(self._dict_id), compression_params=params
         )
         inner = _COMPACT + header + fp + compressor.compress(orjson.dumps(compact.pack(result)))
+        return self._seal(inner, key)
+
+    def encode_blob(self, data: bytes, sha256: str, fingerprint: str, ttl: int, key: str) -> bytes:
+        """An opaque side value (e.g. the similarity tier's reference picture) bound like an
+        entry to one input, one engine and one key, and sealed the same way; never a result."""
+        fp = fingerprint.encode("ascii")
+        header = _HEADER.pack(
+            ENVELOPE_VERSION, bytes.fromhex(sha256), int(time.time()), ttl, 0, len(fp)
+        )
+        return self._seal(_BLOB + header + fp + data, key)
+
+    def decode_blob(
+        self, value: bytes | None, sha256: str, fingerprint: str, key: str
+    ) -> bytes | None:
+        """The data of an ``encode_blob`` value for exactly this input and engine, or None."""
+        if not value or len(value) < 5 or value[:4] != MAGIC:
+            return None
+        inner = self._open(value[4:], key)
+        if inner is None or inner[:1] != _BLOB or len(inner) < 1 + _HEADER.size:
+            return None
+        version, digest, _created, _ttl, _dict_id, fp_size = _HEADER.unpack_from(inner, 1)
+        start = 1 + _HEADER.size
+        if (
+            version != ENVELOPE_VERSION
+            or digest.hex() != sha256
+            or inner[start : start + fp_size] != fingerprint.encode("ascii")
+        ):
+            return None
+        return inner[start + fp_size :]
+
+    def _seal(self, inner: bytes, key: str) -> bytes:
+        """``MAGIC`` + the inner value, AES-GCM sealed (bound to ``key``) when keys are set."""
         if self._primary is None:
             return MAGIC + inner
         kid = self._primary.encode()
@@ -127,7 +162,7 @@ class Codec:
         if decompressor is None:
             return None  # a dictionary this version does not ship: a miss
         body = decompressor.decompress(inner[start + fp_size :], max_output_size=_MAX_RESULT)
-        return Entry(compact.unpack(orjson.loads(body)), created + ttl)
+        return Entry(compact.unpack(orjson.loads(body)), created + ttl, created)
 
     def _decompressor(self, dict_id: int) -> zstandard.ZstdDecompressor | None:
         cache: dict[int, zstandard.ZstdDecompressor] | None = getattr(self._local, "d", None)
@@ -174,7 +209,8 @@ def _decode_legacy(codec: bytes, payload: bytes, sha256: str, fingerprint: str) 
         or not isinstance(envelope.get("ttl"), int)
     ):
         return None
-    return Entry(OcrResult.from_dict(envelope["result"]), envelope["created"] + envelope["ttl"])
+    created = envelope["created"]
+    return Entry(OcrResult.from_dict(envelope["result"]), created + envelope["ttl"], created)
 
 
 def plaintext(value: bytes) -> bytes:

@@ -23,10 +23,12 @@ from app.cache.election import Election
 from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
+from app.cache.l3 import ColdTier
+from app.cache.near_dup import NearDuplicates
 from app.cache.notify import Notifier
+from app.cache.options import CacheOptions
 from app.cache.singleflight import SingleFlight
 from app.cache.store import NullStore, RedisStore, Store
-from app.config import Settings
 from app.engines.base import Engine, OcrRequest
 from app.imaging import DecodedImage
 from app.vocabulary import (
@@ -60,47 +62,51 @@ Decoder = Callable[[bytes], DecodedImage]
 class OcrCache:
     def __init__(
         self,
-        settings: Settings,
+        options: CacheOptions,
         engine: Engine,
         store: Store | None,
         decode: Decoder,
         wait_for_engine: Callable[[], None] = lambda: None,
         on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     ) -> None:
-        self._settings = settings
+        self._options = options
         self._engine = engine
-        self._store: Store = store if store is not None and settings.cache_enabled else NullStore()
-        self._keys = KeySpace(settings.cache_key_prefix, engine.fingerprint)
+        self._store: Store = store if store is not None and options.cache_enabled else NullStore()
+        self._keys = KeySpace(options.cache_key_prefix, engine.fingerprint)
         self._decode = decode
         self._wait_for_engine = wait_for_engine
         self._on_engine_outcome = on_engine_outcome
-        self._codec = Codec(settings.cache_compress_min_bytes, settings.cache_encryption_keys)
+        self._codec = Codec(options.cache_compress_min_bytes, options.cache_encryption_keys)
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
         # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
         # in; a remote engine serves them concurrently, an in-process one says how many.
         self._engine_runner = EngineRunner(
-            getattr(engine, "max_concurrency", None) or settings.engine_callers(),
-            settings.engine_queue_max or settings.web_threads,
-            settings.ocr_timeout_seconds,
+            getattr(engine, "max_concurrency", None) or options.engine_callers,
+            options.engine_queue_size,
+            options.ocr_timeout_seconds,
         )
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
-            settings.cache_l1_bytes if settings.cache_enabled else 0,
-            settings.cache_l1_max_age_seconds,
+            options.cache_l1_bytes if options.cache_enabled else 0,
+            options.cache_l1_max_age_seconds,
         )
         # Bound once: a labels() lookup per hit is measurable on the L2 hit path.
         self._l2_hit_counters = (
             metrics.CACHE_REQUESTS.labels(result="hit"),
             metrics.CACHE_TIER_HITS.labels(tier="l2"),
         )
+        # L3: object storage below Redis (CACHE_L3_URL), only where there is a Redis tier.
+        self._l3 = ColdTier.from_options(options.l3, self._codec) if self._store.enabled else None
+        # Near-duplicate tiers (pixel, similar) after an exact miss (app/cache/near_dup.py).
+        self._near = NearDuplicates(options, engine, self._store, self._keys, self._codec, self._l1)
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
             notifier = Notifier(self._store, self._keys, on_purge=self._l1.clear)
             self._election = Election(
                 self._store,
                 notifier,
-                settings.singleflight_lease_ms,
-                settings.singleflight_wait_seconds,
+                options.singleflight_lease_ms,
+                options.singleflight_wait_seconds,
             )
 
     @property
@@ -119,6 +125,11 @@ class OcrCache:
     @property
     def keys(self) -> KeySpace:
         return self._keys
+
+    @property
+    def l3(self) -> ColdTier | None:
+        """The cold tier (object storage), or None when ``CACHE_L3_URL`` is unset."""
+        return self._l3
 
     def prefix(self, namespace: str = "") -> str:
         """``{CACHE_KEY_PREFIX}`` or, for a tenant, ``{CACHE_KEY_PREFIX}.{tenant}``."""
@@ -228,7 +239,15 @@ class OcrCache:
             hit = self._reread(job)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT, "l2")
+        if self._l3 is not None and not controls.no_cache:
+            recalled = self._recall(job)  # one GET per image per process (single-flight)
+            if recalled is not None:
+                return recalled
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
+        if redis_ok and not controls.no_cache:
+            near = self._near.lookup(image, job.task, controls, self._l1_key(job))
+            if near is not None:
+                return near
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:
             return compute()
@@ -252,11 +271,37 @@ class OcrCache:
             if not self._store.set(job.key, entry, ttl) and self._store.breaker_state == "closed":
                 self._store.set(job.key, entry, ttl)
             self._l1.put(self._l1_key(job), result, ttl)
+            if self._l3 is not None and not job.controls.ttl:  # a caller's own TTL stays off L3
+                self._l3.archive(self._object_name(job), entry)  # write-behind, never blocks
+            self._near.record(
+                image, result, job.task, job.controls, job.key, job.digest.sha256, ttl
+            )
         return Outcome(result, CacheStatus.MISS)
 
+    def _object_name(self, job: _Job) -> str:
+        return self._keys.object(job.digest, job.task, job.controls.namespace)
+
+    def _recall(self, job: _Job) -> Outcome | None:
+        """L3 read-through: a verified object refills L2 (a fresh envelope for the rest of
+        its L3 retention, at most CACHE_TTL_SECONDS or the request's TTL) and L1, unless the
+        request says no-store."""
+        assert self._l3 is not None
+        fingerprint = self._engine.fingerprint
+        found = self._l3.recall(self._object_name(job), job.key, job.digest.sha256, fingerprint)
+        if found is None:
+            return None
+        bound = job.controls.ttl or self._options.cache_ttl_seconds
+        ttl = max(1, int(min(found.remaining_seconds, bound)))
+        if not job.controls.no_store:
+            entry = self._codec.encode(found.result, job.digest.sha256, fingerprint, ttl, job.key)
+            self._store.set(job.key, entry, ttl)
+            self._l1.put(self._l1_key(job), found.result, ttl)
+        metrics.CACHE_TIER_HITS.labels(tier="l3").inc()
+        return Outcome(found.result, CacheStatus.HIT, "l3")
+
     def _ttl(self) -> int:
-        ttl = self._settings.cache_ttl_seconds
-        jitter = int(ttl * self._settings.cache_ttl_jitter)
+        ttl = self._options.cache_ttl_seconds
+        jitter = int(ttl * self._options.cache_ttl_jitter)
         return max(1, ttl - random.randint(0, jitter)) if jitter else ttl
 
     def _compute(self, data: bytes, params: OcrParams) -> OcrResult:
@@ -292,4 +337,6 @@ class OcrCache:
         removed = self._store.scan_unlink(self._keys.purge_pattern(namespace or "", md5))
         self._l1.clear()
         self._store.publish(self._keys.purge_channel(), self._keys.prefix(namespace or ""))
+        if self._l3 is not None:  # L3 objects too (list + delete by prefix); counted in removed
+            removed += self._l3.purge(self._keys.object_prefix(namespace or "", md5)) or 0
         return removed

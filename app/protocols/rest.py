@@ -20,7 +20,24 @@ from flask import Request
 from app.engines.tasks import EXTRACTION, task_params
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest, error_envelope
-from app.vocabulary import OcrParams, Outcome
+from app.vocabulary import (
+    ClientError,
+    EngineBusy,
+    EngineError,
+    EngineTimeout,
+    OcrCacheError,
+    OcrParams,
+    Outcome,
+)
+
+# The error table: exception -> HTTP status; the body's ``error.code`` is the exception's own.
+ERRORS: dict[type[OcrCacheError], int] = {
+    ClientError: 400,  # BadRequest, InvalidImage, UnsupportedParams
+    EngineBusy: 503,  # with Retry-After
+    EngineTimeout: 504,
+    EngineError: 503,
+}
+CAUGHT = tuple(ERRORS)
 
 # Fields that would carry a prompt: refused rather than silently ignored.
 FREE_TEXT_FIELDS = ("prompt", "messages", "instruction", "system", "question", "query")
@@ -178,6 +195,8 @@ def render(
         body["cache"] = outcome.status.value
         if outcome.tier:
             body["cache_tier"] = outcome.tier
+        if outcome.details:  # a "similar" hit: its source and figures (as the headers)
+            body["cache_details"] = dict(outcome.details)
     return orjson.dumps(body)
 
 
