@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-tools run test test-fast test-images lint bench parity clean fuzz
+.PHONY: install install-tools run test test-fast test-images lint bench bench-near parity clean fuzz
 
 install: $(STAMP)
 
@@ -76,6 +76,13 @@ bench: install
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.batch
+	$(BIN)/python -m bench.l3
+
+# The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of
+# the corpus, with the real engine as ground truth (about 15 minutes on 2 shared cores);
+# writes bench/results/near_duplicates.json.
+bench-near: install
+	$(BIN)/python -m bench.near_duplicates
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -67,6 +67,15 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
                     if isinstance(store, RedisStore)
                     else {"state": "disabled"}
                 ),
+                "l3": (
+                    {
+                        "bucket": cache.l3.bucket,
+                        "prefix": cache.l3.prefix,
+                        "breaker": cache.l3.breaker_state,
+                    }
+                    if cache.l3 is not None
+                    else {"state": "disabled"}
+                ),
             }
         )
 

@@ -20,6 +20,10 @@ from app.vocabulary import DETECTION_PARAMS, OcrCacheError, OcrParams
 T = TypeVar("T")
 
 
+# The detection parameters' defaults are OcrParams' (one source; vocabulary.DETECTION_PARAMS).
+_PARAMS = OcrParams()
+
+
 class ConfigError(OcrCacheError, ValueError):
     """A setting has a value the service cannot run with."""
 
@@ -108,6 +112,18 @@ def _http_url(name: str, raw: str) -> str:
     value = raw.strip().rstrip("/")
     if value and not value.startswith(("http://", "https://")):
         raise ConfigError(f"{name}: expected http(s)://host:port")
+    return value
+
+
+def _s3_url(name: str, raw: str) -> str:
+    """``s3://bucket[/prefix]``: a valid bucket name (3-63 of [a-z0-9.-]), an optional prefix."""
+    value = raw.strip().rstrip("/")
+    if not value:
+        return ""
+    bucket, _, prefix = value.removeprefix("s3://").partition("/")
+    valid = 3 <= len(bucket) <= 63 and all(c.islower() or c.isdigit() or c in ".-" for c in bucket)
+    if not value.startswith("s3://") or not valid or bucket[0] in ".-" or "//" in f"/{prefix}":
+        raise ConfigError(f"{name}: expected s3://bucket[/prefix] (bucket: 3-63 of a-z 0-9 . -)")
     return value
 
 
@@ -269,11 +285,32 @@ class Settings:
     cache_control_token: str = secret("CACHE_CONTROL_TOKEN", _token, "")
     cache_status_visible: str = env("CACHE_STATUS_VISIBLE", _choice("all", "trusted"), "all")
     cache_compress_min_bytes: int = env("CACHE_COMPRESS_MIN_BYTES", _int(0, 1 << 30), 256)
+    # Near-duplicates (app/cache/near_dup.py): the similarity tier and its thresholds.
+    cache_similar: bool = env("CACHE_SIMILAR", _bool, False)
+    cache_similar_max_distance: int = env("CACHE_SIMILAR_MAX_DISTANCE", _int(0, 256), 40)
+    cache_similar_max_aspect: float = env("CACHE_SIMILAR_MAX_ASPECT", _float(0.0, 100.0), 0.6)
+    cache_similar_max_block: float = env("CACHE_SIMILAR_MAX_BLOCK", _float(0.0, 255.0), 12.0)
+    cache_similar_max_line: float = env("CACHE_SIMILAR_MAX_LINE", _float(0.0, 100.0), 12.0)
     cache_l1_bytes: int = env("CACHE_L1_BYTES", _int(0, 1 << 40), 32 * 1024 * 1024)
     cache_l1_max_age_seconds: float = env("CACHE_L1_MAX_AGE_SECONDS", _float(0.0, 86400.0), 300.0)
     # Cross-process single-flight (a Redis lease per key being computed).
     singleflight_lease_ms: int = env("SINGLEFLIGHT_LEASE_MS", _int(100, 3_600_000), 10_000)
     singleflight_wait_seconds: float = env("SINGLEFLIGHT_WAIT_SECONDS", _float(0.0, 3600.0), 60.0)
+    # Cold tier (L3, app/cache/l3.py): S3-compatible object storage, off when unset. Endpoint,
+    # region and credentials come from the standard AWS variables (AWS_ENDPOINT_URL_S3, ...).
+    cache_l3_url: str = env("CACHE_L3_URL", _s3_url, "")
+    cache_l3_ttl_seconds: int = env("CACHE_L3_TTL_SECONDS", _int(1, 10 * 365 * 86400), 2_592_000)
+    cache_l3_addressing: str = env(
+        "CACHE_L3_ADDRESSING", _choice("auto", "path", "virtual"), "auto"
+    )
+    cache_l3_connect_timeout_ms: int = env("CACHE_L3_CONNECT_TIMEOUT_MS", _int(1, 60_000), 500)
+    cache_l3_timeout_ms: int = env("CACHE_L3_TIMEOUT_MS", _int(1, 600_000), 1000)
+    cache_l3_retries: int = env("CACHE_L3_RETRIES", _int(0, 10), 1)
+    cache_l3_queue_max: int = env("CACHE_L3_QUEUE_MAX", _int(1, 1_000_000), 1000)
+    cache_l3_breaker_failures: int = env("CACHE_L3_BREAKER_FAILURES", _int(1, 1000), 3)
+    cache_l3_breaker_cooldown_seconds: float = env(
+        "CACHE_L3_BREAKER_COOLDOWN_SECONDS", _float(0.0, 3600.0), 10.0
+    )
 
     # Engine.
     ocr_engine: str = env("OCR_ENGINE", _choice("paddle", "serving", "hunyuan"), "paddle")
@@ -294,13 +331,21 @@ class Settings:
     engine_batch_max: int = env("ENGINE_BATCH_MAX", _int(1, 64), 1)
     ocr_model_dir: str = env("OCR_MODEL_DIR", _text, "")
     ocr_work_dir: str = env("OCR_WORK_DIR", _text, "")
-    ocr_det_limit_side_len: int = env("OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), 960)
-    ocr_det_limit_type: str = env("OCR_DET_LIMIT_TYPE", _choice("max", "min"), "max")
-    ocr_det_thresh: float = env("OCR_DET_THRESH", _float(0.0, 1.0), 0.3)
-    ocr_det_box_thresh: float = env("OCR_DET_BOX_THRESH", _float(0.0, 1.0), 0.6)
-    ocr_det_unclip_ratio: float = env("OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), 1.5)
+    ocr_det_limit_side_len: int = env(
+        "OCR_DET_LIMIT_SIDE_LEN", _int(32, 8192), _PARAMS.det_limit_side_len
+    )
+    ocr_det_limit_type: str = env(
+        "OCR_DET_LIMIT_TYPE", _choice("max", "min"), _PARAMS.det_limit_type
+    )
+    ocr_det_thresh: float = env("OCR_DET_THRESH", _float(0.0, 1.0), _PARAMS.det_thresh)
+    ocr_det_box_thresh: float = env("OCR_DET_BOX_THRESH", _float(0.0, 1.0), _PARAMS.det_box_thresh)
+    ocr_det_unclip_ratio: float = env(
+        "OCR_DET_UNCLIP_RATIO", _float(0.1, 10.0), _PARAMS.det_unclip_ratio
+    )
     ocr_rec_score_thresh: float = env("OCR_REC_SCORE_THRESH", _float(0.0, 1.0), 0.5)
-    ocr_textline_orientation: bool = env("OCR_TEXTLINE_ORIENTATION", _bool, False)
+    ocr_textline_orientation: bool = env(
+        "OCR_TEXTLINE_ORIENTATION", _bool, _PARAMS.textline_orientation
+    )
 
     # Remote Paddle Serving pipeline (OCR_ENGINE=serving).
     serving_url: str = env("SERVING_URL", _serving_url, "")

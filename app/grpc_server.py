@@ -3,6 +3,8 @@
 Runs inside each gunicorn worker, beside HTTP, on the same cache and engine: every worker
 binds GRPC_PORT with SO_REUSEPORT (grpcio's default on Linux) and the kernel spreads
 connections over them, so gRPC costs no extra engine memory. Stubs: app/protocols/pipeline_stubs.py.
+Each call is parse (``pipeline.build_request``) -> the pipeline call shared with HTTP
+(``pipeline.answer``: cache, then render) -> the protocol's ``Response``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from typing import Any
 import grpc
 
 from app import metrics
-from app.cache.engine_runner import EngineBusy
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.protocols import controls, pipeline, trust
 from app.protocols.errors import BadRequest
 from app.protocols.pipeline_stubs import SERVICE, message_size_options, pb2, pb2_grpc
+from app.vocabulary import EngineBusy
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +97,7 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             return pipeline.PipelineAnswer(err_no=pipeline.PACKING_ERROR, err_msg=message)
         # Upstream checks the name only when the client sets one (PipelineClient does not).
         if request.name and request.name != self._settings.pipeline_service_name:
-            return pipeline.PipelineAnswer(
-                err_no=pipeline.SERVICE_NAME_ERROR, err_msg=pipeline.SERVICE_NAME_MESSAGE
-            )
+            return pipeline.service_name_error()
         try:
             req = pipeline.build_request(
                 list(request.key), list(request.value), _tensors(request),
@@ -106,10 +106,8 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             metadata = self._metadata(context)
             trusted = self._trusted(context)
             cache_controls = controls.parse(metadata, self._settings, trusted=trusted)
-        except pipeline.PipelineError as exc:
-            return pipeline.PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
-        except BadRequest as exc:
-            return pipeline.PipelineAnswer(err_no=pipeline.INPUT_PARAMS_ERROR, err_msg=str(exc))
+        except (pipeline.PipelineError, BadRequest) as exc:
+            return pipeline.refused(exc)
         log.debug("grpc logid=%s clientip=%s method=%s", req.logid, req.clientip, request.method)
         return pipeline.answer(
             self._cache, req, self._settings.ocr_rec_score_thresh,

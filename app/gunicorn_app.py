@@ -37,29 +37,42 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "on_starting": prepare_metrics_dir,
         "child_exit": _child_exit,
         "post_worker_init": _start_grpc,
-        "worker_exit": _stop_grpc,
+        "worker_exit": _worker_exit,
     }
 
 
 def _start_grpc(worker: Any) -> None:
     """Serve gRPC from this worker too, on the same cache (SO_REUSEPORT shares the port)."""
     ocr = getattr(worker.wsgi, "extensions", {}).get("ocr")  # None: not our app
-    if ocr is not None and ocr["settings"].grpc_enabled:
+    if ocr is not None and ocr.settings.grpc_enabled:
         from app import grpc_server
 
-        ocr["grpc"], _ = grpc_server.start(ocr["cache"], ocr["settings"])
+        ocr.grpc, _ = grpc_server.start(ocr.cache, ocr.settings)
 
 
 def _stop_grpc(server: Any, worker: Any) -> None:
     """Graceful: in-flight RPCs get up to the request timeout to finish; the engine takes
     no more dispatched jobs (one it is computing finishes, or is reclaimed elsewhere)."""
     wsgi = getattr(worker, "wsgi", None)
-    ocr = getattr(wsgi, "extensions", {}).get("ocr") or {}
-    grpc = ocr.get("grpc")
+    ocr = getattr(wsgi, "extensions", {}).get("ocr")
+    grpc = getattr(ocr, "grpc", None)
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
     if ocr.get("cache") is not None:  # take no more jobs from the global miss queue
         ocr["cache"].close()
+
+
+def _drain_l3(server: Any, worker: Any) -> None:
+    """Give the L3 write-behind queue a few seconds to empty (its thread is a daemon)."""
+    ocr = getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ocr") or {}
+    cache = ocr.get("cache")
+    if cache is not None and cache.l3 is not None:
+        cache.l3.flush(5.0)
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    _stop_grpc(server, worker)
+    _drain_l3(server, worker)
 
 
 def prepare_metrics_dir(server: Any = None) -> str:

@@ -32,7 +32,14 @@ CACHE_REQUESTS = Counter(
     "Cache lookups by outcome (error = Redis failed, answered from the engine)",
     ["result"],
 )
-CACHE_TIER_HITS = Counter("ocr_cache_tier_hits_total", "Cache hits by tier (l1, l2)", ["tier"])
+CACHE_TIER_HITS = Counter(
+    "ocr_cache_tier_hits_total", "Cache hits by tier (l1, l2, pixel, similar, l3)", ["tier"]
+)
+SIMILAR_CHECKS = Counter(
+    "ocr_cache_similar_lookups_total",
+    "Similarity-tier lookups (CACHE_SIMILAR=on) by outcome (hit: a verified candidate)",
+    ["outcome"],
+)
 REDIS_ERRORS = Counter(
     "ocr_redis_errors_total", "Redis operations that failed or were skipped", ["op", "reason"]
 )
@@ -79,6 +86,29 @@ DISPATCH_JOBS = Counter(
     "reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES)",
     ["outcome"],
 )
+# The cold tier (L3, app/cache/l3.py).
+L3_READS = Counter(
+    "ocr_l3_reads_total",
+    "L3 lookups: hit, miss (no object), rejected (an object that failed verification or is "
+    "older than CACHE_L3_TTL_SECONDS), error (the store failed), circuit_open (skipped)",
+    ["result"],
+)
+L3_WRITES = Counter(
+    "ocr_l3_writes_total",
+    "L3 write-behind: stored, error (the store failed or the circuit was open), dropped "
+    "(the queue was full)",
+    ["result"],
+)
+L3_QUEUE_DEPTH = Gauge(
+    "ocr_l3_queue_depth",
+    "Entries waiting to be written to L3 (summed over live workers)",
+    multiprocess_mode="livesum",
+)
+L3_BREAKER_OPEN = Gauge(
+    "ocr_l3_breaker_open",
+    "1 while the L3 circuit breaker skips the object store (open or probing), else 0",
+    multiprocess_mode="livemax",
+)
 UNEXPECTED_ERRORS = Counter(
     "ocr_unexpected_errors_total",
     "Requests answered by the last-resort handler (a bug: logged with its request id)",
@@ -93,12 +123,18 @@ def initialise(engine_kind: str) -> None:
         ENGINE_CALLS.labels(engine=engine_kind, outcome=outcome)
     for result in ("hit", "miss", "coalesced", "bypass", "error"):
         CACHE_REQUESTS.labels(result=result)
-    for tier in ("l1", "l2"):
+    for tier in ("l1", "l2", "pixel", "similar", "l3"):
         CACHE_TIER_HITS.labels(tier=tier)
+    for outcome in ("hit", "miss"):
+        SIMILAR_CHECKS.labels(outcome=outcome)
     for reason in ("full", "caller_gone"):
         ENGINE_QUEUE_DROPPED.labels(reason=reason)
     for outcome in ("computed", "failed", "caller_gone", "reclaimed", "abandoned"):
         DISPATCH_JOBS.labels(outcome=outcome)
+    for result in ("hit", "miss", "rejected", "error", "circuit_open"):
+        L3_READS.labels(result=result)
+    for result in ("stored", "error", "dropped"):
+        L3_WRITES.labels(result=result)
     for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)
 

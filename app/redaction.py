@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.vocabulary import OcrCacheError
+
 # Bump when a built-in pattern or the masking changes: it is part of the policy digest.
 PATTERNS_VERSION = 1
 
@@ -91,7 +93,7 @@ BUILTIN: dict[str, FieldType] = {
 _CUSTOM_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
-class PolicyError(ValueError):
+class PolicyError(OcrCacheError, ValueError):
     """The configured policy cannot be used (unknown type, bad pattern file)."""
 
 

@@ -1,29 +1,20 @@
 """``GET /v1/stats``: the figures people ask for first (hit ratio, engine calls and time,
 latency, cache size), derived from the service's own Prometheus metrics so they agree with
-``/metrics`` and are summed over every gunicorn worker. Read by ``ocr-cache stats`` and the
-web page's status panel; no secrets, so public like ``/metrics``."""
+``/metrics`` and are summed over every gunicorn worker. Served by ``app.routes.ops``, read by
+``ocr-cache stats`` and the web page's status panel; no secrets, so public like ``/metrics``."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
-from flask import Flask, jsonify
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import metrics
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 
 # Cache lookups that were answered without calling the engine.
 _SAVED = ("hit", "coalesced")
-
-
-def register(app: Flask, cache: OcrCache) -> None:
-    @app.get("/v1/stats")
-    def service_stats() -> Any:
-        payload, _ = metrics.render()
-        return jsonify(summarize(payload.decode(), cache))
 
 
 def summarize(exposition: str, cache: OcrCache) -> dict[str, Any]:

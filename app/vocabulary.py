@@ -151,12 +151,15 @@ def _word(item: Any) -> Word:
 
 class OcrCacheError(Exception):
     """The root of this service's own errors: a handler catches this, then maps the class
-    (a client error, an engine failure, load) to its protocol's answer."""
+    (a client error, an engine failure, load) to its protocol's answer through that
+    protocol's error table. ``code`` is the short machine-readable reason the REST API
+    answers with (its ``error.code``)."""
+
+    code = "internal_error"
 
 
 class ClientError(OcrCacheError, ValueError):
-    """The request cannot be served as asked (a 4xx in every protocol); never cached.
-    ``code`` is the short machine-readable reason the REST API answers with."""
+    """The request cannot be served as asked (a 4xx in every protocol); never cached."""
 
     code = "bad_request"
 
@@ -164,9 +167,25 @@ class ClientError(OcrCacheError, ValueError):
 class EngineError(OcrCacheError, RuntimeError):
     """The engine could not produce a result for a valid image (never cached)."""
 
+    code = "engine_error"
+
 
 class EngineTimeout(EngineError):
     """The engine did not answer in time (never cached)."""
+
+    code = "engine_timeout"
+
+
+class EngineBusy(EngineError):
+    """The engine's queue is full: retry after ``retry_after`` seconds (never cached; load,
+    not an engine failure). Raised by ``app.cache.engine_runner``; here so that protocols
+    can name it without importing the cache."""
+
+    code = "engine_busy"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class UnsupportedParams(ClientError):
@@ -197,6 +216,7 @@ class CacheControls:
     ttl: int | None = None  # TTL override for writes, already bounded by the caller
     namespace: str = ""  # tenant namespace: its own keys, never shared
     trusted: bool = True  # may use shared-state controls (app/protocols/trust.py)
+    similar: bool = True  # may be answered by the similarity tier (X-Cache-Similar: off)
 
 
 @dataclass(frozen=True)
@@ -206,6 +226,9 @@ class Outcome:
     # Which tier answered a HIT ("l1", "l2"; later tiers add their own names), "" otherwise.
     # Rendered as ``X-Cache-Tier`` / gRPC ``x-cache-tier`` / the REST ``cache_tier`` field.
     tier: str = ""
+    # What a "similar" hit adds: (header name, value) pairs, e.g. the source image's digest
+    # and the similarity figures (app/cache/near_dup.py).
+    details: tuple[tuple[str, str], ...] = ()
 
 
 def tiers_of(outcomes: Sequence[Outcome]) -> str:

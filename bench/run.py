@@ -30,7 +30,7 @@ from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.gunicorn_app import gunicorn_options
 from app.imaging import decode_image
-from bench import load
+from bench import entry_size, hitpath, load
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
@@ -65,10 +65,11 @@ def start_service(redis_url: str, port: int, grpc_port: int, **extra: str) -> su
     return subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env)
 
 
-def start_naive(redis_url: str, port: int) -> subprocess.Popen:
+def start_naive(redis_url: str, port: int, app: str = "bench.naive_app:app") -> subprocess.Popen:
+    """The naive baseline (or, with ``app``, another WSGI app) under the service's settings."""
     opts = gunicorn_options(Settings.from_env({}))
     args = [
-        sys.executable, "-m", "gunicorn", "bench.naive_app:app",
+        sys.executable, "-m", "gunicorn", app,
         "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
         "--worker-class", opts["worker_class"], "--threads", str(THREADS),
         "--timeout", str(opts["timeout"]), "--keep-alive", str(opts["keepalive"]),
@@ -141,8 +142,15 @@ def main() -> int:
         service = start_service(server.url, port, grpc_port)  # defaults: L1 on
         l2_only = start_service(server.url, l2_port, free_port(), CACHE_L1_BYTES="0")
         naive = start_naive(server.url, naive_port)
+        # The hit path (issue 14): an echo app, and the L2-only service without the HTTP front
+        # (as behind a buffering proxy), both under the same gunicorn settings as the baseline.
+        echo_port, direct_port = free_port(), free_port()
+        echo = start_naive(server.url, echo_port, "bench.echo_app:app")
+        l2_direct = start_service(
+            server.url, direct_port, free_port(), CACHE_L1_BYTES="0", HTTP_FRONT="false"
+        )
         try:
-            for p in (port, l2_port):
+            for p in (port, l2_port, direct_port):
                 wait_until(lambda p=p: requests.get(f"http://127.0.0.1:{p}/readyz", timeout=5).ok)
             probe = json_request("/ocr", images["card"])
             wait_until(
@@ -151,6 +159,12 @@ def main() -> int:
                     headers=probe.headers, timeout=60,
                 ).ok
             )  # fmt: skip
+            hit_targets = {"service_l2": (l2_port, "/v1/ocr"),
+                           "service_l2_direct": (direct_port, "/v1/ocr"),
+                           "naive": (naive_port, "/ocr"), "echo": (echo_port, "/ocr")}  # fmt: skip
+            report["hitpath"] = hitpath.measure(hit_targets, server.url, json_request)
+            report["entry_size"] = entry_size.run(server.url)
+            print(hitpath.table(report["hitpath"], report["entry_size"]), flush=True)
             for name, data in images.items():
                 report["images"][name] = measure_image(engine, server.url, l2_port, port, data)
                 print(name, json.dumps(report["images"][name], indent=1), flush=True)
@@ -163,12 +177,16 @@ def main() -> int:
             report["http_floor"] = load.run(port, healthz, 1, HIT_REQUESTS, 60)
             print(json.dumps(report["burst"], indent=1), flush=True)
         finally:
-            for proc in (service, l2_only, naive):
+            for proc in (service, l2_only, naive, echo, l2_direct):
                 proc.terminate()
                 proc.wait(60)
     out = RESULTS / "foundation.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
+    hit = {"date": report["date"], "machine": report["machine"], "setup": report["setup"],
+           "hitpath": report["hitpath"], "entry_size": report["entry_size"]}  # fmt: skip
+    (RESULTS / "hitpath.json").write_text(json.dumps(hit, indent=2) + "\n")
     print(table(report))
+    print(hitpath.table(report["hitpath"], report["entry_size"]))
     print(f"written to {out.relative_to(ROOT)}")
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import PHOTOTEST, SHARED, SHORT, WORD_CH, WORD_EN
-from tests.helpers import b64, metric_sum
+from tests.helpers import b64, entry_keys, metric_sum
 
 
 def engine_calls(client) -> float:
@@ -81,7 +81,7 @@ def test_one_engine_call_per_distinct_image(client):
 
 def test_entry_has_ttl_with_jitter(client, redis_client, base_settings):
     assert ocr_json(client, WORD_CH.read_bytes()).status_code == 200
-    (key,) = redis_client.keys("ocr:*")
+    (key,) = entry_keys(redis_client)
     ttl = redis_client.ttl(key)
     assert base_settings.cache_ttl_seconds * 0.9 - 5 <= ttl <= base_settings.cache_ttl_seconds
     assert key.decode().endswith("{" + digest_image(WORD_CH.read_bytes()).md5 + "}")
@@ -90,7 +90,7 @@ def test_entry_has_ttl_with_jitter(client, redis_client, base_settings):
 def test_configured_ttl_and_prefix(make_app, redis_client):
     client = make_app(cache_ttl_seconds=100, cache_ttl_jitter=0.0, cache_key_prefix="tenantA")
     assert ocr_json(client.test_client(), WORD_CH.read_bytes()).status_code == 200
-    (key,) = redis_client.keys("*")
+    (key,) = entry_keys(redis_client, "*")
     assert key.startswith(b"tenantA:") and 95 <= redis_client.ttl(key) <= 100
 
 
@@ -112,7 +112,7 @@ def test_engine_fingerprint_change_is_a_miss(make_app, base_settings):
 def test_corrupt_entry_is_a_miss_and_is_overwritten(client, redis_client):
     data = WORD_EN.read_bytes()
     good = ocr_json(client, data).get_json()
-    (key,) = redis_client.keys("ocr:*")
+    (key,) = entry_keys(redis_client)
     for bad in (b"garbage", redis_client.get(key)[:-5], b"OCR1j{}"):
         redis_client.set(key, bad)
         resp = ocr_json(client, data)

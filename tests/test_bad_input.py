@@ -20,6 +20,7 @@ from PIL import Image, PngImagePlugin
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
 from app.protocols.pipeline_stubs import METHOD, pb2, pb2_grpc
 from tests.conftest import WORD_CH, WORD_EN
+from tests.helpers import entry_keys
 
 # (protocol, input class) -> outcomes seen, e.g. {"400 invalid_image": 3}
 TALLY: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -547,7 +548,7 @@ def test_one_pixel_image_is_a_valid_empty_result(client, redis_client):
     for protocol in ("REST /v1/ocr", "pipeline HTTP", "PaddleX /ocr"):
         record(protocol, "1x1 image (valid)", "200 / err_no 0, no lines")
     assert client.get("/readyz").status_code == 200
-    assert len(redis_client.keys("ocr:*")) == 1  # a result, cached once for all protocols
+    assert len(entry_keys(redis_client)) == 1  # a result, cached once for all protocols
 
 
 # --- gRPC PipelineService ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ import redis
 
 from app.cache.breaker import CircuitBreaker
 from app.cache.keys import digest_image, lease_key
+from app.cache.options import CacheOptions
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -95,7 +96,10 @@ def make_cache(settings: Settings, double: CountingEngine, **overrides: object) 
         CircuitBreaker(settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds),
     )
     return OcrCache(
-        settings, double, store, lambda data: decode_image(data, settings.max_image_pixels)
+        CacheOptions.from_settings(settings),
+        double,
+        store,
+        lambda data: decode_image(data, settings.max_image_pixels),
     )
 
 

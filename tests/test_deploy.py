@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from app.config import Settings
 from tests import dockerfile
 from tests.conftest import ROOT
 
@@ -26,8 +27,8 @@ BIN = Path(sys.executable).parent  # the venv's bin: hadolint, docker-compose, .
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
-PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring"]
-OVERLAYS = ["cpu", "gpu", "serving-sidecar", "monitoring", "keda"]
+PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring", "l3"]
+OVERLAYS = ["cpu", "gpu", "serving-sidecar", "monitoring", "keda", "l3"]
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}
@@ -55,9 +56,13 @@ def test_hadolint(path: Path) -> None:
 
 def test_local_test_image_files_pass_hadolint_and_shellcheck() -> None:
     """What `make test-images` builds and runs besides the product images."""
-    dockerfile_ = DOCKER / "monitoring" / "Dockerfile.prometheus-debian"
-    result = _run([_tool("hadolint"), "--failure-threshold", "warning", "--no-color", dockerfile_])
-    assert result.returncode == 0, result.stdout + result.stderr
+    for dockerfile_ in (
+        DOCKER / "monitoring" / "Dockerfile.prometheus-debian",
+        DOCKER / "seaweedfs" / "Dockerfile.seaweedfs-pip",
+    ):
+        lint = [_tool("hadolint"), "--failure-threshold", "warning", "--no-color", dockerfile_]
+        result = _run(lint)
+        assert result.returncode == 0, result.stdout + result.stderr
     script = ROOT / "tests" / "images" / "run.sh"
     result = _run([_tool("shellcheck"), "--severity=warning", str(script)])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -250,6 +255,7 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
         "serving": {"redis", "front", "paddle-serving", "front-serving"},
         "hunyuan": {"redis", "front", "vllm", "front-hunyuan"},
         "monitoring": {"redis", "front", "redis-exporter", "prometheus", "grafana"},
+        "l3": {"redis", "front", "s3", "front-l3"},
     }[profile]
     assert set(services) == expected
     for name, service in services.items():
@@ -259,7 +265,7 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
         for volume in service.get("volumes", []):
             if volume["type"] == "bind":
                 assert Path(volume["source"]).exists(), (name, volume["source"])
-        if name.startswith("front") or name in ("redis", "paddle-serving"):
+        if name.startswith("front") or name in ("redis", "paddle-serving", "s3"):
             assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         if name.startswith("front"):
             assert service["user"] == "10001:10001"
@@ -453,6 +459,28 @@ def test_redis_statefulset_is_lru_and_only_the_front_reaches_it(overlay: str) ->
 
 def _front_labels() -> dict[str, str]:
     return {"app.kubernetes.io/name": "ocr-cache", "app.kubernetes.io/component": "front"}
+
+
+def test_l3_overlay_reads_the_s3_settings_from_a_secret() -> None:
+    objects = _objects("l3")
+    pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    front = next(c for c in pod["containers"] if c["name"] == "front")
+    env = {e["name"]: e for e in front["env"]}
+    for name in ("CACHE_L3_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY"):  # fmt: skip
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-l3", name
+    assert not env["CACHE_L3_URL"]["valueFrom"]["secretKeyRef"].get("optional")
+    assert {"REDIS_PASSWORD", "REDIS_URL"} <= set(env)  # the base's env is kept
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    Settings.from_env({**config, "CACHE_L3_URL": "s3://ocr-cache/l3"})  # valid values
+
+
+def test_compose_l3_front_and_store_share_the_key_pair(compose_tmp: Path) -> None:
+    services = _compose_config("l3", compose_tmp)["services"]
+    front, store = services["front-l3"]["environment"], services["s3"]["environment"]
+    assert front["CACHE_L3_URL"].startswith("s3://") and front["AWS_ENDPOINT_URL_S3"]
+    assert front["AWS_ACCESS_KEY_ID"] == store["AWS_ACCESS_KEY_ID"]
+    assert "ports" not in services["s3"]  # the store is reached on the compose network only
 
 
 def test_gpu_overlay_requests_a_gpu() -> None:

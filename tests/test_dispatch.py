@@ -19,6 +19,7 @@ from app.cache.breaker import CircuitBreaker
 from app.cache.dispatch import Job
 from app.cache.engine_runner import EngineBusy
 from app.cache.keys import digest_image
+from app.cache.options import CacheOptions
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -61,7 +62,7 @@ def make_cache(settings: Settings, engine: CountingEngine, gate=None, **override
         CircuitBreaker(settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds),
     )
     return OcrCache(
-        settings,
+        CacheOptions.from_settings(settings),
         engine,
         store,
         lambda data: decode_image(data, settings.max_image_pixels),

@@ -18,7 +18,7 @@ from app.cache.codec import Codec
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
-from tests.helpers import FlakyEngine, b64
+from tests.helpers import FlakyEngine, b64, entry_keys
 
 # The longest a request may take while Redis misbehaves: a small image's engine call plus the
 # Redis timeouts, with room for a loaded 2-core machine; far below the faults' durations
@@ -152,7 +152,7 @@ def test_eviction_keeps_the_hot_set(make_app):
 def test_unusable_entries_are_misses_and_overwritten(client, redis_client, kind):
     data, other = WORD_EN.read_bytes(), WORD_CH.read_bytes()
     good = client.post("/v1/ocr", json={"image": b64(data)}).get_json()["lines"]
-    (key,) = redis_client.keys("ocr:*")
+    (key,) = entry_keys(redis_client)
     codec, fp = Codec(0), client.application.extensions["ocr"]["cache"].engine.fingerprint
     bad = {
         "wrong_sha": codec.encode(

@@ -305,11 +305,17 @@ def test_a_listed_superset_whose_entry_expired_is_a_miss(front, fake, redis_clie
 
 
 def test_keys_separate_tasks_arguments_revisions_and_prompt_tables(base_settings, fake):
+    from app.cache.options import CacheOptions
     from app.cache.region import OcrCache
 
     def cache(**overrides: object) -> OcrCache:
         settings = hunyuan_settings(base_settings, fake, **overrides)
-        return OcrCache(settings, HunyuanEngine.from_settings(settings), None, lambda d: None)  # type: ignore
+        return OcrCache(
+            CacheOptions.from_settings(settings),
+            HunyuanEngine.from_settings(settings),
+            None,
+            lambda d: None,  # type: ignore[arg-type,return-value]
+        )
 
     digest = digest_image(PHOTOTEST.read_bytes())
     base = cache()

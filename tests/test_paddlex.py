@@ -13,6 +13,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 
 from tests.conftest import PHOTOTEST, WORD_CH, WORD_EN
+from tests.helpers import entry_keys
 
 
 def b64(data: bytes) -> str:
@@ -105,7 +106,7 @@ def test_visualize_by_default_rendered_from_the_cached_result(client, redis_clie
     assert max(ImageStat.Stat(ImageChops.difference(page, original).crop((0, 0, 640, 80))).mean) < 5
     assert panel.crop((0, 0, 640, 80)).getextrema()[0] > 200  # blank above the text
     assert panel.crop((36, 91, 579, 119)).getextrema()[0] < 100  # text written in the box
-    (key,) = redis_client.keys("ocr:*")
+    (key,) = entry_keys(redis_client)
     assert len(redis_client.get(key)) < 4000  # no image stored
 
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-import zstandard
 from PIL import Image, ImageDraw, ImageFont
 
 from app import logsafe
-from app.cache.codec import MAGIC
+from app.cache.codec import MAGIC, plaintext
 from app.config import ConfigError, Settings
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from app.redaction import (
@@ -217,13 +216,11 @@ def _stored_plaintext(redis_client) -> str:  # type: ignore[no-untyped-def]
     """Every cache entry's envelope as text (decompressed; entries are not encrypted here)."""
     texts = []
     for key in redis_client.scan_iter("ocr:*"):
-        if redis_client.type(key) != b"string":
+        if redis_client.type(key) != b"string" or b":pixel:" in key:
             continue
         value = redis_client.get(key)
         assert value[:4] == MAGIC, value[:8]
-        inner = value[4:]
-        body = zstandard.ZstdDecompressor().decompress(inner[1:]) if inner[:1] == b"z" else inner
-        texts.append(body.decode("utf-8", "replace"))
+        texts.append(plaintext(value).decode("utf-8", "replace"))  # decompressed JSON
     return "\n".join(texts)
 
 

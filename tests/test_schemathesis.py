@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 
-from app.web import OPENAPI
+from app.routes.ops import OPENAPI
 from tests.conftest import WORD_EN
 
 MAX_EXAMPLES = 250  # fuzzing phase, per operation; examples and coverage cases come on top

@@ -26,7 +26,7 @@ from cryptography.x509.oid import NameOID
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_CH, WORD_EN
-from tests.helpers import b64
+from tests.helpers import b64, entry_keys
 
 TOKEN = "admin-token-0123456789abcdef"
 
@@ -204,7 +204,7 @@ def test_values_are_encrypted_and_keys_rotate(make_app, redis_client):
     data = PHOTOTEST.read_bytes()
     writer = make_app(cache_encryption_keys=_keys(old)).test_client()
     lines = ocr(writer, data).get_json()["lines"]
-    (key,) = redis_client.keys("ocr:*")
+    (key,) = entry_keys(redis_client)
     raw = redis_client.get(key)
     assert raw[:5] == b"OCR1e" and b"quick brown" not in raw and b"lazy fox" not in raw
     # Rotation: the new key encrypts, the old one still decrypts: a hit, no flush needed.
@@ -269,7 +269,8 @@ def test_purge_by_digest_and_by_namespace(make_app, redis_client):
     assert any(k.startswith(b"ocr.acme:") for k in redis_client.keys("*"))
     redis_client.config_resetstat()
     resp = ca.post("/admin/purge", json={"namespace": "acme"}, headers=auth)
-    assert resp.status_code == 200 and resp.get_json()["removed"] == 2
+    # two entries and their pixel-tier pointers
+    assert resp.status_code == 200 and resp.get_json()["removed"] == 4
     stats = redis_client.info("commandstats")
     assert "cmdstat_scan" in stats and "cmdstat_keys" not in stats  # never KEYS
     keys = redis_client.keys("*")
@@ -301,7 +302,7 @@ def test_tenants_never_share_entries(make_app, redis_client):
 def test_ttl_override_is_bounded(make_app, redis_client):
     client = make_app(cache_ttl_max_seconds=3600).test_client()
     assert ocr(client, WORD_EN.read_bytes(), **{"X-Cache-TTL": "120"}).status_code == 200
-    (key,) = redis_client.keys("ocr:*")
+    (key,) = entry_keys(redis_client)
     assert 100 < redis_client.ttl(key) <= 120
     for value in ("0", "abc", "3601", "-5"):
         resp = ocr(client, SHORT.read_bytes(), **{"X-Cache-TTL": value})

@@ -107,6 +107,7 @@ class Job:
     ttl: int
     deadline: float  # wall clock (time.time()): hosts' clocks are assumed roughly in sync
     data: bytes = field(repr=False)
+    archive: bool = True  # may go to the cold tier (not when the caller chose its own TTL)
     id: str = ""
     deliveries: int = 1
 
@@ -114,7 +115,8 @@ class Job:
         params = json.dumps(asdict(self.params), separators=(",", ":"))
         return ["key", self.key, "sha256", self.sha256, "token", self.token,
                 "params", params, "ns", self.namespace, "ttl", str(self.ttl),
-                "deadline", repr(self.deadline), "data", self.data]  # fmt: skip
+                "deadline", repr(self.deadline), "data", self.data,
+                "archive", "1" if self.archive else "0"]  # fmt: skip
 
     @classmethod
     def from_fields(cls, job_id: str, raw: dict[bytes, bytes], deliveries: int = 1) -> Job:
@@ -126,6 +128,7 @@ class Job:
             token=text["token"].decode(), params=OcrParams(**params),
             namespace=text["ns"].decode(), ttl=int(text["ttl"]),
             deadline=float(text["deadline"]), data=text["data"], id=job_id,
+            archive=text.get("archive", b"1") == b"1",
             deliveries=deliveries,
         )  # fmt: skip
 

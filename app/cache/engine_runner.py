@@ -19,17 +19,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from app import metrics
-from app.vocabulary import EngineError, EngineTimeout
+from app.vocabulary import EngineBusy, EngineTimeout
 
 T = TypeVar("T")
-
-
-class EngineBusy(EngineError):
-    """The engine's queue is full: retry after ``retry_after`` seconds (never cached)."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class EngineRunner:

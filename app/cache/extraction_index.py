@@ -22,7 +22,6 @@ from app import metrics
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
-from app.config import Settings
 from app.engines.tasks import EXTRACTION, FIELD_ARG, extraction_text, extraction_values
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult, Outcome
 
@@ -33,9 +32,9 @@ MAX_FIELD_SETS = 64  # per image: beyond this, new field sets are answered but n
 
 
 class ExtractionIndex:
-    def __init__(self, cache: OcrCache, settings: Settings) -> None:
+    def __init__(self, cache: OcrCache, ttl_seconds: int) -> None:
         self._cache = cache
-        self._ttl = settings.cache_ttl_seconds
+        self._ttl = ttl_seconds  # CACHE_TTL_SECONDS
 
     def get_or_compute(
         self, image_bytes: bytes, params: OcrParams, controls: CacheControls = CacheControls()

@@ -99,6 +99,28 @@ class KeySpace:
         """What the notifier subscribes to: every entry's done channel."""
         return done_channel(self.base_prefix, "*")
 
+    def pixel(self, pixel_digest: str, task: str, namespace: str = "") -> str:
+        """The pixel tier's index key: canonical pixels -> the entry that answered them."""
+        return f"{self._scope(task, namespace)}:pixel:{pixel_digest}"
+
+    def similar_band(self, band: int, value: str, task: str, namespace: str = "") -> str:
+        """One band of a perceptual hash -> the recent entries whose hash has that band."""
+        return f"{self._scope(task, namespace)}:simband:{band}:{value}"
+
+    @staticmethod
+    def similar_ref(entry: str) -> str:
+        """An entry's reference picture for the similarity check (same hash tag and slot as
+        the entry, so a purge of one image removes it too)."""
+        return f"{entry}:simref"
+
+    def entry_scope(self, task: str, namespace: str = "") -> str:
+        """What every entry key of this engine, task and namespace starts with (``:``
+        included): an index pointer outside it is refused."""
+        return self._scope(task, namespace) + ":"
+
+    def _scope(self, task: str, namespace: str) -> str:
+        return f"{self.prefix(namespace)}:{KEY_SCHEMA}:{self.fingerprint}:{task}"
+
     def purge_pattern(self, namespace: str = "", md5: str | None = None) -> str:
         """A namespace's entries, or one image's entries in it (its hash tag)."""
         prefix = self.prefix(namespace)
@@ -118,3 +140,14 @@ class KeySpace:
     def job_error(entry: str, token: str) -> str:
         """A short-lived marker: the job of lease ``token`` failed (never a cached result)."""
         return f"{entry}:error:{token}"
+
+    def object(self, digest: ImageDigest, task: str, namespace: str = "") -> str:
+        """The entry's name in the cold tier (L3), below its bucket prefix:
+        ``{prefix}/{md5}/{schema}-{fingerprint}-{task}``. Object stores list by prefix only,
+        so the namespace and then the MD5 come first: a purge of a namespace or of one
+        image is one prefix listing (``object_prefix``)."""
+        return f"{self.object_prefix(namespace, digest.md5)}{KEY_SCHEMA}-{self.fingerprint}-{task}"
+
+    def object_prefix(self, namespace: str = "", md5: str | None = None) -> str:
+        """A namespace's objects, or one image's objects in it (every engine and task)."""
+        return f"{self.prefix(namespace)}/{md5}/" if md5 else f"{self.prefix(namespace)}/"

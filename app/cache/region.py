@@ -25,10 +25,12 @@ from app.cache.election import Election
 from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
+from app.cache.l3 import ColdTier
+from app.cache.near_dup import NearDuplicates
 from app.cache.notify import Notifier
+from app.cache.options import CacheOptions
 from app.cache.singleflight import SingleFlight
 from app.cache.store import NullStore, RedisStore, Store
-from app.config import Settings
 from app.engines.base import Engine, OcrRequest
 from app.imaging import DecodedImage
 from app.vocabulary import (
@@ -63,58 +65,65 @@ Decoder = Callable[[bytes], DecodedImage]
 class OcrCache:
     def __init__(
         self,
-        settings: Settings,
+        options: CacheOptions,
         engine: Engine,
         store: Store | None,
         decode: Decoder,
         wait_for_engine: Callable[[], None] = lambda: None,
         on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     ) -> None:
-        self._settings = settings
+        self._options = options
         self._engine = engine
-        self._store: Store = store if store is not None and settings.cache_enabled else NullStore()
-        self._keys = KeySpace(settings.cache_key_prefix, engine.fingerprint)
+        self._store: Store = store if store is not None and options.cache_enabled else NullStore()
+        self._keys = KeySpace(options.cache_key_prefix, engine.fingerprint)
         self._decode = decode
         self._wait_for_engine = wait_for_engine
         self._on_engine_outcome = on_engine_outcome
-        self._codec = Codec(settings.cache_compress_min_bytes, settings.cache_encryption_keys)
+        self._codec = Codec(options.cache_compress_min_bytes, options.cache_encryption_keys)
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
         # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
         # in; a remote engine serves them concurrently, an in-process one says how many.
-        slots = getattr(engine, "max_concurrency", None) or settings.engine_callers()
+        slots = getattr(engine, "max_concurrency", None) or options.engine_callers
         self._engine_runner = EngineRunner(
-            slots, settings.engine_queue_max or settings.web_threads, settings.ocr_timeout_seconds
+            slots, options.engine_queue_size, options.ocr_timeout_seconds
         )
         self._flights: SingleFlight[Outcome] = SingleFlight()
         self._l1 = L1Cache(
-            settings.cache_l1_bytes if settings.cache_enabled else 0,
-            settings.cache_l1_max_age_seconds,
+            options.cache_l1_bytes if options.cache_enabled else 0,
+            options.cache_l1_max_age_seconds,
         )
+        # Bound once: a labels() lookup per hit is measurable on the L2 hit path.
+        self._l2_hit_counters = (
+            metrics.CACHE_REQUESTS.labels(result="hit"),
+            metrics.CACHE_TIER_HITS.labels(tier="l2"),
+        )
+        # L3: object storage below Redis (CACHE_L3_URL), only where there is a Redis tier.
+        self._l3 = ColdTier.from_options(options.l3, self._codec) if self._store.enabled else None
+        # Near-duplicate tiers (pixel, similar) after an exact miss (app/cache/near_dup.py).
+        self._near = NearDuplicates(options, engine, self._store, self._keys, self._codec, self._l1)
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
             notifier = Notifier(self._store, self._keys, on_purge=self._l1.clear)
             self._election = Election(
                 self._store,
                 notifier,
-                settings.singleflight_lease_ms,
-                settings.singleflight_wait_seconds,
+                options.singleflight_lease_ms,
+                options.singleflight_wait_seconds,
             )
         # Global miss dispatch: this process's misses go to one queue for every engine, and
         # its engine takes the next job from it whenever it is free (``dispatch.py``).
         self._dispatcher: Dispatcher | None = None
-        if self._election is not None and settings.dispatch_enabled:
+        if self._election is not None and options.dispatch_enabled:
             self._dispatcher = Dispatcher(
                 self._store,  # type: ignore[arg-type]
                 self._keys,
                 notifier,
                 slots=slots,
-                per_engine_max=settings.dispatch_queue_max
-                or settings.engine_queue_max
-                or settings.web_threads,
-                claim_ms=settings.dispatch_claim_ms,
-                max_deliveries=settings.dispatch_max_deliveries,
-                batch_max=settings.engine_batch_max,
-                poll_seconds=max(0.5, settings.singleflight_lease_ms / 5000),
+                per_engine_max=options.dispatch_queue_max or options.engine_queue_size,
+                claim_ms=options.dispatch_claim_ms,
+                max_deliveries=options.dispatch_max_deliveries,
+                batch_max=options.engine_batch_max,
+                poll_seconds=max(0.5, options.singleflight_lease_ms / 5000),
                 mean_seconds=lambda: self._engine_runner.mean_seconds,
             )
             self._dispatcher.start(self._wait_for_engine, self._serve_jobs)
@@ -145,6 +154,11 @@ class OcrCache:
     @property
     def keys(self) -> KeySpace:
         return self._keys
+
+    @property
+    def l3(self) -> ColdTier | None:
+        """The cold tier (object storage), or None when ``CACHE_L3_URL`` is unset."""
+        return self._l3
 
     def prefix(self, namespace: str = "") -> str:
         """``{CACHE_KEY_PREFIX}`` or, for a tenant, ``{CACHE_KEY_PREFIX}.{tenant}``."""
@@ -210,8 +224,8 @@ class OcrCache:
             job = jobs[i]
             hit = self._read(value, job)
             if hit is not None:
-                metrics.CACHE_REQUESTS.labels(result="hit").inc()
-                metrics.CACHE_TIER_HITS.labels(tier="l2").inc()
+                self._l2_hit_counters[0].inc()
+                self._l2_hit_counters[1].inc()
                 outcomes[i] = Outcome(hit, CacheStatus.HIT, "l2")
                 continue
             # Keyed on the full identity: two images with one MD5 share a Redis key (whose
@@ -237,11 +251,9 @@ class OcrCache:
         if entry is None:
             log.info("cache entry for %s is unusable; treating as a miss", digest.md5)
             return None
-        try:
-            result = OcrResult.from_dict(entry.result)
-        except (KeyError, TypeError, ValueError):
-            return None
-        self._l1.put(self._l1_key(job), result, entry.expires_at - time.time())
+        result = entry.result
+        if self._l1.enabled:
+            self._l1.put(self._l1_key(job), result, entry.expires_at - time.time())
         return result
 
     def _reread(self, job: _Job) -> OcrResult | None:
@@ -256,7 +268,15 @@ class OcrCache:
             hit = self._reread(job)
             if hit is not None:
                 return Outcome(hit, CacheStatus.HIT, "l2")
+        if self._l3 is not None and not controls.no_cache:
+            recalled = self._recall(job)  # one GET per image per process (single-flight)
+            if recalled is not None:
+                return recalled
         image = self._decode(job.data)  # InvalidImage: a client error, before any lease
+        if redis_ok and not controls.no_cache:
+            near = self._near.lookup(image, job.task, controls, self._l1_key(job))
+            if near is not None:
+                return near
         compute = partial(self._compute_and_store, job, image)
         if controls.no_cache or self._election is None:
             return compute()
@@ -280,7 +300,8 @@ class OcrCache:
         queued = DispatchJob(
             key=job.key, sha256=job.digest.sha256, token=token, params=job.params,
             namespace=job.controls.namespace, ttl=job.controls.ttl or self._ttl(),
-            deadline=time.time() + self._settings.ocr_timeout_seconds, data=job.data,
+            deadline=time.time() + self._options.ocr_timeout_seconds, data=job.data,
+            archive=not job.controls.ttl,
         )  # fmt: skip
         error_key = self._keys.job_error(job.key, token)
 
@@ -288,7 +309,7 @@ class OcrCache:
             ok, (entry, error) = self._store.get_many([job.key, error_key])
             return ok, self._read(entry, job), error.decode() if error else None
 
-        result = self._dispatcher.request(queued, read, self._settings.ocr_timeout_seconds)
+        result = self._dispatcher.request(queued, read, self._options.ocr_timeout_seconds)
         return compute() if result is None else Outcome(result, CacheStatus.MISS)
 
     def _serve_jobs(self, jobs: Sequence[DispatchJob]) -> None:
@@ -306,7 +327,7 @@ class OcrCache:
             # The requester's deadline bounds the call, not this process's own timeout.
             left = min(q.deadline for q, _ in members) - time.time()
             answers = self._run_engine_many(requests, left)
-            for (queued, _), answer in zip(members, answers, strict=True):
+            for (queued, image), answer in zip(members, answers, strict=True):
                 if isinstance(answer, EngineBusy):
                     self._dispatcher.fail(queued, f"busy:{answer.retry_after}:{answer}")
                 elif isinstance(answer, EngineTimeout):
@@ -315,36 +336,70 @@ class OcrCache:
                     self._dispatcher.fail(queued, f"error:{answer}")
                 else:
                     metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
-                    l1_key = self._keys.l1_for(queued.sha256, self._keys.task(params),
-                                               queued.namespace)  # fmt: skip
-                    if self._write_entry(queued.key, queued.sha256, answer, queued.ttl, l1_key):
+                    if self._write_entry(self._job_of(queued), image, answer, queued.ttl):
                         self._store.publish(self._keys.done(queued.key), "ok")
                     else:  # the requester computes for itself rather than wait in vain
                         self._dispatcher.fail(queued, "lost")
                     continue
                 metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
 
+    def _job_of(self, queued: DispatchJob) -> _Job:
+        """A queued job as this process's front door would have seen it (to store it)."""
+        task = self._keys.task(queued.params)
+        controls = CacheControls(
+            namespace=queued.namespace, ttl=None if queued.archive else queued.ttl
+        )
+        job = _Job(
+            queued.data, queued.params, digest_image(queued.data), task, controls, queued.key
+        )
+        return job
+
     def _compute_and_store(self, job: _Job, image: DecodedImage) -> Outcome:
         result = self._run_engine(image, job.data, job.params)
         if not job.controls.no_store:
             ttl = job.controls.ttl or self._ttl()
-            self._write_entry(job.key, job.digest.sha256, result, ttl, self._l1_key(job))
+            self._write_entry(job, image, result, ttl)
         return Outcome(result, CacheStatus.MISS)
 
-    def _write_entry(
-        self, key: str, sha256: str, result: OcrResult, ttl: int, l1_key: tuple[str, ...]
-    ) -> bool:
-        entry = self._codec.encode(result.to_dict(), sha256, self._engine.fingerprint, ttl, key)
+    def _write_entry(self, job: _Job, image: DecodedImage, result: OcrResult, ttl: int) -> bool:
+        """Store a computed result in every tier: L2 (what waiters elsewhere read when
+        notified), L1, the cold tier (write-behind) and the near-duplicate indexes."""
+        fingerprint = self._engine.fingerprint
+        entry = self._codec.encode(result, job.digest.sha256, fingerprint, ttl, job.key)
         # Waiters elsewhere read this entry when notified: one retry covers a slow answer.
-        stored = self._store.set(key, entry, ttl)
+        stored = self._store.set(job.key, entry, ttl)
         if not stored and self._store.breaker_state == "closed":
-            stored = self._store.set(key, entry, ttl)
-        self._l1.put(l1_key, result, ttl)
+            stored = self._store.set(job.key, entry, ttl)
+        self._l1.put(self._l1_key(job), result, ttl)
+        if self._l3 is not None and not job.controls.ttl:  # a caller's own TTL stays off L3
+            self._l3.archive(self._object_name(job), entry)  # write-behind, never blocks
+        self._near.record(image, result, job.task, job.controls, job.key, job.digest.sha256, ttl)
         return stored
 
+    def _object_name(self, job: _Job) -> str:
+        return self._keys.object(job.digest, job.task, job.controls.namespace)
+
+    def _recall(self, job: _Job) -> Outcome | None:
+        """L3 read-through: a verified object refills L2 (a fresh envelope for the rest of
+        its L3 retention, at most CACHE_TTL_SECONDS or the request's TTL) and L1, unless the
+        request says no-store."""
+        assert self._l3 is not None
+        fingerprint = self._engine.fingerprint
+        found = self._l3.recall(self._object_name(job), job.key, job.digest.sha256, fingerprint)
+        if found is None:
+            return None
+        bound = job.controls.ttl or self._options.cache_ttl_seconds
+        ttl = max(1, int(min(found.remaining_seconds, bound)))
+        if not job.controls.no_store:
+            entry = self._codec.encode(found.result, job.digest.sha256, fingerprint, ttl, job.key)
+            self._store.set(job.key, entry, ttl)
+            self._l1.put(self._l1_key(job), found.result, ttl)
+        metrics.CACHE_TIER_HITS.labels(tier="l3").inc()
+        return Outcome(found.result, CacheStatus.HIT, "l3")
+
     def _ttl(self) -> int:
-        ttl = self._settings.cache_ttl_seconds
-        jitter = int(ttl * self._settings.cache_ttl_jitter)
+        ttl = self._options.cache_ttl_seconds
+        jitter = int(ttl * self._options.cache_ttl_jitter)
         return max(1, ttl - random.randint(0, jitter)) if jitter else ttl
 
     def _compute(self, data: bytes, params: OcrParams) -> OcrResult:
@@ -414,4 +469,6 @@ class OcrCache:
         removed = self._store.scan_unlink(self._keys.purge_pattern(namespace or "", md5))
         self._l1.clear()
         self._store.publish(self._keys.purge_channel(), self._keys.prefix(namespace or ""))
+        if self._l3 is not None:  # L3 objects too (list + delete by prefix); counted in removed
+            removed += self._l3.purge(self._keys.object_prefix(namespace or "", md5)) or 0
         return removed

@@ -206,6 +206,35 @@ class RedisStore:
         ok, _ = self._call("sadd", run)
         return ok
 
+    def push_recent(self, items: Sequence[tuple[str, str]], keep: int, ttl_seconds: int) -> bool:
+        """Put each member first in its list key, once, keeping the ``keep`` newest; the
+        lists expire with the entries. One round trip (a plain pipeline: keys may span
+        slots on a cluster)."""
+
+        def run() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            for key, member in items:
+                pipe.lrem(key, 0, member)
+                pipe.lpush(key, member)
+                pipe.ltrim(key, 0, keep - 1)
+                pipe.expire(key, ttl_seconds)
+            return pipe.execute()
+
+        ok, _ = self._call("set", run)
+        return ok
+
+    def recent_many(self, keys: Sequence[str], keep: int) -> tuple[bool, list[list[bytes]]]:
+        """(ok, the ``keep`` newest members of each list key) in one round trip."""
+
+        def run() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.lrange(key, 0, keep - 1)
+            return pipe.execute()
+
+        ok, values = self._call("get", run)
+        return (True, [list(v) for v in values]) if ok else (False, [[] for _ in keys])
+
     def ping(self) -> bool:
         ok, _ = self._call("ping", self._client.ping)
         return ok

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from app.engines.tasks import extraction_text, normalise_key
-from app.vocabulary import OcrLine
+from app.vocabulary import OcrCacheError, OcrLine
 
 # The model gives no per-line confidence; every spotted line scores 1.0.
 SPOTTING_SCORE = 1.0
@@ -36,7 +36,7 @@ _TEXT_FORM_BOX = re.compile(
 _FENCE = re.compile(r"^```(?P<label>[A-Za-z0-9_-]*)[ \t]*\n(?P<body>.*?)\n?```$", re.DOTALL)
 
 
-class UnparseableOutput(ValueError):
+class UnparseableOutput(OcrCacheError, ValueError):
     """The model's answer is not what its task asks for."""
 
 

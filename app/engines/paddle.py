@@ -60,6 +60,7 @@ class PaddleOcrEngine(EngineBase):
     kind = "paddle"
     options_type = PaddleOptions
     max_concurrency = 1  # calls are serialized on one thread: queue them in the cache's runner
+    reads_decoded_pixels = True  # recognizes DecodedImage.pixels: the pixel tier is exact
 
     def __init__(self, options: PaddleOptions) -> None:
         self._options = options

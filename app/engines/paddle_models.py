@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from app.vocabulary import OcrCacheError
+
 MODEL_FILES = ("inference.pdmodel", "inference.pdiparams", "inference.yml")
 
 DET_NAME = "PP-OCRv4_mobile_det"
@@ -26,7 +28,7 @@ REC_NAME = "PP-OCRv4_mobile_rec"
 CLS_NAME = "PP-LCNet_x0_25_textline_ori"
 
 
-class ModelFilesError(RuntimeError):
+class ModelFilesError(OcrCacheError, RuntimeError):
     """The model files are missing or unreadable (a deployment error)."""
 
 

@@ -14,12 +14,12 @@ from typing import TypeVar
 
 import tenacity
 
-from app.vocabulary import EngineError
+from app.vocabulary import EngineError, OcrCacheError
 
 T = TypeVar("T")
 
 
-class Transient(Exception):
+class Transient(OcrCacheError):
     """A failure worth retrying; ``retry_after`` is the server's hint in seconds, if any."""
 
     def __init__(self, reason: str, retry_after: float | None = None) -> None:
@@ -43,7 +43,7 @@ class RetryPolicy:
             backoff = min(self.first_backoff * 2 ** (state.attempt_number - 1), self.max_backoff)
             backoff *= random.uniform(1 - self.jitter, 1) if self.jitter else 1
             exc = state.outcome.exception() if state.outcome else None
-            hint = getattr(exc, "retry_after", None) or 0.0
+            hint = (exc.retry_after if isinstance(exc, Transient) else None) or 0.0
             return min(max(backoff, hint), self.max_backoff)
 
         def warn(state: tenacity.RetryCallState) -> None:

@@ -103,6 +103,8 @@ def task_params(
     elif task == TRANSLATION:
         language = target_language if target_language is not None else default_language
         args = ((LANGUAGE_ARG, normalise_language(language)),)
+    if base.task == task and base.task_args == args:
+        return base  # the common case (the default task): no copy on every request
     return replace(base, task=task, task_args=args)
 
 

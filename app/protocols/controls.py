@@ -3,6 +3,8 @@
 - ``Cache-Control: no-cache`` recomputes and refreshes; ``no-store`` does not write.
 - ``X-Cache-TTL: <seconds>`` overrides the TTL of what this request writes, within
   1..CACHE_TTL_MAX_SECONDS.
+- ``X-Cache-Similar: off`` keeps this request off the similarity tier (``CACHE_SIMILAR``):
+  only exact and pixel hits answer it. It changes nothing shared: any caller may send it.
 - the header named by ``CACHE_TENANT_HEADER`` (when set) selects a tenant namespace: its own
   keys, its own L1 entries, never another tenant's.
 """
@@ -17,6 +19,7 @@ from app.protocols.errors import BadRequest
 from app.vocabulary import TENANT_NAME, CacheControls
 
 TTL_HEADER = "X-Cache-TTL"
+SIMILAR_HEADER = "X-Cache-Similar"
 # ASCII digits only: str.isdigit() accepts "²" (int() then raises) and int() accepts " 1_0".
 _SECONDS = re.compile(r"[0-9]{1,10}")
 
@@ -42,6 +45,9 @@ def parse(
                 "invalid_ttl",
             )
         ttl = int(digits)
+    similar = (get(SIMILAR_HEADER) or "on").strip().lower()
+    if similar not in ("on", "off"):
+        raise BadRequest(f"{SIMILAR_HEADER} must be on or off", "invalid_similar")
     namespace = ""
     if settings.cache_tenant_header:
         tenant = get(settings.cache_tenant_header)
@@ -64,4 +70,5 @@ def parse(
         ttl=ttl,
         namespace=namespace,
         trusted=trusted,
+        similar=similar == "on",
     )

@@ -15,10 +15,31 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from app.imaging import ImageTooLarge, InvalidImage
 from app.protocols.errors import BadRequest
-from app.vocabulary import DETECTION_PARAMS, OcrLine, OcrParams, OcrResult
+from app.vocabulary import (
+    DETECTION_PARAMS,
+    ClientError,
+    EngineBusy,
+    EngineError,
+    OcrCacheError,
+    OcrLine,
+    OcrParams,
+    OcrResult,
+)
 
 INVALID_FILE = "Invalid input file"  # upstream's message for any file it cannot read
+
+# The error table: exception -> (HTTP status and ``errorCode``, the message; None: the
+# exception's own). A fixed message hides the reason, which is logged instead.
+ERRORS: dict[type[OcrCacheError], tuple[int, str | None]] = {
+    ImageTooLarge: (422, None),  # upstream also says why
+    InvalidImage: (422, INVALID_FILE),  # upstream's words for any unreadable file
+    ClientError: (422, None),  # BadRequest, UnsupportedParams
+    EngineBusy: (503, None),  # with Retry-After
+    EngineError: (500, None),
+}
+CAUGHT = tuple(ERRORS)
 
 
 class _Request(BaseModel):

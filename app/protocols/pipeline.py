@@ -1,6 +1,7 @@
 """Paddle Serving pipeline semantics shared by HTTP (``POST /{name}/{method}``) and gRPC
-(``PipelineService/inference``): request fields -> images -> one cache call -> the
-pdserving answer (PROTOCOLS.md §1-3), with upstream's ``err_no`` codes and messages."""
+(``PipelineService/inference``): parse (request fields -> images) -> one cache call -> render
+(the pdserving answer, PROTOCOLS.md §1-3), with upstream's ``err_no`` codes and messages;
+which error gets which ``err_no`` is the two tables below."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from app.cache.engine_runner import EngineBusy
-from app.cache.region import OcrCache
-from app.imaging import InvalidImage
 from app.protocols import pdserving
 from app.protocols.b64 import decode_base64
-from app.protocols.errors import BadRequest
+from app.protocols.errors import BadRequest, lookup
 from app.vocabulary import (
     CacheControls,
+    ClientError,
+    EngineBusy,
     EngineError,
     EngineTimeout,
-    UnsupportedParams,
+    OcrCacheError,
+    OcrParams,
+    Outcome,
     tiers_of,
 )
 
@@ -41,10 +43,33 @@ TENSOR_STRING = 12
 TENSOR_BYTES = 13  # np.load(allow_pickle=True) upstream: refused, never unpickled
 
 
-class PipelineError(Exception):
+class PipelineError(OcrCacheError):
+    """An answer with upstream's ``err_no`` (a refused request, or a failed inference)."""
+
     def __init__(self, err_no: int, message: str) -> None:
         super().__init__(message)
         self.err_no = err_no
+
+
+# Refusals before the cache (the request's fields, the cache-control headers) -> err_no;
+# a PipelineError carries its own.
+PARSE_ERRORS: dict[type[Exception], int] = {BadRequest: INPUT_PARAMS_ERROR}
+# Failures of the cache call -> (err_no, the op's function its message names). EngineBusy
+# (overload) is not here: the transport answers it (HTTP 503, gRPC RESOURCE_EXHAUSTED).
+CALL_ERRORS: dict[type[Exception], tuple[int, str]] = {
+    ClientError: (UNKNOWN_ERROR, "preprocess"),  # base64, InvalidImage, UnsupportedParams
+    EngineTimeout: (TIMEOUT, "process"),
+    EngineError: (UNKNOWN_ERROR, "process"),
+}
+_CALL_FAILURES = (PipelineError, *CALL_ERRORS)
+
+
+class Lookup(Protocol):
+    """What the pipeline needs of the cache front door (``app.cache.region.OcrCache``)."""
+
+    def get_or_compute_many(
+        self, images: Sequence[bytes], params: OcrParams | None = ..., controls: CacheControls = ...
+    ) -> list[Outcome]: ...
 
 
 @dataclass
@@ -138,40 +163,70 @@ def response_keys(req: PipelineRequest) -> list[str]:
     return [key for key, _ in req.images]
 
 
+def service_name_error() -> PipelineAnswer:
+    return PipelineAnswer(err_no=SERVICE_NAME_ERROR, err_msg=SERVICE_NAME_MESSAGE)
+
+
+def refused(exc: PipelineError | BadRequest) -> PipelineAnswer:
+    """The answer to a request refused before the cache (``PARSE_ERRORS``)."""
+    if isinstance(exc, PipelineError):
+        return PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+    return PipelineAnswer(err_no=lookup(PARSE_ERRORS, exc) or UNKNOWN_ERROR, err_msg=str(exc))
+
+
 def answer(
-    cache: OcrCache,
+    cache: Lookup,
     req: PipelineRequest,
     min_score: float,
     max_images: int,
     controls: CacheControls = CacheControls(),
 ) -> PipelineAnswer:
-    """Run a parsed request through the cache; errors come back as ``err_no``."""
+    """Parse -> cache -> render for a parsed request; errors come back as ``err_no``
+    (``CALL_ERRORS``), except ``EngineBusy``, raised for the transport to answer."""
     try:
-        if len(req.images) > max_images:
-            raise PipelineError(
-                INPUT_PARAMS_ERROR,
-                op_error(req.logid, f"{len(req.images)} images, over the limit of {max_images}"),
-            )
-        try:
-            images = [decode_base64(text, strict=False) for _, text in req.images]
-        except BadRequest as exc:
-            raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
+        images = decode_images(req, max_images)
         started = time.perf_counter()
-        try:
-            profile = req.profile and controls.trusted  # bypassing the cache is a trusted control
-            controls = replace(controls, bypass=controls.bypass or profile)
-            outcomes = cache.get_or_compute_many(images, controls=controls)
-        except (InvalidImage, UnsupportedParams) as exc:
-            raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc))) from None
-        except EngineBusy:
-            raise  # overload: the transport answers it (HTTP 503, gRPC RESOURCE_EXHAUSTED)
-        except EngineTimeout as exc:
-            raise PipelineError(TIMEOUT, op_error(req.logid, str(exc), "process")) from None
-        except EngineError as exc:
-            raise PipelineError(UNKNOWN_ERROR, op_error(req.logid, str(exc), "process")) from None
-    except PipelineError as exc:
-        log.info("pipeline logid=%s clientip=%s err_no=%s", req.logid, req.clientip, exc.err_no)
+        outcomes = cache.get_or_compute_many(images, controls=controls_for(req, controls))
+    except EngineBusy:
+        raise
+    except _CALL_FAILURES as exc:
+        failed = failure(req, exc)
+        log.info("pipeline logid=%s clientip=%s err_no=%s", req.logid, req.clientip, failed.err_no)
+        return failed
+    return render(req, outcomes, min_score, started)
+
+
+def decode_images(req: PipelineRequest, max_images: int) -> list[bytes]:
+    """The request's images as bytes; ``PipelineError`` over the limit, ``BadRequest`` for
+    bad base64."""
+    if len(req.images) > max_images:
+        raise PipelineError(
+            INPUT_PARAMS_ERROR,
+            op_error(req.logid, f"{len(req.images)} images, over the limit of {max_images}"),
+        )
+    return [decode_base64(text, strict=False) for _, text in req.images]
+
+
+def controls_for(req: PipelineRequest, controls: CacheControls) -> CacheControls:
+    """``pipeline.profile`` bypasses the cache, for trusted callers (a shared-state control)."""
+    profile = req.profile and controls.trusted
+    return replace(controls, bypass=controls.bypass or profile)
+
+
+def failure(req: PipelineRequest, exc: Exception) -> PipelineAnswer:
+    """The answer to a failed cache call: a PipelineError's own ``err_no``, else the row of
+    ``CALL_ERRORS`` and the message in upstream's op form."""
+    if isinstance(exc, PipelineError):
         return PipelineAnswer(err_no=exc.err_no, err_msg=str(exc))
+    err_no, function = lookup(CALL_ERRORS, exc) or (UNKNOWN_ERROR, "process")
+    return PipelineAnswer(err_no=err_no, err_msg=op_error(req.logid, str(exc), function))
+
+
+def render(
+    req: PipelineRequest, outcomes: Sequence[Outcome], min_score: float, started: float
+) -> PipelineAnswer:
+    """The pdserving answer: one result string per image (lines at or over ``min_score``),
+    plus the time taken when the request asked for ``pipeline.profile``."""
     keys = response_keys(req)
     values = [pdserving.result_string(o.result, min_score) for o in outcomes]
     status = ",".join(sorted({o.status.value for o in outcomes}))

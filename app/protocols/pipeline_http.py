@@ -20,10 +20,13 @@ from app.protocols.pipeline import (
     Tensor,
     build_request,
 )
+from app.vocabulary import ClientError
 
 
-class GatewayError(ValueError):
+class GatewayError(ClientError):
     """The body is not a JSON object: the gateway answers before the pipeline sees it."""
+
+    code = "gateway_error"
 
 
 def parse(body: bytes) -> PipelineRequest:

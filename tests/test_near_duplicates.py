@@ -1,0 +1,392 @@
+"""Near-duplicate tiers (issue 15): the pixel tier and the opt-in similarity tier.
+
+The unit part runs the front door on a real embedded Redis with an engine double that reads
+the decoded pixels (its answer names their SHA-256), so a pixel hit is visibly exact. The
+integration part runs the real engine on corpus images and their variants
+(``bench.near_variants``), over the HTTP protocols.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis
+from PIL import Image
+
+from app import metrics
+from app.cache import verify
+from app.cache.breaker import CircuitBreaker
+from app.cache.keys import digest_image
+from app.cache.options import CacheOptions
+from app.cache.pixel_index import pixel_digest
+from app.cache.region import OcrCache
+from app.cache.store import RedisStore
+from app.config import Settings
+from app.engines.base import OcrRequest
+from app.imaging import decode_image
+from app.protocols import controls as controls_mod
+from app.protocols.errors import BadRequest
+from app.vocabulary import (
+    CacheControls,
+    CacheStatus,
+    EngineError,
+    OcrLine,
+    OcrParams,
+    OcrResult,
+)
+from bench import near_variants as nv
+from tests.conftest import CORPUS, PHOTOTEST
+from tests.helpers import b64, metric_sum
+
+PAGE = PHOTOTEST.read_bytes()
+
+
+class PixelEngine:
+    """Reads the decoded pixels, as PaddleOCR does: its one line names their SHA-256 and
+    covers the page. ``fail`` makes the next calls raise."""
+
+    kind = "double"
+    fingerprint = "pixeldoublefp00"
+    default_params = OcrParams()
+    max_concurrency = 4
+    reads_decoded_pixels = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = 0
+        self._lock = threading.Lock()
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": self.kind}
+
+    def check_params(self, params: OcrParams) -> None: ...
+
+    def prepare(self) -> None: ...
+
+    def load(self) -> None: ...
+
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        with self._lock:
+            self.calls += 1
+            failing, self.fail = self.fail > 0, max(0, self.fail - 1)
+        if failing:
+            raise EngineError("double failed")
+        image = request.image
+        text = hashlib.sha256(image.pixels.tobytes()).hexdigest()[:12]
+        w, h = image.width, image.height
+        box = ((0, 0), (w - 1, 0), (w - 1, h - 1), (0, h - 1))
+        return OcrResult(w, h, (OcrLine(text, 0.99, box),))
+
+
+class BytesEngine(PixelEngine):
+    """A remote engine: it is sent the original bytes (no pixel tier for it)."""
+
+    reads_decoded_pixels = False
+
+
+@pytest.fixture()
+def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
+    return base_settings
+
+
+def make_cache(settings: Settings, engine: object, **overrides: object) -> OcrCache:
+    settings = settings.with_overrides(**overrides)
+    store = RedisStore(
+        settings.redis_url, 1000, 1000, CircuitBreaker(3, settings.redis_breaker_cooldown_seconds)
+    )
+    return OcrCache(
+        CacheOptions.from_settings(settings),
+        engine,  # type: ignore[arg-type]
+        store,
+        lambda data: decode_image(data, settings.max_image_pixels),
+    )
+
+
+@pytest.fixture()
+def double() -> Iterator[PixelEngine]:
+    yield PixelEngine()
+
+
+def _keys(client: redis.Redis, part: str) -> list[bytes]:
+    return [k for k in client.scan_iter(match=f"*{part}*")]
+
+
+def _one_pixel_changed(data: bytes) -> bytes:
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    x, y = img.width // 2, img.height // 2
+    r, g, b = img.getpixel((x, y))  # type: ignore[misc]
+    img.putpixel((x, y), ((r + 1) % 256, g, b))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+# The pixel tier ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", nv.LOSSLESS)
+def test_lossless_reencodes_hit_the_pixel_tier(settings, double, variant):
+    cache = make_cache(settings, double)
+    first = cache.get_or_compute(PAGE)
+    data = nv.benign(PAGE, variant)
+    assert data != PAGE and digest_image(data).md5 != digest_image(PAGE).md5
+    before = metrics.CACHE_TIER_HITS.labels(tier="pixel")._value.get()
+    again = make_cache(settings, double).get_or_compute(data)  # another process
+    assert (again.status, again.tier) == (CacheStatus.HIT, "pixel")
+    assert again.result == first.result and double.calls == 1
+    assert metrics.CACHE_TIER_HITS.labels(tier="pixel")._value.get() == before + 1
+
+
+def test_one_changed_pixel_never_hits_the_pixel_tier(settings, double):
+    cache = make_cache(settings, double)
+    first = cache.get_or_compute(PAGE)
+    changed = cache.get_or_compute(_one_pixel_changed(PAGE))
+    assert changed.status is CacheStatus.MISS and changed.tier == ""
+    assert changed.result != first.result and double.calls == 2
+
+
+def test_exif_orientation_is_applied_before_hashing(settings, double):
+    """A photo with an EXIF rotation and the same photo rotated for real are one engine
+    input: the pixel tier answers the second from the first."""
+    img = Image.open(io.BytesIO(PAGE)).convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to display
+    tagged, upright = io.BytesIO(), io.BytesIO()
+    img.save(tagged, "PNG", exif=exif)
+    img.transpose(Image.Transpose.ROTATE_270).save(upright, "PNG")
+    a = decode_image(tagged.getvalue(), settings.max_image_pixels)
+    b = decode_image(upright.getvalue(), settings.max_image_pixels)
+    assert pixel_digest(a) == pixel_digest(b) and (a.width, a.height) == (img.height, img.width)
+    cache = make_cache(settings, double)
+    cache.get_or_compute(tagged.getvalue())
+    assert cache.get_or_compute(upright.getvalue()).tier == "pixel" and double.calls == 1
+
+
+def test_pixel_tier_is_scoped_to_namespace_params_and_engine(settings, double):
+    cache = make_cache(settings, double)
+    cache.get_or_compute(PAGE)
+    data = nv.benign(PAGE, "bmp")
+    other_ns = cache.get_or_compute(data, controls=CacheControls(namespace="acme"))
+    assert other_ns.status is CacheStatus.MISS
+    other_params = cache.get_or_compute(data, OcrParams(det_thresh=0.4))
+    assert other_params.status is CacheStatus.MISS
+    other = PixelEngine()
+    other.fingerprint = "otherfingerprt0"  # type: ignore[misc]
+    assert make_cache(settings, other).get_or_compute(data).status is CacheStatus.MISS
+    assert double.calls == 3
+
+
+def test_pixel_tier_is_off_for_engines_sent_the_original_bytes(settings, redis_client):
+    engine = BytesEngine()
+    cache = make_cache(settings, engine)
+    cache.get_or_compute(PAGE)
+    assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
+    assert _keys(redis_client, ":pixel:") == [] and engine.calls == 2
+
+
+def test_a_forged_pointer_outside_the_scope_is_ignored(settings, double, redis_client):
+    cache = make_cache(settings, double)
+    cache.get_or_compute(PAGE)
+    (pointer_key,) = _keys(redis_client, ":pixel:")
+    entry_key, sha = redis_client.get(pointer_key).decode().split(" ")
+    redis_client.set(pointer_key, f"{entry_key.replace('ocr:', 'ocr.acme:', 1)} {sha}")
+    assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
+
+
+def test_errors_write_no_index_keys(settings, double, redis_client):
+    cache = make_cache(settings, double, cache_similar=True)
+    double.fail = 1
+    with pytest.raises(EngineError):
+        cache.get_or_compute(PAGE)
+    assert redis_client.keys("*") == []
+    assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
+
+
+def test_purge_removes_the_index_keys(settings, double, redis_client):
+    cache = make_cache(settings, double, cache_similar=True)
+    cache.get_or_compute(PAGE)
+    cache.get_or_compute(PAGE, controls=CacheControls(namespace="acme"))
+    for part in (":pixel:", ":simband:", ":simref"):
+        assert len(_keys(redis_client, part)) >= 2, part
+    cache.purge("acme")
+    for part in (":pixel:", ":simband:", ":simref"):
+        assert not [k for k in _keys(redis_client, part) if k.startswith(b"ocr.acme:")]
+    # One image's purge removes its entry and reference; the pointers left lead nowhere.
+    cache.purge("", digest_image(PAGE).md5)
+    assert _keys(redis_client, ":simref") == []
+    assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
+    cache.purge("")
+    assert redis_client.keys("ocr:*") == []
+
+
+# The similarity tier -----------------------------------------------------------------
+
+
+def test_similarity_tier_is_off_by_default(settings, double, redis_client):
+    assert settings.cache_similar is False
+    cache = make_cache(settings, double)
+    cache.get_or_compute(PAGE)
+    assert cache.get_or_compute(nv.benign(PAGE, "jpeg95")).status is CacheStatus.MISS
+    assert _keys(redis_client, ":simband:") == [] and _keys(redis_client, ":simref") == []
+
+
+def test_similarity_tier_hits_benign_and_says_so(settings, double):
+    cache = make_cache(settings, double, cache_similar=True)
+    first = cache.get_or_compute(PAGE)
+    data = nv.benign(PAGE, "resize75")
+    hit = cache.get_or_compute(data)
+    assert (hit.status, hit.tier) == (CacheStatus.HIT, "similar") and double.calls == 1
+    details = dict(hit.details)
+    assert details["X-Cache-Similar-Source"] == digest_image(PAGE).sha256
+    assert "block=" in details["X-Cache-Similarity"]
+    image = decode_image(data, settings.max_image_pixels)
+    assert (hit.result.width, hit.result.height) == (image.width, image.height)
+    assert hit.result.lines[0].text == first.result.lines[0].text
+    assert hit.result.lines[0].box[2] == (round(639 * 0.75), round(479 * 0.75))
+    # Not stored: the exact key of the variant is still a miss for a bypassing request.
+    off = cache.get_or_compute(data, controls=CacheControls(similar=False))
+    assert off.status is CacheStatus.MISS and double.calls == 2
+
+
+def test_similarity_tier_misses_a_changed_digit_and_a_crop(settings, double):
+    cache = make_cache(settings, double, cache_similar=True)
+    cache.get_or_compute(PAGE)
+    box = ((36, 92), (580, 92), (580, 122), (36, 122))
+    line = OcrLine("This is a lot of 12 point text to test the", 0.99, box)
+    result = OcrResult(640, 480, (line,))
+    digit = nv.changed(PAGE, "digit", result)
+    assert digit is not None
+    for data in (digit, nv.changed(PAGE, "crop2", result)):
+        assert cache.get_or_compute(data).status is CacheStatus.MISS
+    assert double.calls == 3
+
+
+def test_template_pairs_miss(settings, double):
+    cache = make_cache(settings, double, cache_similar=True)
+    first, second = nv.template_pair(1)
+    cache.get_or_compute(first)
+    assert cache.get_or_compute(second).status is CacheStatus.MISS
+
+
+def test_similar_header_is_parsed_for_every_caller(settings):
+    assert controls_mod.parse({}, settings).similar is True
+    assert controls_mod.parse({"X-Cache-Similar": "off"}, settings).similar is False
+    untrusted = controls_mod.parse({"x-cache-similar": "OFF"}, settings, trusted=False)
+    assert untrusted.similar is False  # changes nothing shared: untrusted callers may use it
+    with pytest.raises(BadRequest):
+        controls_mod.parse({"X-Cache-Similar": "maybe"}, settings)
+
+
+def test_verify_figures_catch_one_changed_character():
+    """The block figure is a maximum over small windows: one changed glyph on a page
+    stands out however large the page."""
+    page = np.full((600, 800), 255, np.uint8)
+    import cv2
+
+    cv2.putText(page, "TOTAL 4821.50", (50, 300), cv2.FONT_HERSHEY_SIMPLEX, 1.0, 0, 2)
+    other = page.copy()
+    other[270:310, :] = 255
+    cv2.putText(other, "TOTAL 4827.50", (50, 300), cv2.FONT_HERSHEY_SIMPLEX, 1.0, 0, 2)
+    line = OcrLine("TOTAL 4821.50", 0.99, ((45, 270), (290, 270), (290, 310), (45, 310)))
+    result = OcrResult(800, 600, (line,))
+    same = verify.compare(page, (800, 600), page, (800, 600), result)
+    diff = verify.compare(other, (800, 600), page, (800, 600), result)
+    assert same.block == 0 and same.line == 0
+    defaults = Settings.from_env({})
+    limits = verify.Thresholds(
+        defaults.cache_similar_max_aspect,
+        defaults.cache_similar_max_block,
+        defaults.cache_similar_max_line,
+    )
+    assert limits.accept(same) and not limits.accept(diff)
+    assert diff.block > 3 * limits.block and diff.line > limits.line
+    assert float(np.abs(other.astype(float) - page).mean()) < 1  # a page mean hides it
+
+
+# Over the protocols, with the real engine ----------------------------------------------
+
+
+def test_pixel_tier_over_http_across_protocols(make_app):
+    client = make_app().test_client()
+    page = (CORPUS / "rapidocr_en.jpg").read_bytes()
+    miss = client.post("/v1/ocr", json={"image": b64(page)})
+    assert miss.headers["X-Cache"] == "MISS"
+    png = nv.benign(page, "png_resave")
+    hit = client.post("/v1/ocr", json={"image": b64(png)})
+    assert hit.headers["X-Cache"] == "HIT" and hit.headers["X-Cache-Tier"] == "pixel"
+    assert hit.get_json()["cache_tier"] == "pixel"
+    assert hit.get_json()["lines"] == miss.get_json()["lines"]
+    bmp = nv.benign(page, "bmp")
+    body = {"key": ["image"], "value": [b64(bmp)]}
+    pipe = client.post("/ocr/prediction", json=body)
+    assert pipe.headers["X-Cache"] == "HIT" and pipe.headers["X-Cache-Tier"] == "pixel"
+    text = client.get("/metrics").get_data(as_text=True)
+    assert metric_sum(text, "ocr_cache_tier_hits_total", tier="pixel") >= 2
+
+
+def test_similarity_tier_over_http_and_its_bypass(make_app):
+    client = make_app(cache_similar=True).test_client()
+    page = (CORPUS / "rapidocr_en.jpg").read_bytes()
+    client.post("/v1/ocr", json={"image": b64(page)})
+    hit = client.post("/v1/ocr", json={"image": b64(nv.benign(page, "jpeg85"))})
+    assert hit.headers["X-Cache"] == "HIT" and hit.headers["X-Cache-Tier"] == "similar"
+    assert hit.headers["X-Cache-Similar-Source"] == hashlib.sha256(page).hexdigest()
+    assert "line=" in hit.headers["X-Cache-Similarity"]
+    details = hit.get_json()["cache_details"]
+    assert details["X-Cache-Similar-Source"] == hashlib.sha256(page).hexdigest()
+    variant = nv.benign(page, "jpeg95")
+    off = client.post("/v1/ocr", json={"image": b64(variant)}, headers={"X-Cache-Similar": "off"})
+    assert off.headers["X-Cache"] == "MISS"
+    text = client.get("/metrics").get_data(as_text=True)
+    assert metric_sum(text, "ocr_cache_tier_hits_total", tier="similar") >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tesseract_phototest.png", "rapidocr_en.jpg"])
+def test_changed_variants_miss_with_the_real_engine(make_app, engine, name):
+    """Word, digit, crop: each must be a miss; the engine's own answer is what is served."""
+    client = make_app(cache_similar=True).test_client()
+    page = (CORPUS / name).read_bytes()
+    client.post("/v1/ocr", json={"image": b64(page)})
+    base = engine.recognize(OcrRequest(page, decode_image(page, 60_000_000), engine.default_params))
+    tried = 0
+    for variant in nv.CHANGED:
+        data = nv.changed(page, variant, base)
+        if data is None:
+            continue
+        tried += 1
+        answer = client.post("/v1/ocr", json={"image": b64(data)})
+        assert answer.headers["X-Cache"] == "MISS", variant
+    assert tried >= 2
+
+
+def test_pixel_and_similar_tiers_over_grpc(grpc_front):
+    """An image first seen over REST answers a lossless copy over gRPC (tier in the
+    trailing metadata); ``x-cache-similar: off`` metadata keeps a request off the similar
+    tier."""
+    import grpc
+
+    from app.protocols.pipeline_stubs import pb2, pb2_grpc
+
+    app, endpoint = grpc_front(cache_similar=True)
+    page = (CORPUS / "rapidocr_en.jpg").read_bytes()
+    app.test_client().post("/v1/ocr", json={"image": b64(page)})
+    stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
+
+    def ask(data: bytes, *metadata: tuple[str, str]) -> dict[str, str]:
+        request = pb2.Request(key=["image"], value=[b64(data)])
+        reply, call = stub.inference.with_call(request, timeout=60, metadata=metadata)
+        assert reply.err_no == 0
+        return dict(call.trailing_metadata())
+
+    tiff = ask(nv.benign(page, "tiff"))
+    assert (tiff["x-cache"], tiff["x-cache-tier"]) == ("HIT", "pixel")
+    off = ask(nv.benign(page, "jpeg85"), ("x-cache-similar", "off"))
+    assert off["x-cache"] == "MISS"
+    resized = ask(nv.benign(page, "resize75"))
+    assert (resized["x-cache"], resized.get("x-cache-tier")) == ("HIT", "similar")
