@@ -50,22 +50,26 @@ def _start_grpc(worker: Any) -> None:
         ocr.grpc, _ = grpc_server.start(ocr.cache, ocr.settings)
 
 
+def _service_of(worker: Any) -> Any:
+    """The worker app's ``OcrService`` (``app.extensions["ocr"]``), or None before it exists."""
+    return getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ocr")
+
+
 def _stop_grpc(server: Any, worker: Any) -> None:
     """Graceful: in-flight RPCs get up to the request timeout to finish; the engine takes
     no more dispatched jobs (one it is computing finishes, or is reclaimed elsewhere)."""
-    wsgi = getattr(worker, "wsgi", None)
-    ocr = getattr(wsgi, "extensions", {}).get("ocr")
+    ocr = _service_of(worker)
     grpc = getattr(ocr, "grpc", None)
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
-    if ocr.get("cache") is not None:  # take no more jobs from the global miss queue
-        ocr["cache"].close()
+    cache = getattr(ocr, "cache", None)
+    if cache is not None:  # take no more jobs from the global miss queue
+        cache.close()
 
 
 def _drain_l3(server: Any, worker: Any) -> None:
     """Give the L3 write-behind queue a few seconds to empty (its thread is a daemon)."""
-    ocr = getattr(getattr(worker, "wsgi", None), "extensions", {}).get("ocr") or {}
-    cache = ocr.get("cache")
+    cache = getattr(_service_of(worker), "cache", None)
     if cache is not None and cache.l3 is not None:
         cache.l3.flush(5.0)
 

@@ -5,6 +5,7 @@ time, as the in-process Paddle engine does."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -197,6 +198,35 @@ def test_a_job_whose_requester_died_is_dropped_by_its_consumer(settings, redis_c
     assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
 
 
+@pytest.mark.parametrize("forgery", ["other_image", "other_params", "other_tenant"])
+def test_a_forged_job_is_refused_and_nothing_is_stored(settings, redis_client, forgery):
+    """A Redis writer queues a job whose key is not what its bytes, params and tenant make
+    (e.g. image B's default entry with a translation or other thresholds): the consumer
+    refuses it, so no entry a later request would read is ever written."""
+    engine = SerialEngine()
+    cache = make_cache(settings, engine)
+    stream, _ = cache.keys.dispatch()
+    wait_for(lambda: redis_client.exists(stream), "the feeder never started")
+    failed = counter("ocr_dispatch_jobs_total", outcome="failed")
+    key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
+    data, params, tenant = IMAGES[0], OcrParams(), ""
+    if forgery == "other_image":
+        data = IMAGES[1]
+    elif forgery == "other_params":
+        params = dataclasses.replace(OcrParams(), det_thresh=0.9)
+    else:
+        tenant = "acme"
+    forged = Job(key, digest_image(data).sha256, "forger", params, tenant, 60,
+                 time.time() + 60, data)  # fmt: skip
+    fields = forged.fields()
+    redis_client.set(f"{key}:lease", "forger", px=60_000)
+    redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the forged job was never taken")
+    wait_for(lambda: counter("ocr_dispatch_jobs_total", outcome="failed") == failed + 1,
+             "the forged job was not refused")  # fmt: skip
+    assert engine.calls == 0 and redis_client.exists(key) == 0
+
+
 def test_a_job_whose_consumer_died_is_reclaimed(settings, redis_client):
     """A consumer read the job and died (it never acks, never touches it): after
     DISPATCH_CLAIM_MS a live feeder claims it, computes it, and the requester is answered."""
@@ -284,3 +314,29 @@ def test_dispatch_off_keeps_the_owner_computing(settings):
     cache = make_cache(settings, engine, dispatch_enabled=False)
     assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS
     assert engine.calls == 1
+
+
+def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):
+    """The worker_exit hook reaches the real ``OcrService`` (an attribute object, not a dict):
+    the worker's feeders leave the consumer group and take no more jobs."""
+    from types import SimpleNamespace
+
+    from app import gunicorn_app
+    from app.service import OcrService
+
+    cache = make_cache(settings, SerialEngine())
+    stream, _ = cache.keys.dispatch()
+    wait_for(lambda: redis_client.exists(stream), "the feeder never started")
+
+    def feeders() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("dispatch-")]
+
+    assert feeders()
+    service = OcrService(settings, cache, None, None, {}, OcrParams(), "ocr", 0.5)  # type: ignore[arg-type]
+    worker = SimpleNamespace(
+        wsgi=SimpleNamespace(extensions={"ocr": service}),
+        cfg=SimpleNamespace(graceful_timeout=1),
+    )
+    gunicorn_app._worker_exit(None, worker)
+    assert feeders() == []
+    gunicorn_app._worker_exit(None, SimpleNamespace(wsgi=None))  # before the app exists

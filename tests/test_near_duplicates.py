@@ -21,6 +21,7 @@ from PIL import Image
 from app import metrics
 from app.cache import verify
 from app.cache.breaker import CircuitBreaker
+from app.cache.codec import Codec
 from app.cache.keys import digest_image
 from app.cache.options import CacheOptions
 from app.cache.pixel_index import pixel_digest
@@ -40,7 +41,7 @@ from app.vocabulary import (
     OcrResult,
 )
 from bench import near_variants as nv
-from tests.conftest import CORPUS, PHOTOTEST
+from tests.conftest import CORPUS, PHOTOTEST, SHORT
 from tests.helpers import b64, metric_sum
 
 PAGE = PHOTOTEST.read_bytes()
@@ -189,13 +190,50 @@ def test_pixel_tier_is_off_for_engines_sent_the_original_bytes(settings, redis_c
     assert _keys(redis_client, ":pixel:") == [] and engine.calls == 2
 
 
+def _pointer_digest(pointer_key: bytes) -> str:
+    return pointer_key.decode().rsplit(":", 1)[1]
+
+
 def test_a_forged_pointer_outside_the_scope_is_ignored(settings, double, redis_client):
     cache = make_cache(settings, double)
     cache.get_or_compute(PAGE)
     (pointer_key,) = _keys(redis_client, ":pixel:")
-    entry_key, sha = redis_client.get(pointer_key).decode().split(" ")
-    redis_client.set(pointer_key, f"{entry_key.replace('ocr:', 'ocr.acme:', 1)} {sha}")
+    codec, digest, fp = Codec(), _pointer_digest(pointer_key), double.fingerprint
+    pointer = codec.decode_blob(redis_client.get(pointer_key), digest, fp, pointer_key.decode())
+    entry_key, sha = pointer.decode().split(" ")  # type: ignore[union-attr]
+    forged = f"{entry_key.replace('ocr:', 'ocr.acme:', 1)} {sha}".encode()
+    redis_client.set(pointer_key, codec.encode_blob(forged, digest, fp, 60, pointer_key.decode()))
     assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
+
+
+def test_with_encryption_a_pointer_to_another_images_entry_is_a_miss(
+    settings, double, redis_client
+):
+    """A Redis writer without the key points PAGE's pixels at another image's genuine entry
+    (same scope): the pointer is sealed, so the forgery is a miss, never the other text."""
+    keys = (("k1", b"\x07" * 32),)
+    cache = make_cache(settings, double, cache_encryption_keys=keys)
+    other = SHORT.read_bytes()
+    cache.get_or_compute(other)
+    cache.get_or_compute(PAGE)
+    page_pointer = next(
+        k for k in _keys(redis_client, ":pixel:") if _pointer_digest(k) == pixel_digest(
+            decode_image(PAGE, settings.max_image_pixels)
+        )
+    )  # fmt: skip
+    other_entry = next(k for k in redis_client.keys("*") if k.endswith(
+        ("{" + digest_image(other).md5 + "}").encode()
+    ))  # fmt: skip
+    forged = f"{other_entry.decode()} {digest_image(other).sha256}".encode()
+    for codec, variant in ((Codec(), "bmp"), (None, "tiff")):  # a plaintext blob; raw text
+        value = (
+            codec.encode_blob(forged, _pointer_digest(page_pointer), double.fingerprint, 60,
+                              page_pointer.decode())
+            if codec else forged
+        )  # fmt: skip
+        redis_client.set(page_pointer, value)
+        answer = cache.get_or_compute(nv.benign(PAGE, variant))
+        assert answer.status is CacheStatus.MISS, answer.tier
 
 
 def test_errors_write_no_index_keys(settings, double, redis_client):

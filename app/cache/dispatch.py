@@ -48,13 +48,14 @@ from app.cache.engine_runner import EngineBusy
 from app.cache.keys import KeySpace
 from app.cache.notify import Notifier
 from app.cache.store import RedisStore
-from app.vocabulary import EngineError, EngineTimeout, OcrParams, OcrResult
+from app.vocabulary import EngineError, EngineTimeout, OcrCacheError, OcrParams, OcrResult
 
 log = logging.getLogger(__name__)
 
 GROUP = "engines"
 BLOCK_MS = 1000  # a feeder's longest blocking read: how stale its heartbeat may get idle
 ERROR_TTL_S = 60  # an error marker outlives any waiter that could still read it
+UNHEALTHY_PAUSE_SECONDS = 5.0  # a failing engine takes at most one job per pause and slot
 _REDIS_ERRORS = (redis.RedisError, OSError)
 
 # Refuse when full, else add: {id, waiting, engines}; id "" when full, "none" without engines.
@@ -137,9 +138,16 @@ class JobFailed(EngineError):
     """A consumer's engine failed on this job (raised in the requester)."""
 
 
-def failure(marker: str) -> EngineError:
+class EngineCrashed(OcrCacheError):
+    """A consumer's engine call ended in an unexpected exception (a bug, not an engine
+    failure): the requester answers it as the last resort does (500, logged, counted)."""
+
+
+def failure(marker: str) -> OcrCacheError:
     """The requester's exception for a consumer's marker ``kind:detail``."""
     kind, _, detail = marker.partition(":")
+    if kind == "bug":
+        return EngineCrashed(f"unexpected error in the engine: {detail}")
     if kind == "timeout":
         return EngineTimeout(detail or "OCR timed out")
     if kind == "busy":
@@ -273,12 +281,16 @@ class Dispatcher:
         self,
         wait_ready: Callable[[], None],
         serve: Callable[[Sequence[Job]], None],
+        healthy: Callable[[], bool] = lambda: True,
     ) -> None:
         """One feeder per engine slot: ``wait_ready`` blocks until the engine is loaded;
-        ``serve`` computes jobs and writes their entries (or error markers)."""
+        ``serve`` computes jobs and writes their entries (or error markers). While
+        ``healthy()`` is False (its last call failed) a feeder takes one job per
+        ``UNHEALTHY_PAUSE_SECONDS``: a broken engine must not drain the fleet's queue into
+        errors, yet it still probes, so it can recover."""
         for slot in range(self._slots):
             thread = threading.Thread(
-                target=self._feed, args=(slot, wait_ready, serve),
+                target=self._feed, args=(slot, wait_ready, serve, healthy),
                 name=f"dispatch-{slot}", daemon=True,
             )  # fmt: skip
             thread.start()
@@ -294,7 +306,11 @@ class Dispatcher:
         _live.discard(self)
 
     def _feed(
-        self, slot: int, wait_ready: Callable[[], None], serve: Callable[[Sequence[Job]], None]
+        self,
+        slot: int,
+        wait_ready: Callable[[], None],
+        serve: Callable[[Sequence[Job]], None],
+        healthy: Callable[[], bool],
     ) -> None:
         while not self._stopped.is_set():
             try:
@@ -306,6 +322,8 @@ class Dispatcher:
         client: Any = None
         backoff, next_reclaim = 0.1, 0.0
         while not self._stopped.is_set():
+            if not healthy() and self._stopped.wait(UNHEALTHY_PAUSE_SECONDS):
+                break
             try:
                 if client is None:
                     client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)

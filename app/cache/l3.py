@@ -189,11 +189,13 @@ class ColdTier:
             writer.join(timeout=30)
 
     def _start_writer(self) -> None:
-        """One writer thread per process, started on first use (after a fork, too)."""
-        if self._writer_pid == os.getpid() and self._writer is not None:
+        """One writer thread per process, started on first use (after a fork, too, and
+        again should it ever have died)."""
+        if self._writer_pid == os.getpid() and self._writer is not None and self._writer.is_alive():
             return
         with self._lock:
-            if self._writer_pid != os.getpid() or self._writer is None:
+            writer = self._writer
+            if self._writer_pid != os.getpid() or writer is None or not writer.is_alive():
                 self._writer = threading.Thread(target=self._write_loop, name="l3-writer")
                 self._writer.daemon = True
                 self._writer.start()
@@ -273,6 +275,10 @@ class ColdTier:
         except (BotoCoreError, OSError) as exc:
             self._breaker.failure()
             log.warning("L3 %s failed: %s", op, exc.__class__.__name__)
+            return False, "error"
+        except Exception as exc:  # e.g. boto3's ValueError for a malformed endpoint URL
+            self._breaker.failure()
+            log.warning("L3 %s failed: %s: %s", op, exc.__class__.__name__, exc)
             return False, "error"
         self._breaker.success()
         return True, value

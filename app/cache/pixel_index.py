@@ -37,7 +37,8 @@ def pixel_digest(image: DecodedImage) -> str:
 
 
 class PixelIndex:
-    """Pixel digest -> ``"{entry key} {sha256 of its bytes}"``, expiring with the entry."""
+    """Pixel digest -> ``"{entry key} {sha256 of its bytes}"`` (a codec blob bound to the
+    digest and its key, sealed like the entries), expiring with the entry."""
 
     def __init__(self, store: RedisStore, keys: KeySpace, codec: Codec) -> None:
         self._store = store
@@ -47,8 +48,14 @@ class PixelIndex:
     def find(self, digest: str, task: str, namespace: str) -> tuple[OcrResult, Entry] | None:
         """The verified entry these pixels point at, or None (two reads; any doubt is a
         miss)."""
-        ok, (pointer,) = self._store.get_many([self._keys.pixel(digest, task, namespace)])
-        if not ok or pointer is None:
+        key = self._keys.pixel(digest, task, namespace)
+        ok, (value,) = self._store.get_many([key])
+        if not ok or value is None:
+            return None
+        # Bound to these pixels and this key, and sealed with the entries (CACHE_ENCRYPTION_KEYS):
+        # a pointer forged by a Redis writer without the key is a miss.
+        pointer = self._codec.decode_blob(value, digest, self._keys.fingerprint, key)
+        if pointer is None:
             return None
         return read_entry(
             self._store, self._codec, self._keys, pointer, self._keys.entry_scope(task, namespace)
@@ -57,8 +64,11 @@ class PixelIndex:
     def record(
         self, digest: str, task: str, namespace: str, entry_key: str, sha256: str, ttl: int
     ) -> None:
-        value = f"{entry_key} {sha256}".encode()
-        self._store.set(self._keys.pixel(digest, task, namespace), value, ttl)
+        key = self._keys.pixel(digest, task, namespace)
+        pointer = f"{entry_key} {sha256}".encode()
+        self._store.set(
+            key, self._codec.encode_blob(pointer, digest, self._keys.fingerprint, ttl, key), ttl
+        )
 
 
 def read_entry(

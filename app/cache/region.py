@@ -34,6 +34,7 @@ from app.cache.store import NullStore, RedisStore, Store
 from app.engines.base import Engine, OcrRequest
 from app.imaging import DecodedImage
 from app.vocabulary import (
+    TENANT_NAME,
     CacheControls,
     CacheStatus,
     ClientError,
@@ -78,7 +79,13 @@ class OcrCache:
         self._keys = KeySpace(options.cache_key_prefix, engine.fingerprint)
         self._decode = decode
         self._wait_for_engine = wait_for_engine
-        self._on_engine_outcome = on_engine_outcome
+        self._engine_failing = False  # the last engine call failed (dispatch feeders slow down)
+
+        def record_outcome(ok: bool) -> None:
+            self._engine_failing = not ok
+            on_engine_outcome(ok)
+
+        self._on_engine_outcome = record_outcome
         self._codec = Codec(options.cache_compress_min_bytes, options.cache_encryption_keys)
         # Engine calls run here so a request can stop waiting after OCR_TIMEOUT_SECONDS, in
         # a bounded queue whose abandoned calls are dropped. HTTP and gRPC threads both call
@@ -126,7 +133,9 @@ class OcrCache:
                 poll_seconds=max(0.5, options.singleflight_lease_ms / 5000),
                 mean_seconds=lambda: self._engine_runner.mean_seconds,
             )
-            self._dispatcher.start(self._wait_for_engine, self._serve_jobs)
+            self._dispatcher.start(
+                self._wait_for_engine, self._serve_jobs, healthy=lambda: not self._engine_failing
+            )
 
     def dispatch_ready(self, timeout: float) -> bool:
         """True once this process's engine takes jobs from the global queue (at once when
@@ -230,10 +239,13 @@ class OcrCache:
                 continue
             # Keyed on the full identity: two images with one MD5 share a Redis key (whose
             # entry the SHA-256 check guards), never a computation.
-            flight = f"{job.key}#{job.digest.sha256}"
+            # A request that refuses the similarity tier never shares a similar answer.
+            flight = f"{job.key}#{job.digest.sha256}#{int(job.controls.similar)}"
             outcome, shared = self._flights.do(flight, partial(self._miss, job, ok))
             if shared:
-                outcome = Outcome(outcome.result, CacheStatus.COALESCED, outcome.tier)
+                outcome = Outcome(
+                    outcome.result, CacheStatus.COALESCED, outcome.tier, outcome.details
+                )
             label = "error" if not ok else outcome.status.value.lower()
             metrics.CACHE_REQUESTS.labels(result=label).inc()
             outcomes[i] = outcome
@@ -318,30 +330,77 @@ class OcrCache:
         assert self._dispatcher is not None
         groups: dict[OcrParams, list[tuple[DispatchJob, DecodedImage]]] = {}
         for queued in jobs:
+            if not self._is_genuine(queued):
+                # Only a writer to Redis could queue this (a key that is not the one its image,
+                # params and tenant name): refused, so no entry can be stored under it.
+                log.warning("dispatch: job %s does not match its key; refused", queued.id)
+                self._dispatcher.fail(queued, "error:a queued job that does not match its key")
+                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+                continue
             try:
                 groups.setdefault(queued.params, []).append((queued, self._decode(queued.data)))
             except ClientError as exc:  # cannot happen for a job its requester decoded
                 self._dispatcher.fail(queued, f"error:{exc}")
         for params, members in groups.items():
-            requests = [OcrRequest(q.data, image, params) for q, image in members]
-            # The requester's deadline bounds the call, not this process's own timeout.
-            left = min(q.deadline for q, _ in members) - time.time()
-            answers = self._run_engine_many(requests, left)
-            for (queued, image), answer in zip(members, answers, strict=True):
-                if isinstance(answer, EngineBusy):
-                    self._dispatcher.fail(queued, f"busy:{answer.retry_after}:{answer}")
-                elif isinstance(answer, EngineTimeout):
-                    self._dispatcher.fail(queued, f"timeout:{answer}")
-                elif isinstance(answer, Exception):
-                    self._dispatcher.fail(queued, f"error:{answer}")
-                else:
-                    metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
-                    if self._write_entry(self._job_of(queued), image, answer, queued.ttl):
-                        self._store.publish(self._keys.done(queued.key), "ok")
-                    else:  # the requester computes for itself rather than wait in vain
-                        self._dispatcher.fail(queued, "lost")
-                    continue
-                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+            answered: set[str] = set()
+            try:
+                self._serve_group(params, members, answered)
+            except Exception as exc:  # a bug: the requesters hear of it now, not at their timeout
+                log.exception("dispatch: serving %d jobs failed", len(members))
+                self._engine_failing = True  # this feeder slows down (readiness unchanged)
+                for queued, _ in members:
+                    if queued.id not in answered:
+                        self._dispatcher.fail(queued, f"bug:{exc.__class__.__name__}")
+                        metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+
+    def _is_genuine(self, queued: DispatchJob) -> bool:
+        """A job's key is what its own bytes, params and tenant make (and its SHA-256 theirs)."""
+        if queued.namespace and not TENANT_NAME.fullmatch(queued.namespace):
+            return False
+        try:
+            self._engine.check_params(queued.params)
+        except ClientError:
+            return False
+        digest = digest_image(queued.data)
+        return digest.sha256 == queued.sha256 and queued.key == self.key_for(
+            digest, queued.params, queued.namespace
+        )
+
+    def _serve_group(
+        self,
+        params: OcrParams,
+        members: list[tuple[DispatchJob, DecodedImage]],
+        answered: set[str],
+    ) -> None:
+        """One engine call for jobs of the same params; each job's id joins ``answered``."""
+        assert self._dispatcher is not None
+        requests = [OcrRequest(q.data, image, params) for q, image in members]
+        # The requester's deadline bounds the call, not this process's own timeout.
+        left = min(q.deadline for q, _ in members) - time.time()
+        answers = self._run_engine_many(requests, left)
+        for (queued, image), answer in zip(members, answers, strict=True):
+            self._answer_job(queued, image, answer)
+            answered.add(queued.id)
+
+    def _answer_job(
+        self, queued: DispatchJob, image: DecodedImage, answer: OcrResult | Exception
+    ) -> None:
+        """Store a computed job in every tier and notify, or leave its error marker."""
+        assert self._dispatcher is not None
+        if isinstance(answer, EngineBusy):
+            self._dispatcher.fail(queued, f"busy:{answer.retry_after}:{answer}")
+        elif isinstance(answer, EngineTimeout):
+            self._dispatcher.fail(queued, f"timeout:{answer}")
+        elif isinstance(answer, Exception):
+            self._dispatcher.fail(queued, f"error:{answer}")
+        else:
+            metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
+            if self._write_entry(self._job_of(queued), image, answer, queued.ttl):
+                self._store.publish(self._keys.done(queued.key), "ok")
+            else:  # the requester computes for itself rather than wait in vain
+                self._dispatcher.fail(queued, "lost")
+            return
+        metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
 
     def _job_of(self, queued: DispatchJob) -> _Job:
         """A queued job as this process's front door would have seen it (to store it)."""
