@@ -340,3 +340,17 @@ def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):
     gunicorn_app._worker_exit(None, worker)
     assert feeders() == []
     gunicorn_app._worker_exit(None, SimpleNamespace(wsgi=None))  # before the app exists
+
+
+def test_fronts_with_other_encryption_keys_never_compute_for_each_other(settings, redis_client):
+    """Amid a key rotation a front cannot open entries sealed with a key it lacks: its
+    misses go only to engines that seal with its own key (their own queue), never to a
+    process whose entry it would wait for in vain."""
+    sealed = make_cache(settings, SerialEngine(), cache_encryption_keys=(("a", b"a" * 32),))
+    other = make_cache(settings, SerialEngine(), cache_encryption_keys=(("b", b"b" * 32),))
+    plain = make_cache(settings, SerialEngine())
+    streams = {cache.keys.dispatch(cache._codec.writer)[0] for cache in (sealed, other, plain)}
+    assert len(streams) == 3
+    for cache, data in ((sealed, IMAGES[0]), (other, IMAGES[1]), (plain, IMAGES[2])):
+        assert cache.get_or_compute(data).status is CacheStatus.MISS
+        assert cache.get_or_compute(data).status is CacheStatus.HIT

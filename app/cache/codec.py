@@ -26,6 +26,7 @@ ever unpickled or evaluated.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import threading
@@ -74,8 +75,18 @@ class Codec:
         self._compress_min_bytes = compress_min_bytes
         self._ciphers = {kid: AESGCM(key) for kid, key in keys}
         self._primary = keys[0][0] if keys else None
+        self._keys_by_id = dict(keys)
         self._dict_id = dictionaries.current_id() if dictionary is None else dictionary
         self._local = threading.local()  # zstd contexts are not thread-safe: one per thread
+
+    @property
+    def writer(self) -> str:
+        """Which key seals new entries: "" without encryption, else a short digest of the
+        primary key id and key (not the key; distinct keys under one id differ)."""
+        if self._primary is None:
+            return ""
+        material = self._primary.encode() + b"\0" + self._keys_by_id[self._primary]
+        return hashlib.sha256(material).hexdigest()[:12]
 
     def encode(
         self, result: OcrResult | dict[str, Any], sha256: str, fingerprint: str, ttl: int, key: str

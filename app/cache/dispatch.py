@@ -172,11 +172,12 @@ class Dispatcher:
         batch_max: int,
         poll_seconds: float,
         mean_seconds: Callable[[], float],
+        writer: str = "",
     ) -> None:
         self._store = store
         self._keys = keys
         self._notifier = notifier
-        self._stream, self._engines = keys.dispatch()
+        self._stream, self._engines = keys.dispatch(writer)
         self._slots = slots
         self._per_engine_max = per_engine_max
         self._claim_ms = claim_ms

@@ -129,11 +129,14 @@ class KeySpace:
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
 
-    def dispatch(self) -> tuple[str, str]:
+    def dispatch(self, writer: str = "") -> tuple[str, str]:
         """The global miss queue of this engine (a stream) and its live-engine register (a
         sorted set): one hash tag, one slot. Per fingerprint: a job is computed only by an
-        engine whose results it may store."""
-        tag = f"{{{self.base_prefix}:dispatch:{self.fingerprint}}}"
+        engine whose results it may store. Per ``writer`` (``Codec.writer``: which key seals
+        new entries, "" for none): only by a process whose entries the requester can read,
+        so fronts amid a key rotation never wait for an entry they cannot open."""
+        scope = f"{self.fingerprint}:{writer}" if writer else self.fingerprint
+        tag = f"{{{self.base_prefix}:dispatch:{scope}}}"
         return f"{tag}:jobs", f"{tag}:engines"
 
     @staticmethod

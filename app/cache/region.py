@@ -132,6 +132,7 @@ class OcrCache:
                 batch_max=options.engine_batch_max,
                 poll_seconds=max(0.5, options.singleflight_lease_ms / 5000),
                 mean_seconds=lambda: self._engine_runner.mean_seconds,
+                writer=self._codec.writer,
             )
             self._dispatcher.start(
                 self._wait_for_engine, self._serve_jobs, healthy=lambda: not self._engine_failing
