@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for name in _FILE_MARKS.get(item.path.name, ()):
             item.add_marker(name)
         fixtures = getattr(item, "fixturenames", ())
-        if "engine" in fixtures or "stock_client_dir" in fixtures:
+        # The real engine, upstream's client, or a SeaweedFS server process (the L3 tests).
+        if "engine" in fixtures or "stock_client_dir" in fixtures or "s3" in fixtures:
             item.add_marker("integration")
 
 
