@@ -13,7 +13,6 @@ import base64
 import hashlib
 import os
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,20 +41,6 @@ def _rate(port: int, request: load.Request, seconds: float) -> dict:
     return load.run(port, request, CONCURRENCY, REQUESTS, seconds)
 
 
-def floor(redis_url: str, key: bytes, b64: str, n: int) -> dict:
-    """The least any hit can cost in-process: base64 decode + MD5 + GET of the stored value."""
-    client = redis.Redis.from_url(redis_url)
-    latencies = []
-    for _ in range(n):
-        start = time.perf_counter()
-        data = base64.b64decode(b64)
-        hashlib.md5(data).hexdigest()
-        value = client.get(key)
-        latencies.append(time.perf_counter() - start)
-        assert value
-    return load.percentiles(latencies)
-
-
 def measure(
     targets: dict[str, tuple[int, str]],
     redis_url: str,
@@ -81,7 +66,9 @@ def measure(
         (key,) = redis.Redis.from_url(redis_url).keys(
             f"ocr:v1:*{{{hashlib.md5(data).hexdigest()}}}"
         )
-        floor_stats = floor(redis_url, key, base64.b64encode(data).decode(), LATENCY_REQUESTS * 2)
+        floor_stats = load.hit_floor(
+            redis_url, key, base64.b64encode(data).decode(), LATENCY_REQUESTS * 2
+        )
         entry = {
             "image": name,
             "image_bytes": len(data),

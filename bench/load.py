@@ -5,6 +5,8 @@ Processes rather than threads, so the client's own GIL does not cap the measured
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import multiprocessing as mp
 import re
@@ -14,6 +16,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 
 @dataclass(frozen=True)
@@ -151,3 +155,17 @@ def _ms(match: re.Match | None) -> float | None:
         return None
     scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[match.group(2)]
     return float(match.group(1)) * scale
+
+
+def hit_floor(redis_url: str, key: str | bytes, b64: str, n: int) -> dict:
+    """The least any hit can cost in-process: base64 decode + MD5 + GET of the stored value."""
+    client = redis.Redis.from_url(redis_url)
+    latencies = []
+    for _ in range(n):
+        start = time.perf_counter()
+        data = base64.b64decode(b64)
+        hashlib.md5(data).hexdigest()
+        value = client.get(key)
+        latencies.append(time.perf_counter() - start)
+        assert value
+    return percentiles(latencies)

@@ -110,20 +110,6 @@ def multipart_request(path: str, data: bytes) -> load.Request:
     return load.Request(path, body, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
 
 
-def floor(redis_url: str, key: str, b64: str, n: int) -> dict:
-    """The least any hit can cost in-process: base64 decode + MD5 + GET of the stored value."""
-    client = redis.Redis.from_url(redis_url)
-    latencies = []
-    for _ in range(n):
-        start = time.perf_counter()
-        data = base64.b64decode(b64)
-        hashlib.md5(data).hexdigest()
-        value = client.get(key)
-        latencies.append(time.perf_counter() - start)
-        assert value
-    return load.percentiles(latencies)
-
-
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     engine = PaddleOcrEngine.from_settings(Settings.from_env({}))
@@ -210,7 +196,7 @@ def measure_image(engine: PaddleOcrEngine, redis_url: str, port: int, l1_port: i
     hit_l1 = load.run(l1_port, json_request("/v1/ocr", data), 1, HIT_REQUESTS, 120)
     # The service's entry for this image with the default parameters (hash-tagged MD5).
     (stored,) = redis.Redis.from_url(redis_url).keys(f"ocr:v1:*{{{hashlib.md5(data).hexdigest()}}}")
-    floor_stats = floor(redis_url, stored, b64, HIT_REQUESTS * 2)
+    floor_stats = load.hit_floor(redis_url, stored, b64, HIT_REQUESTS * 2)
     return {
         "bytes": len(data),
         "bare_engine_ms": bare_ms,

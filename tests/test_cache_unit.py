@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -86,8 +86,14 @@ def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
     return base_settings.with_overrides(singleflight_lease_ms=2000, singleflight_wait_seconds=20.0)
 
 
-def make_cache(settings: Settings, double: CountingEngine, **overrides: object) -> OcrCache:
-    """A front door as one process builds it: its own store, breaker and notifier."""
+def make_cache(
+    settings: Settings,
+    double: CountingEngine,
+    gate: Callable[[], None] | None = None,
+    **overrides: object,
+) -> OcrCache:
+    """A front door as one process builds it: its own store, breaker and notifier;
+    ``gate`` stands for the engine's loading (``wait_for_engine``)."""
     settings = settings.with_overrides(**overrides)
     store = RedisStore(
         settings.redis_url,
@@ -100,6 +106,7 @@ def make_cache(settings: Settings, double: CountingEngine, **overrides: object) 
         double,
         store,
         lambda data: decode_image(data, settings.max_image_pixels),
+        wait_for_engine=gate or (lambda: None),
     )
 
 

@@ -16,19 +16,14 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from app.cache.breaker import CircuitBreaker
 from app.cache.dispatch import Job
 from app.cache.engine_runner import EngineBusy
 from app.cache.keys import digest_image
-from app.cache.options import CacheOptions
-from app.cache.region import OcrCache
-from app.cache.store import RedisStore
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
 from app.engines.base import OcrRequest
-from app.imaging import decode_image
 from app.vocabulary import CacheControls, CacheStatus, EngineError, EngineTimeout, OcrParams
-from tests.test_cache_unit import IMAGES, WAIT, CountingEngine
+from tests.test_cache_unit import IMAGES, WAIT, CountingEngine, make_cache
 
 
 class SerialEngine(CountingEngine):
@@ -52,23 +47,6 @@ class BatchingEngine(SerialEngine):
 @pytest.fixture()
 def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
     return base_settings.with_overrides(singleflight_lease_ms=2000, singleflight_wait_seconds=20.0)
-
-
-def make_cache(settings: Settings, engine: CountingEngine, gate=None, **overrides) -> OcrCache:  # type: ignore[no-untyped-def]
-    settings = settings.with_overrides(**overrides)
-    store = RedisStore(
-        settings.redis_url,
-        settings.redis_timeout_ms,
-        settings.redis_connect_timeout_ms,
-        CircuitBreaker(settings.redis_breaker_failures, settings.redis_breaker_cooldown_seconds),
-    )
-    return OcrCache(
-        CacheOptions.from_settings(settings),
-        engine,
-        store,
-        lambda data: decode_image(data, settings.max_image_pixels),
-        wait_for_engine=gate or (lambda: None),
-    )
 
 
 def text_of(data: bytes) -> str:

@@ -93,27 +93,19 @@ class Codec:
     ) -> bytes:
         if isinstance(result, dict):
             result = OcrResult.from_dict(result)
-        fp = fingerprint.encode("ascii")
-        header = _HEADER.pack(
-            ENVELOPE_VERSION, bytes.fromhex(sha256), int(time.time()), ttl, self._dict_id, len(fp)
-        )
         params = zstandard.ZstdCompressionParameters.from_level(
             _ZSTD_LEVEL, format=_FORMAT, write_dict_id=False, write_checksum=False
         )
         compressor = zstandard.ZstdCompressor(
             dict_data=dictionaries.get(self._dict_id), compression_params=params
         )
-        inner = _COMPACT + header + fp + compressor.compress(orjson.dumps(compact.pack(result)))
-        return self._seal(inner, key)
+        body = compressor.compress(orjson.dumps(compact.pack(result)))
+        return self._seal(_COMPACT + _bind(sha256, fingerprint, ttl, self._dict_id) + body, key)
 
     def encode_blob(self, data: bytes, sha256: str, fingerprint: str, ttl: int, key: str) -> bytes:
         """An opaque side value (e.g. the similarity tier's reference picture) bound like an
         entry to one input, one engine and one key, and sealed the same way; never a result."""
-        fp = fingerprint.encode("ascii")
-        header = _HEADER.pack(
-            ENVELOPE_VERSION, bytes.fromhex(sha256), int(time.time()), ttl, 0, len(fp)
-        )
-        return self._seal(_BLOB + header + fp + data, key)
+        return self._seal(_BLOB + _bind(sha256, fingerprint, ttl, 0) + data, key)
 
     def decode_blob(
         self, value: bytes | None, sha256: str, fingerprint: str, key: str
@@ -124,15 +116,8 @@ class Codec:
         inner = self._open(value[4:], key)
         if inner is None or inner[:1] != _BLOB or len(inner) < 1 + _HEADER.size:
             return None
-        version, digest, _created, _ttl, _dict_id, fp_size = _HEADER.unpack_from(inner, 1)
-        start = 1 + _HEADER.size
-        if (
-            version != ENVELOPE_VERSION
-            or digest.hex() != sha256
-            or inner[start : start + fp_size] != fingerprint.encode("ascii")
-        ):
-            return None
-        return inner[start + fp_size :]
+        bound = _unbind(inner, sha256, fingerprint)
+        return None if bound is None else bound[3]
 
     def _seal(self, inner: bytes, key: str) -> bytes:
         """``MAGIC`` + the inner value, AES-GCM sealed (bound to ``key``) when keys are set."""
@@ -161,18 +146,14 @@ class Codec:
         return None
 
     def _decode_compact(self, inner: bytes, sha256: str, fingerprint: str) -> Entry | None:
-        version, digest, created, ttl, dict_id, fp_size = _HEADER.unpack_from(inner, 1)
-        start = 1 + _HEADER.size
-        if (
-            version != ENVELOPE_VERSION
-            or digest.hex() != sha256
-            or inner[start : start + fp_size] != fingerprint.encode("ascii")
-        ):
+        bound = _unbind(inner, sha256, fingerprint)
+        if bound is None:
             return None
+        created, ttl, dict_id, frame = bound
         decompressor = self._decompressor(dict_id)
         if decompressor is None:
             return None  # a dictionary this version does not ship: a miss
-        body = decompressor.decompress(inner[start + fp_size :], max_output_size=_MAX_RESULT)
+        body = decompressor.decompress(frame, max_output_size=_MAX_RESULT)
         return Entry(compact.unpack(orjson.loads(body)), created + ttl, created)
 
     def _decompressor(self, dict_id: int) -> zstandard.ZstdDecompressor | None:
@@ -203,6 +184,30 @@ class Codec:
             return cipher.decrypt(nonce, sealed, key.encode())
         except InvalidTag:
             return None
+
+
+def _bind(sha256: str, fingerprint: str, ttl: int, dict_id: int) -> bytes:
+    """The binary header (``_HEADER`` + the fingerprint) that binds a value to one input and
+    one engine; written after the codec byte."""
+    fp = fingerprint.encode("ascii")
+    created = int(time.time())
+    return (
+        _HEADER.pack(ENVELOPE_VERSION, bytes.fromhex(sha256), created, ttl, dict_id, len(fp)) + fp
+    )
+
+
+def _unbind(inner: bytes, sha256: str, fingerprint: str) -> tuple[int, int, int, bytes] | None:
+    """(created, ttl, dictionary id, payload) of an inner value whose header (after the codec
+    byte) names this version, input and engine; None otherwise."""
+    version, digest, created, ttl, dict_id, fp_size = _HEADER.unpack_from(inner, 1)
+    start = 1 + _HEADER.size
+    if (
+        version != ENVELOPE_VERSION
+        or digest.hex() != sha256
+        or inner[start : start + fp_size] != fingerprint.encode("ascii")
+    ):
+        return None
+    return created, ttl, dict_id, inner[start + fp_size :]
 
 
 def _decode_legacy(codec: bytes, payload: bytes, sha256: str, fingerprint: str) -> Entry | None:
