@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 
-from app import logsafe
+from app import logsafe, memory
 from app.config import ConfigError, Settings
 
 
@@ -21,7 +21,9 @@ def serve(settings: Settings) -> int:
     from app.embedded_redis import EmbeddedRedis
     from app.gunicorn_app import GunicornApp, prepare_metrics_dir
 
+    memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
     log = logging.getLogger("app")
+    owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
     embedded = None
     if settings.cache_enabled and not settings.redis_url:
         embedded = EmbeddedRedis().start()
@@ -34,11 +36,14 @@ def serve(settings: Settings) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
-        if front is not None:
-            front.stop()  # after gunicorn: the requests it finished have been answered
-        if embedded is not None:
-            embedded.cleanup()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        # A worker that exits unwinds here too (gunicorn forks inside run()): it must leave
+        # the fronts, the private Redis and the metrics folder to the serving process.
+        if os.getpid() == owner:
+            if front is not None:
+                front.stop()  # after gunicorn: the requests it finished have been answered
+            if embedded is not None:
+                embedded.cleanup()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
@@ -52,35 +57,52 @@ class FrontProcess:
         upstream = os.path.join(self._dir, "gunicorn.sock")
         self.bind = f"unix:{upstream}"
         self._stopping = False
-        self._proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "app.front",
-                "--host", settings.host, "--port", str(settings.http_port),
-                "--upstream", upstream,
-                "--max-body-bytes", str(settings.max_request_bytes),
-                "--header-timeout", str(settings.http_header_timeout_seconds),
-                "--body-timeout", str(settings.http_body_timeout_seconds),
-                "--upstream-timeout", str(settings.request_timeout_seconds + 30),
-                "--parent", str(os.getpid()),
-            ],
-        )  # fmt: skip
-        threading.Thread(target=self._watch, name="front-watch", daemon=True).start()
+        hits: list[str] = []
+        if settings.http_front_hits and settings.cache_enabled:
+            from app.front_hits import SPEC_ENV
 
-    def _watch(self) -> None:
+            os.environ[SPEC_ENV] = os.path.join(self._dir, "hit-spec.json")  # for the workers
+            hits = ["--hit-spec", os.environ[SPEC_ENV]]
+        # Several front processes share HTTP_PORT (SO_REUSEPORT) once they answer hits
+        # themselves; together they hold the bodies one front would (8 x MAX_REQUEST_BYTES).
+        count = settings.http_front_processes or (settings.web_concurrency if hits else 1)
+        buffered = max(settings.max_request_bytes, 8 * settings.max_request_bytes // count)
+        command = [
+            sys.executable, "-m", "app.front",
+            "--host", settings.host, "--port", str(settings.http_port),
+            "--upstream", upstream,
+            "--max-body-bytes", str(settings.max_request_bytes),
+            "--max-buffered-bytes", str(buffered),
+            "--header-timeout", str(settings.http_header_timeout_seconds),
+            "--body-timeout", str(settings.http_body_timeout_seconds),
+            "--upstream-timeout", str(settings.request_timeout_seconds + 30),
+            "--parent", str(os.getpid()),
+            *hits,
+            *(["--reuse-port"] if count > 1 else []),
+        ]  # fmt: skip
+        self._procs = [subprocess.Popen(command) for _ in range(count)]
+        for proc in self._procs:
+            watch = threading.Thread(target=self._watch, args=(proc,), name="front-watch")
+            watch.daemon = True
+            watch.start()
+
+    def _watch(self, proc: subprocess.Popen) -> None:
         # Any exit we did not ask for (a second SIGTERM to a stopping gunicorn is harmless).
         # The exit status is not trusted: gunicorn's reaper may collect the child first.
-        self._proc.wait()
+        proc.wait()
         if not self._stopping:
             logging.getLogger("app").error("the HTTP front exited; stopping the service")
             os.kill(os.getpid(), signal.SIGTERM)
 
     def stop(self) -> None:
         self._stopping = True
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 

@@ -247,6 +247,10 @@ class Settings:
     # The slow-client shield of `python -m app serve` (app/front.py): off only behind another
     # buffering proxy. A request's head and body must arrive within these deadlines.
     http_front: bool = env("HTTP_FRONT", _bool, True)
+    # The front answers REST L2 hits itself (app/front_hits.py); false: gunicorn answers all.
+    http_front_hits: bool = env("HTTP_FRONT_HITS", _bool, True)
+    # Front processes on HTTP_PORT (SO_REUSEPORT); 0: WEB_CONCURRENCY when they answer hits.
+    http_front_processes: int = env("HTTP_FRONT_PROCESSES", _int(0, 64), 0)
     http_header_timeout_seconds: float = env(
         "HTTP_HEADER_TIMEOUT_SECONDS", _float(0.1, 3600.0), 10.0
     )

@@ -26,13 +26,16 @@ import sys
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import h11
 import orjson
 
-from app import logsafe
+from app import logsafe, memory
 from app.protocols.errors import error_envelope
+
+if TYPE_CHECKING:
+    from app.front_hits import FrontHits
 
 log = logging.getLogger("app.front")
 
@@ -76,6 +79,7 @@ class FrontConfig:
     # Request bodies held at once, over all connections (0: 8 x max_body_bytes): each
     # connection is bounded by max_body_bytes, this bounds their sum. Past it: 503.
     max_buffered_bytes: int = 0
+    reuse_port: bool = False  # several front processes share the port (SO_REUSEPORT)
 
 
 # Reuse a connection to gunicorn only if idle for less than this (its keepalive is 5 s).
@@ -117,8 +121,11 @@ async def _within(deadline: float, awaitable: Awaitable[T]) -> T:
 
 
 class Front:
-    def __init__(self, config: FrontConfig) -> None:
+    def __init__(self, config: FrontConfig, hits: FrontHits | None = None) -> None:
+        """``hits``: answers REST L2 hits here, without gunicorn (app/front_hits.py)."""
         self._config = config
+        self._hits = hits
+        self._between_requests: set[asyncio.StreamWriter] = set()  # idle keep-alive
         self._connections = 0
         self._closing = False
         self._idle: list[_Upstream] = []
@@ -145,7 +152,14 @@ class Front:
                     return
                 head, body = request
                 try:
-                    status, headers, payload = await self._forward(head, body, client_ip)
+                    answer = None
+                    if self._hits is not None:
+                        answer = await self._hits.answer(
+                            head.method, head.target, head.headers, body, client_ip
+                        )
+                    if answer is None:
+                        answer = await self._forward(head, body, client_ip)
+                    status, headers, payload = answer
                 finally:
                     self._release(held)
                 reason = _REASONS.get(status, "").encode()
@@ -187,6 +201,9 @@ class Front:
             except h11.RemoteProtocolError as exc:
                 raise _Refused(exc.error_status_hint, "bad_request", str(exc)) from None
             if event is h11.NEED_DATA:
+                idle = head is None and not conn.trailing_data[0]  # between requests
+                if idle:
+                    self._between_requests.add(writer)
                 try:
                     data = await _within(deadline, reader.read(_READ_CHUNK))
                 except TimeoutError:
@@ -196,6 +213,8 @@ class Front:
                     raise _Refused(
                         408, "request_timeout", f"request {phase} not received in time"
                     ) from None
+                finally:
+                    self._between_requests.discard(writer)
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.ConnectionClosed):
@@ -328,8 +347,11 @@ class Front:
             pass
 
     def close(self) -> None:
-        """Stop after the request in progress on each connection."""
+        """Stop after the request in progress on each connection; idle keep-alive connections
+        are closed now (a client sees the close before sending, and retries elsewhere)."""
         self._closing = True
+        for writer in list(self._between_requests):
+            writer.close()
 
 
 class _TooLarge(_Refused):
@@ -370,9 +392,14 @@ def _json_error(
     return status, headers, body
 
 
-async def serve(host: str, port: int, config: FrontConfig, parent: int | None) -> None:
-    front = Front(config)
-    server = await asyncio.start_server(front.handle, host, port, backlog=1024, reuse_address=True)
+async def serve(
+    host: str, port: int, config: FrontConfig, parent: int | None, hits: FrontHits | None = None
+) -> None:
+    front = Front(config, hits)
+    server = await asyncio.start_server(
+        front.handle, host, port, backlog=1024, reuse_address=True,
+        reuse_port=config.reuse_port or None,
+    )  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -392,6 +419,8 @@ async def serve(host: str, port: int, config: FrontConfig, parent: int | None) -
         grace = time.monotonic() + config.upstream_timeout
         while front._connections and time.monotonic() < grace:
             await asyncio.sleep(0.05)
+        if hits is not None:
+            await hits.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,8 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--header-timeout", type=float, required=True)
     parser.add_argument("--body-timeout", type=float, required=True)
     parser.add_argument("--upstream-timeout", type=float, required=True)
+    parser.add_argument("--max-buffered-bytes", type=int, default=0)
+    parser.add_argument("--reuse-port", action="store_true", help="one of several fronts")
     parser.add_argument("--parent", type=int, default=None)
+    parser.add_argument("--hit-spec", default="", help="answer REST L2 hits (app/front_hits.py)")
     args = parser.parse_args(argv)
+    memory.keep_large_buffers()
     logsafe.install()
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO").upper(),
@@ -416,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         upstream_timeout=args.upstream_timeout,
+        max_buffered_bytes=args.max_buffered_bytes,
+        reuse_port=args.reuse_port,
     )
     try:  # libuv's loop: a shorter hop on every request; plain asyncio works the same
         import uvloop
@@ -423,8 +458,14 @@ def main(argv: list[str] | None = None) -> int:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
+    hits = None
+    if args.hit_spec:
+        from app.config import Settings
+        from app.front_hits import FrontHits
+
+        hits = FrontHits(Settings.from_env(), args.hit_spec)
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(args.host, args.port, config, args.parent))
+        runner.run(serve(args.host, args.port, config, args.parent, hits))
     return 0
 
 

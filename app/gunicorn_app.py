@@ -36,9 +36,16 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "errorlog": "-",
         "on_starting": prepare_metrics_dir,
         "child_exit": _child_exit,
-        "post_worker_init": _start_grpc,
+        "post_worker_init": _worker_ready,
         "worker_exit": _worker_exit,
     }
+
+
+def _worker_ready(worker: Any) -> None:
+    _start_grpc(worker)
+    from app import front_hits
+
+    front_hits.publish(_service_of(worker))  # the HTTP front may answer hits from now on
 
 
 def _start_grpc(worker: Any) -> None:

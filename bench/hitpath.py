@@ -125,3 +125,55 @@ def table(report: dict, entry_size: dict | None) -> str:
             f"({w['images']} images): {w['ratio']:.3f} (previous {w['ratio_v1']:.3f}).",
         ]
     return "\n".join(rows)
+
+
+def main() -> int:
+    """``python -m bench.hitpath``: only these figures (the inner loop of issue 14 §2);
+    the four servers as ``make bench`` starts them; results in bench/results/hitpath_only.json."""
+    import json
+    import sys
+    import time
+
+    import requests
+
+    from app.embedded_redis import EmbeddedRedis, free_port
+    from bench import run
+
+    with EmbeddedRedis() as server:
+        ports = {name: free_port() for name in ("service_l2", "service_l2_direct", "naive", "echo")}
+        procs = [
+            run.start_service(server.url, ports["service_l2"], free_port(), CACHE_L1_BYTES="0"),
+            run.start_service(
+                server.url,
+                ports["service_l2_direct"],
+                free_port(),
+                CACHE_L1_BYTES="0",
+                HTTP_FRONT="false",
+            ),  # fmt: skip
+            run.start_naive(server.url, ports["naive"]),
+            run.start_naive(server.url, ports["echo"], "bench.echo_app:app"),
+        ]
+        try:
+            for name in ("service_l2", "service_l2_direct"):
+                url = f"http://127.0.0.1:{ports[name]}/readyz"
+                run.wait_until(lambda url=url: requests.get(url, timeout=5).ok)
+            probe = run.json_request("/ocr", b"x")
+            naive = f"http://127.0.0.1:{ports['naive']}/ocr"
+            run.wait_until(lambda: requests.post(naive, data=probe.body, headers=probe.headers,
+                                                 timeout=60).status_code < 502)  # fmt: skip
+            targets = {name: (port, "/ocr" if name in ("naive", "echo") else "/v1/ocr")
+                       for name, port in ports.items()}  # fmt: skip
+            report = measure(targets, server.url, run.json_request)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(60)
+    report["date"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    out = ROOT / "bench" / "results" / "hitpath_only.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report, None), file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

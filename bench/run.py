@@ -24,6 +24,7 @@ from pathlib import Path
 import redis
 import requests
 
+from app import memory
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis, free_port
 from app.engines.base import OcrRequest
@@ -48,9 +49,19 @@ MISS_REPEATS = int(os.environ.get("BENCH_MISS_REPEATS", "7"))
 BURST_IMAGE = "sroie_019.jpg"  # not used by the other measurements: cold for the burst
 
 
+# The malloc thresholds `python -m app serve` sets for itself (app/memory.py), given to every
+# server measured (the naive baseline and the echo app too), so no one is measured with
+# glibc's page-faulting copies of large bodies and the others without.
+MALLOC = (
+    f"glibc.malloc.mmap_threshold={memory.MMAP_THRESHOLD}"
+    f":glibc.malloc.trim_threshold={memory.TRIM_THRESHOLD}"
+)
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(WEB_CONCURRENCY=str(WORKERS), WEB_THREADS=str(THREADS), LOG_LEVEL="warning", **extra)
+    env.setdefault("GLIBC_TUNABLES", MALLOC)
     return env
 
 

@@ -38,6 +38,7 @@ _FILE_MARKS = {
     "test_cli.py": ("integration",),  # the CLI against a live service process
     "test_deploy.py": ("deploy",),  # Dockerfiles, compose, units
     "test_entrypoint.py": ("deploy",),  # the container entry point in subprocesses
+    "test_front_hits.py": ("deploy",),  # `python -m app serve`: fronts + gunicorn
     "test_model_permissions.py": ("deploy",),  # model folders as another user
     "test_observability_hardening.py": ("integration",),
     "test_scale_out.py": ("deploy", "slow"),  # gunicorn fleets
