@@ -2,15 +2,21 @@
 
 Behind the front (app/front.py) a hit costs a second HTTP parse, a unix-socket hop, gunicorn's
 thread hand-offs and Flask, around one Redis GET: on this machine gunicorn alone adds more
-latency than the whole lookup. For the commonest request, a REST ``POST /v1/ocr`` whose body
-is ``{"image": "<base64>"}`` and nothing else, sent without cache controls, the front looks
-the entry up in Redis itself. When the entry is there and passes every check a worker
-applies (the codec's: SHA-256 of the image, envelope version, engine fingerprint, the key
-it was sealed for, decryption), the front answers exactly as a worker would: the same body
-(``rest.render``), the same ``X-Cache``/``X-Cache-Tier`` (hidden from untrusted callers),
-the same metrics. Everything else goes to gunicorn as before: a miss, an unusable entry,
-another body or path, a cache control or tenant header, a chunked body, Redis slow or down
-(then for ``REDIS_BREAKER_COOLDOWN_SECONDS``). The front never computes, writes or decides.
+latency than the whole lookup. For the commonest requests, sent without cache controls,
+the front looks the entries up in Redis itself:
+
+- REST ``POST /v1/ocr`` whose body is ``{"image": "<base64>"}`` and nothing else;
+- Paddle Serving's pipeline ``POST /{PIPELINE_SERVICE_NAME}/{method}`` (what its HTTP clients
+  send), without ``pipeline.profile``, every image a hit.
+
+When every entry is there and passes every check a worker applies (the codec's: SHA-256 of
+the image, envelope version, engine fingerprint, the key it was sealed for, decryption), the
+front answers exactly as a worker would, through the protocol's own parse and render code:
+the same body, the same ``X-Cache``/``X-Cache-Tier`` (hidden from untrusted callers), the
+same metrics. Everything else goes to gunicorn as before: a miss, an unusable entry, another
+body or path, a parse error, a cache control or tenant header, a chunked body, Redis slow or
+down (then for ``REDIS_BREAKER_COOLDOWN_SECONDS``). The front never computes, writes or
+decides.
 
 What the key and the answer need from the engine (fingerprint, the default task's key, the
 engine description) comes from the workers: each writes a ``HitSpec`` to the front's private
@@ -19,6 +25,7 @@ folder once its service is built (``publish``); until one exists, every request 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -32,8 +39,8 @@ from app.cache import redis_client
 from app.cache.codec import Codec
 from app.cache.keys import KeySpace, digest_image
 from app.config import Settings
-from app.protocols import controls, rest, trust
-from app.vocabulary import CacheStatus, Outcome
+from app.protocols import controls, pipeline, pipeline_http, rest, trust
+from app.vocabulary import CacheControls, CacheStatus, OcrCacheError, OcrParams, Outcome
 
 log = logging.getLogger("app.front")
 
@@ -53,6 +60,7 @@ class HitSpec:
     task: str  # those params' task, as rendered
     min_score: float  # the default line filter (OCR_REC_SCORE_THRESH)
     engine: dict[str, Any]  # the rendered engine description
+    pipeline_task_key: str  # KeySpace.task of the engine's default params (the pipeline's)
 
     @classmethod
     def of(cls, service: Any) -> HitSpec:
@@ -63,11 +71,12 @@ class HitSpec:
             service.default_task,
             service.settings.hunyuan_target_language,
         )
-        service.cache.engine.check_params(params)
+        engine = service.cache.engine
+        engine.check_params(params)
         keys = service.cache.keys
         return cls(
             keys.base_prefix, keys.fingerprint, keys.task(params), params.task,
-            service.min_score, service.engine_description,
+            service.min_score, service.engine_description, keys.task(engine.default_params),
         )  # fmt: skip
 
     def write(self, path: str) -> None:
@@ -122,47 +131,110 @@ class FrontHits:
         self._resume_at = 0.0  # after a Redis failure, forward everything until then
         self._counters: tuple[Any, ...] = ()
         self._date = (0, b"")
+        self._pipeline_name = settings.pipeline_service_name.encode()
 
     async def answer(
         self, method: bytes, target: bytes, headers: Headers, body: bytes, client_ip: str
     ) -> tuple[int, Headers, bytes] | None:
-        if method != b"POST" or target != PATH:
+        if method != b"POST" or (target != PATH and target != self._pipeline_path(target)):
             return None
         now = time.monotonic()
         if now < self._resume_at or not self._current_spec(now):
             return None
         if any(name in self._forward_headers for name, _ in headers):
             return None
+        try:
+            if target == PATH:
+                return await self._rest(headers, body, client_ip, now)
+            return await self._pipeline(headers, body, client_ip, now)
+        except Exception:  # a bug here must cost the fast path, never the request
+            log.exception("front hit path failed; forwarding")
+            return None
+
+    async def _rest(
+        self, headers: Headers, body: bytes, client_ip: str, started: float
+    ) -> tuple[int, Headers, bytes] | None:
         data = rest.image_only(body)
         if data is None:
             return None
+        spec = self._spec
+        assert spec is not None
+        found = await self._lookup([data], spec.task_key, started)
+        if found is None:
+            return None
+        shown = self._shows_cache(headers, client_ip)
+        payload = rest.render(found[0], spec.engine, spec.min_score, spec.task, show_cache=shown)
+        self._count("rest", found, started)
+        return 200, self._headers(shown, "l2", payload), payload
+
+    async def _pipeline(
+        self, headers: Headers, body: bytes, client_ip: str, started: float
+    ) -> tuple[int, Headers, bytes] | None:
+        """Only an answer with every image a hit: ``pipeline.answer`` runs on the outcomes
+        found here, so the body is the one a worker renders."""
+        spec = self._spec
+        assert spec is not None
+        try:
+            req = pipeline_http.parse(body)
+            images = pipeline.decode_images(req, self._settings.max_images_per_request)
+        except OcrCacheError:  # the worker answers it, in the protocol's error form
+            return None
+        if req.profile or not images:
+            return None
+        found = await self._lookup(images, spec.pipeline_task_key, started)
+        if found is None:
+            return None
+        answer = pipeline.answer(_Found(found), req, spec.min_score, len(images))
+        if answer.err_no != 0:
+            return None
+        shown = self._shows_cache(headers, client_ip)
+        payload = pipeline_http.render(answer)
+        self._count("pipeline_http", found, started)
+        return 200, self._headers(shown, answer.cache_tier, payload), payload
+
+    async def _lookup(self, images: list[bytes], task_key: str, now: float) -> list[Outcome] | None:
+        """Every image's verified L2 entry, or None (a miss, an unusable entry, Redis)."""
         spec, keys = self._spec, self._keys
         assert spec is not None and keys is not None
-        digest = digest_image(data)
-        key = keys.entry(digest, spec.task_key)
+        digests = [digest_image(data) for data in images]
+        names = [keys.entry(digest, task_key) for digest in digests]
         try:
-            value = await self._redis.get(key)
+            if len(names) == 1:
+                values = [await self._redis.get(names[0])]
+            else:  # one slot per image: no MGET across a cluster's slots
+                values = await asyncio.gather(*(self._redis.get(name) for name in names))
         except Exception as exc:  # noqa: BLE001 - any client failure: the worker answers
             self._resume_at = now + self._settings.redis_breaker_cooldown_seconds
             log.warning("front hits paused: Redis %s; forwarding", exc.__class__.__name__)
             return None
-        entry = self._codec.decode(value, digest.sha256, spec.fingerprint, key)
-        if entry is None:
-            return None
+        outcomes = []
+        for digest, name, value in zip(digests, names, values, strict=True):
+            entry = self._codec.decode(value, digest.sha256, spec.fingerprint, name)
+            if entry is None:
+                return None
+            outcomes.append(Outcome(entry.result, CacheStatus.HIT, "l2"))
+        return outcomes
+
+    def _pipeline_path(self, target: bytes) -> bytes:
+        """``target`` when it is ``/{PIPELINE_SERVICE_NAME}/{method}`` (the worker's route
+        takes any method name), else b"" (no match)."""
+        name, _, method = target[1:].partition(b"/")
+        ok = target[:1] == b"/" and name == self._pipeline_name and method and b"/" not in method
+        return target if ok and b"?" not in method else b""
+
+    def _shows_cache(self, headers: Headers, client_ip: str) -> bool:
         mapping = {}  # trust reads the headers only for the token
         if self._settings.cache_control_token:
             mapping = {name.decode("latin-1"): value.decode("latin-1") for name, value in headers}
-        shown = trust.shows_cache_status(
-            trust.is_trusted(client_ip, mapping, self._settings), self._settings
-        )
-        outcome = Outcome(entry.result, CacheStatus.HIT, "l2")
-        payload = rest.render(outcome, spec.engine, spec.min_score, spec.task, show_cache=shown)
+        trusted = trust.is_trusted(client_ip, mapping, self._settings)
+        return trust.shows_cache_status(trusted, self._settings)
+
+    def _headers(self, shown: bool, tier: str, payload: bytes) -> Headers:
         answer = [(b"date", self._http_date()), (b"content-type", b"application/json")]
         if shown:
-            answer += [(b"x-cache", b"HIT"), (b"x-cache-tier", b"l2")]
+            answer += [(b"x-cache", b"HIT"), (b"x-cache-tier", tier.encode())]
         answer.append((b"content-length", str(len(payload)).encode()))
-        self._count(time.monotonic() - now)
-        return 200, answer, payload
+        return answer
 
     def _current_spec(self, now: float) -> bool:
         """Whether a spec is loaded; the file is looked at once a second at most (a worker
@@ -197,19 +269,27 @@ class FrontHits:
             self._counters = (
                 metrics.CACHE_REQUESTS.labels(result="hit"),
                 metrics.CACHE_TIER_HITS.labels(tier="l2"),
-                metrics.REQUESTS.labels(protocol="rest", status="200"),
-                metrics.REQUEST_SECONDS.labels(protocol="rest", cache=CacheStatus.HIT.value),
+                {
+                    protocol: (
+                        metrics.REQUESTS.labels(protocol=protocol, status="200"),
+                        metrics.REQUEST_SECONDS.labels(
+                            protocol=protocol, cache=CacheStatus.HIT.value
+                        ),
+                    )
+                    for protocol in ("rest", "pipeline_http")
+                },
             )
         self._keys = KeySpace(spec.key_prefix, spec.fingerprint)
         self._spec = spec
         log.info("answering REST L2 hits in the front (engine %s)", spec.fingerprint)
 
-    def _count(self, seconds: float) -> None:
-        hits, tier, requests, latency = self._counters
-        hits.inc()
-        tier.inc()
+    def _count(self, protocol: str, outcomes: list[Outcome], started: float) -> None:
+        hits, tier, by_protocol = self._counters
+        hits.inc(len(outcomes))
+        tier.inc(len(outcomes))
+        requests, latency = by_protocol[protocol]
         requests.inc()
-        latency.observe(seconds)
+        latency.observe(time.monotonic() - started)
 
     def _http_date(self) -> bytes:
         second = int(time.time())
@@ -220,3 +300,19 @@ class FrontHits:
     async def close(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
+
+
+class _Found:
+    """``pipeline.Lookup`` over outcomes already found: the pipeline's own ``answer`` renders
+    them (its status, tiers and line filter), as in a worker."""
+
+    def __init__(self, outcomes: list[Outcome]) -> None:
+        self._outcomes = outcomes
+
+    def get_or_compute_many(
+        self,
+        images: Any,
+        params: OcrParams | None = None,
+        controls: CacheControls = CacheControls(),
+    ) -> list[Outcome]:
+        return self._outcomes

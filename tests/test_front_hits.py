@@ -61,6 +61,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
         server.cleanup()
+        if os.environ.get('SHOW_OUTPUT'):
+            print(output[-8000:])
         assert proc.returncode == 0, output[-3000:]
         assert "the HTTP front exited" not in output, output[-3000:]
 
@@ -131,7 +133,6 @@ def test_the_front_forwards_what_it_does_not_answer(service):
         requests.post(f"{base}/v1/ocr", files={"file": ("p.png", data)}, timeout=60),
         requests.post(f"{base}/v1/ocr", json=body, headers={"Cache-Control": "no-store"}),
         requests.post(f"{base}/v1/ocr", data=iter([b'{"image": "', b64(data).encode(), b'"}'])),
-        requests.post(f"{base}/ocr/prediction", json={"key": ["image"], "value": [b64(data)]}),
     ]  # fmt: skip
     for resp in forwarded:
         assert resp.status_code == 200, resp.text
@@ -144,6 +145,58 @@ def test_the_front_forwards_what_it_does_not_answer(service):
     before = _engine_calls(base)
     again = _post(base, data, {**TRUSTED, "Cache-Control": "no-cache"})
     assert again.headers["X-Cache"] == "MISS" and _engine_calls(base) == before + 1
+
+
+def _pipeline(base: str, images: list[bytes], headers: dict | None = None):
+    body = {"key": [f"image_{i}" for i in range(len(images))],
+            "value": [b64(data) for data in images], "logid": 7}  # fmt: skip
+    resp = requests.post(f"{base}/ocr/prediction", json=body, headers=headers, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def test_pipeline_hits_answered_by_the_front_are_the_workers_answers(service):
+    """Paddle Serving's HTTP clients: one image and several, all hits -> the front; the same
+    request through the worker (X-Cache-Similar forwards it) renders the same bytes."""
+    base = service["base"]
+    one, two = PHOTOTEST.read_bytes(), WORD_EN.read_bytes()
+    _pipeline(base, [one, two], TRUSTED)
+    for images in ([one], [one, two]):
+        for _ in range(20):
+            front = _pipeline(base, images, TRUSTED)
+            if _by_front(front):
+                break
+            time.sleep(0.2)
+        worker = _pipeline(base, images, {**TRUSTED, "X-Cache-Similar": "on"})
+        assert _by_front(front) and not _by_front(worker)
+        assert front.json()["err_no"] == 0 and len(front.json()["value"]) == len(images)
+        assert front.content == worker.content
+        for name in ("X-Cache", "X-Cache-Tier", "Content-Type"):
+            assert front.headers[name] == worker.headers[name], name
+    untrusted = _pipeline(base, [one])
+    assert _by_front(untrusted) and "X-Cache" not in untrusted.headers
+
+
+def test_pipeline_requests_the_front_does_not_answer(service):
+    base = service["base"]
+    # (Not a copy of another test's image with a byte appended: that would be a pixel-tier
+    # hit of this one's entry for the other, which only a worker answers.)
+    cached, cold = PHOTOTEST.read_bytes(), WORD_CH.read_bytes()
+    _pipeline(base, [cached], TRUSTED)
+    assert _by_front(_pipeline(base, [cached], TRUSTED))
+    mixed = _pipeline(base, [cached, cold], TRUSTED)  # one miss: the worker answers all
+    assert not _by_front(mixed) and mixed.json()["err_no"] == 0
+    profiled = requests.post(f"{base}/ocr/prediction", headers=TRUSTED, timeout=120, json={
+        "key": ["image", "pipeline.profile"], "value": [b64(cached), "1"]})  # fmt: skip
+    assert not _by_front(profiled) and "pipeline.profile" in profiled.json()["key"]
+    other = requests.post(f"{base}/other/prediction", json={"key": ["image"],
+                          "value": [b64(cached)]}, timeout=60)  # fmt: skip
+    assert not _by_front(other) and other.json()["err_no"] != 0
+    broken = requests.post(f"{base}/ocr/prediction", data=b"{not json", timeout=60)
+    assert broken.status_code == 400 and not _by_front(broken)
+    refused = requests.post(f"{base}/ocr/prediction", json={"key": ["image"], "value": ["@@"]})
+    assert refused.status_code == 200 and refused.json()["err_no"] != 0
+    assert not _by_front(refused)
 
 
 def test_the_front_counts_its_hits_in_the_service_metrics(service):
