@@ -57,10 +57,11 @@ class FrontProcess:
         upstream = os.path.join(self._dir, "gunicorn.sock")
         self.bind = f"unix:{upstream}"
         self._stopping = False
-        hits: list[str] = []
-        if settings.http_front_hits and settings.cache_enabled:
-            from app.front_hits import SPEC_ENV
+        from app.front_hits import SPEC_ENV
 
+        hits: list[str] = []
+        os.environ.pop(SPEC_ENV, None)  # the workers publish only where this process says
+        if settings.http_front_hits and settings.cache_enabled:
             os.environ[SPEC_ENV] = os.path.join(self._dir, "hit-spec.json")  # for the workers
             hits = ["--hit-spec", os.environ[SPEC_ENV]]
         # Several front processes share HTTP_PORT (SO_REUSEPORT) once they answer hits

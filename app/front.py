@@ -48,6 +48,9 @@ _HOP_BY_HOP = frozenset(
         b"trailer", b"upgrade", b"expect", b"content-length", b"x-forwarded-for",
     }
 )  # fmt: skip
+# Not relayed from gunicorn's answers: the hop's own headers, and ``Server``, which only
+# forwarded answers would carry (it would tell a front-answered hit from a miss).
+_NOT_RELAYED = _HOP_BY_HOP | {b"server"}
 _READ_CHUNK = 256 * 1024
 
 
@@ -325,7 +328,7 @@ class Front:
                 answered = True
                 status = event.status_code
                 declared = [v for k, v in event.headers if k == b"content-length"]
-                headers = [(k, v) for k, v in event.headers if k not in _HOP_BY_HOP]
+                headers = [(k, v) for k, v in event.headers if k not in _NOT_RELAYED]
             elif isinstance(event, h11.Data):
                 payload += event.data
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):

@@ -45,7 +45,8 @@ def _worker_ready(worker: Any) -> None:
     _start_grpc(worker)
     from app import front_hits
 
-    front_hits.publish(_service_of(worker))  # the HTTP front may answer hits from now on
+    # The HTTP front may answer hits from now on.
+    front_hits.publish(_service_of(worker), getattr(worker, "wsgi", None))
 
 
 def _start_grpc(worker: Any) -> None:

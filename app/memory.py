@@ -15,7 +15,8 @@ from __future__ import annotations
 import ctypes
 import logging
 
-MMAP_THRESHOLD = 16 * 1024 * 1024  # above MAX_REQUEST_BYTES' default: bodies stay in the heap
+# glibc's largest (64-bit): covers MAX_REQUEST_BYTES' default (20 MiB), so bodies stay in the heap.
+MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 64 * 1024 * 1024  # free heap kept for the next bodies before it is returned
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 

@@ -21,8 +21,11 @@ ENGINES = 2
 
 
 def _engine():  # type: ignore[no-untyped-def]
+    from app import memory
     from app.config import Settings
     from app.engines.paddle import PaddleOcrEngine
+
+    memory.keep_large_buffers()  # as in the service's processes
 
     engine = PaddleOcrEngine.from_settings(Settings.from_env({}))
     engine.load()

@@ -136,9 +136,11 @@ def main() -> int:
 
     import requests
 
+    from app import memory
     from app.embedded_redis import EmbeddedRedis, free_port
     from bench import run
 
+    memory.keep_large_buffers()  # the in-process floor copies bodies as the servers do
     with EmbeddedRedis() as server:
         ports = {name: free_port() for name in ("service_l2", "service_l2_direct", "naive", "echo")}
         procs = [

@@ -123,6 +123,7 @@ def multipart_request(path: str, data: bytes) -> load.Request:
 
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
+    memory.keep_large_buffers()  # the in-process floor copies bodies as the servers do
     engine = PaddleOcrEngine.from_settings(Settings.from_env({}))
     engine.load()
     images = {name: (CORPUS / fname).read_bytes() for name, fname in IMAGES.items()}
