@@ -69,8 +69,10 @@ def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
     dropped -= metric_sum(before, "ocr_engine_queue_dropped_total", reason="caller_gone")
     assert dropped >= 4, outcomes  # never started: the engine did not run them for nobody
     assert metric_sum(after, "ocr_engine_queue_depth") == 0
-    # Only the call that had started still runs; then the engine is free again.
-    deadline = time.monotonic() + 30
+    # Only the call that had started still runs (one that a free moment let start as well
+    # may run too: about 12 s each here); then the engine is free again. A liveness bound,
+    # not a speed target: generous for a shared machine.
+    deadline = time.monotonic() + 90
     while True:
         try:
             assert cache.get_or_compute(WORD_EN.read_bytes()).result.lines
