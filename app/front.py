@@ -13,6 +13,9 @@ buffered here too, so a client that reads slowly does not hold a worker thread e
 HOST:HTTP_PORT, with gunicorn bound to a private unix socket. The client's address is passed
 on in ``X-Forwarded-For`` (replacing any the client sent); the app trusts that header only on
 requests that came over the unix socket (see ``app.trust``).
+
+With ``--hit-spec`` (``HTTP_FRONT_HITS``) the front answers plain L2 hits itself, as a worker
+would (``app.front_hits``), and several fronts may share the port (``--reuse-port``).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ async def _within(deadline: float, awaitable: Awaitable[T]) -> T:
 
 class Front:
     def __init__(self, config: FrontConfig, hits: FrontHits | None = None) -> None:
-        """``hits``: answers REST L2 hits here, without gunicorn (app/front_hits.py)."""
+        """``hits``: answers plain L2 hits here, without gunicorn (app/front_hits.py)."""
         self._config = config
         self._hits = hits
         self._between_requests: set[asyncio.StreamWriter] = set()  # idle keep-alive
