@@ -34,7 +34,7 @@ from email.utils import formatdate
 from typing import Any
 
 import orjson
-from redis.exceptions import ClusterError, RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from app.cache import redis_client
 from app.cache.breaker import CircuitBreaker
@@ -280,9 +280,10 @@ class FrontHits:
             else:
                 values = await self._redis.mget(names)
         except (RedisError, OSError) as exc:
-            # Only transport failures open the circuit (as in app/cache/store.py).
-            answered = isinstance(exc, ResponseError) and not isinstance(exc, ClusterError)
-            self._breaker.success() if answered else self._breaker.failure()
+            if redis_client.server_answered(exc):  # as in app/cache/store.py
+                self._breaker.success()
+            else:
+                self._breaker.failure()
             counters.redis_errors.labels(op="front_get", reason=exc.__class__.__name__).inc()
             log.warning("front Redis GET failed (%s); forwarding", exc.__class__.__name__)
             return None

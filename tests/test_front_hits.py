@@ -11,7 +11,6 @@ import hashlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -22,9 +21,9 @@ import requests
 
 from app.cache.codec import Codec
 from app.embedded_redis import EmbeddedRedis, free_port
-from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_CH, WORD_EN
+from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
-from tests.test_serve import _wait_ready
+from tests.test_serve import _wait_ready, serving
 
 TOKEN = "c" * 24  # CACHE_CONTROL_TOKEN: the tests are trusted only when they send it
 ADMIN = "a" * 24
@@ -37,8 +36,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("front-hits")
     server = EmbeddedRedis().start()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    env.update(
+    overrides = dict(
         HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(free_port()),
         WEB_CONCURRENCY="1", WEB_THREADS="2", HTTP_FRONT_PROCESSES="2",
         REDIS_URL=server.url, CACHE_KEY_PREFIX="front-hits", CACHE_L1_BYTES="0",
@@ -47,24 +45,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         CACHE_STATUS_VISIBLE="trusted", CACHE_ENCRYPTION_KEYS=f"k1:{KEY}", ADMIN_TOKEN=ADMIN,
         REDIS_BREAKER_COOLDOWN_SECONDS="2", CACHE_TENANT_HEADER="X-Tenant",
     )  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, proc)
-        yield {"base": base, "redis": server, "proc": proc}
+        with serving(overrides, stop_seconds=90) as (proc, base):
+            yield {"base": base, "redis": server, "proc": proc}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            output, _ = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
         server.cleanup()
-        assert proc.returncode == 0, output[-3000:]
-        assert "the HTTP front exited" not in output, output[-3000:]
 
 
 def _front_count(base: str) -> float:
@@ -306,15 +291,7 @@ def test_a_worker_that_exits_leaves_the_fronts_and_redis_running(service):
     ).stdout.split()
     assert len(workers) == 1
     os.kill(int(workers[0]), signal.SIGTERM)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{base}/readyz", timeout=5).ok:
-                break
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    assert proc.poll() is None
+    _wait_ready(base, proc)  # the service itself stays up: the master forks a new worker
     _post(base, WORD_EN.read_bytes(), TRUSTED)
     _hit_from_front(base, WORD_EN.read_bytes(), TRUSTED)
 

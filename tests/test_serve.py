@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import requests
 
@@ -31,6 +33,32 @@ def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None
             return
         time.sleep(0.5)
     raise AssertionError("service never became ready")
+
+
+@contextmanager
+def serving(overrides: dict[str, str], stop_seconds: float = 60) -> Iterator[tuple[object, str]]:
+    """`python -m app serve` (its own process group) with ``overrides`` on the environment
+    (``HTTP_PORT`` among them; no inherited metrics folder), once ready: (process, base URL).
+    Then SIGTERM, and a clean stop: exit status 0, and no HTTP front that died under it."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(overrides)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{overrides['HTTP_PORT']}"
+    try:
+        _wait_ready(base, proc)
+        yield proc, base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=stop_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+    assert proc.returncode == 0, output[-3000:]
+    assert "the HTTP front exited" not in output, output[-3000:]
 
 
 def _port_open(port: int) -> bool:

@@ -5,13 +5,9 @@ their deadlines. Without app/front.py, 2 such clients stopped all HTTP service."
 
 from __future__ import annotations
 
-import os
 import selectors
-import signal
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,9 +18,9 @@ import requests
 
 from app.embedded_redis import EmbeddedRedis, free_port
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
-from tests.conftest import ROOT, WORD_EN
+from tests.conftest import WORD_EN
 from tests.helpers import b64
-from tests.test_serve import _wait_ready
+from tests.test_serve import serving
 
 SLOW = 64  # per kind: headers trickled, body trickled
 DEADLINE = 8.0  # HTTP_HEADER_TIMEOUT_SECONDS and HTTP_BODY_TIMEOUT_SECONDS of the service
@@ -35,8 +31,7 @@ TOKEN = "t" * 20  # CACHE_CONTROL_TOKEN; TRUSTED_NETWORKS is 10.0.0.0/8, the tes
 def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     tmp = tmp_path_factory.mktemp("slow")
     port, grpc_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    env.update(
+    overrides = dict(
         HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port),
         WEB_CONCURRENCY="1", WEB_THREADS="2", REDIS_URL=redis_server.url,
         CACHE_KEY_PREFIX="slow-clients", OCR_WORK_DIR=str(tmp / "models"),
@@ -44,22 +39,8 @@ def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
         HTTP_HEADER_TIMEOUT_SECONDS=str(DEADLINE), HTTP_BODY_TIMEOUT_SECONDS=str(DEADLINE),
         TRUSTED_NETWORKS="10.0.0.0/8", CACHE_CONTROL_TOKEN=TOKEN,
     )  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(base, proc)
+    with serving(overrides) as (_, base):
         yield base, port, grpc_port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            output, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-        assert proc.returncode == 0, output[-3000:]
 
 
 class Trickler:

@@ -22,6 +22,7 @@ import redis.asyncio.retry
 import redis.asyncio.sentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ClusterError, ResponseError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -91,6 +92,12 @@ def connect(
         **auth,
         **common,
     )
+
+
+def server_answered(exc: BaseException) -> bool:
+    """A server that answers with an error (OOM under noeviction, NOPERM, WRONGTYPE) is up:
+    only transport failures should open a circuit breaker."""
+    return isinstance(exc, ResponseError) and not isinstance(exc, ClusterError)
 
 
 def is_cluster(client: Any) -> bool:

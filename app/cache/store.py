@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import ClusterError, ResponseError
+from redis.exceptions import ResponseError
 
 from app import metrics
 from app.cache import redis_client
@@ -80,10 +80,7 @@ class RedisStore:
         try:
             value = fn()
         except _REDIS_ERRORS as exc:
-            # A server that answers with an error (OOM under noeviction, NOPERM) is up:
-            # only transport failures open the circuit.
-            answered = isinstance(exc, ResponseError) and not isinstance(exc, ClusterError)
-            if answered:
+            if redis_client.server_answered(exc):
                 self._breaker.success()
             else:
                 self._breaker.failure()
