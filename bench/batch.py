@@ -16,9 +16,8 @@ import tempfile
 import time
 
 from app.config import Settings
-from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
-from app.imaging import decode_image
+from bench import load
 from bench.dispatch import RESULTS, pick_images
 
 ROUNDS = int(os.environ.get("BENCH_BATCH_ROUNDS", "3"))
@@ -32,7 +31,7 @@ def main() -> int:
     engine = PaddleOcrEngine.from_settings(settings)
     engine.load()
     images = pick_images()[:8]
-    requests = [OcrRequest(d, decode_image(d, 60_000_000), engine.default_params) for d in images]
+    requests = [load.engine_request(engine, d) for d in images]
     engine.recognize_many(requests[:2])  # warm the list path too
     single_s: list[float] = []
     batch_s: dict[int, list[float]] = {n: [] for n in SIZES}

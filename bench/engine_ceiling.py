@@ -26,18 +26,16 @@ def _engine():  # type: ignore[no-untyped-def]
     from app.engines.paddle import PaddleOcrEngine
 
     memory.keep_large_buffers()  # as in the service's processes
-
     engine = PaddleOcrEngine.from_settings(Settings.from_env({}))
     engine.load()
     return engine
 
 
 def _call(engine, data: bytes) -> float:  # type: ignore[no-untyped-def]
-    from app.engines.base import OcrRequest
-    from app.imaging import decode_image
+    from bench.load import engine_request
 
     start = time.perf_counter()
-    engine.recognize(OcrRequest(data, decode_image(data, 60_000_000), engine.default_params))
+    engine.recognize(engine_request(engine, data))
     return time.perf_counter() - start
 
 

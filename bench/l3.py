@@ -27,10 +27,10 @@ from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
-from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.imaging import decode_image
 from app.vocabulary import CacheControls
+from bench import load
 from bench.run import CORPUS, IMAGES, RESULTS, ROOT
 from tests import s3_server
 
@@ -95,8 +95,7 @@ def main() -> int:
 
 
 def measure(engine, cache: OcrCache, client, objects, data: bytes) -> dict:  # type: ignore[no-untyped-def]
-    image = decode_image(data, 60_000_000)
-    request = OcrRequest(data, image, engine.default_params)
+    request = load.engine_request(engine, data)
     bare = []
     for _ in range(ENGINE_REPEATS):
         start = time.perf_counter()

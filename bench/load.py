@@ -16,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -169,3 +170,12 @@ def hit_floor(redis_url: str, key: str | bytes, b64: str, n: int) -> dict:
         latencies.append(time.perf_counter() - start)
         assert value
     return percentiles(latencies)
+
+
+def engine_request(engine: Any, data: bytes) -> Any:
+    """A bare engine call's request for ``data`` with the engine's default parameters (the
+    benchmarks' side-by-side reference for misses)."""
+    from app.engines.base import OcrRequest
+    from app.imaging import decode_image
+
+    return OcrRequest(data, decode_image(data, 60_000_000), engine.default_params)

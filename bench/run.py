@@ -27,10 +27,8 @@ import requests
 from app import memory
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis, free_port
-from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
 from app.gunicorn_app import gunicorn_options
-from app.imaging import decode_image
 from bench import entry_size, hitpath, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,7 +196,7 @@ def measure_image(engine: PaddleOcrEngine, redis_url: str, port: int, l1_port: i
     bare, missed = [], []
     for _ in range(MISS_REPEATS):
         start = time.perf_counter()
-        engine.recognize(_ocr_request(engine, data))
+        engine.recognize(load.engine_request(engine, data))
         bare.append(time.perf_counter() - start)
         missed.append(load.run(port, miss, 1, 1, 600)["p50_ms"] / 1000)
     bare_ms, miss_ms = statistics.median(bare) * 1000, statistics.median(missed) * 1000
@@ -255,7 +253,7 @@ def measure_burst(engine: PaddleOcrEngine, port: int) -> dict:
     """32 identical cold requests at once: one engine call; latency vs one bare call."""
     data = (CORPUS / BURST_IMAGE).read_bytes()
     start = time.perf_counter()
-    engine.recognize(_ocr_request(engine, data))
+    engine.recognize(load.engine_request(engine, data))
     bare_ms = (time.perf_counter() - start) * 1000
     before = _engine_calls(port)
     burst = load.run(port, json_request("/v1/ocr", data), 32, 32, 300)
@@ -277,10 +275,6 @@ def _engine_calls(port: int) -> float:
         for line in text.splitlines()
         if line.startswith("ocr_engine_calls_total{")
     )
-
-
-def _ocr_request(engine: PaddleOcrEngine, data: bytes) -> OcrRequest:
-    return OcrRequest(data, decode_image(data, 60_000_000), engine.default_params)
 
 
 def measure_grpc(endpoint: str, data: bytes) -> dict:
