@@ -7,110 +7,118 @@ import argparse
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 
 from app import logsafe, memory
 from app.config import ConfigError, Settings
 
 
 def serve(settings: Settings) -> int:
+    """nginx on HOST:HTTP_PORT and gunicorn behind it on a private unix socket (``EDGE=nginx``),
+    gunicorn alone on EDGE_SOCKET (``external``) or on HOST:HTTP_PORT (``none``). gunicorn's
+    master supervises nginx (app/gunicorn_app.py): it starts it once its socket is bound, stops
+    it gracefully before its own workers, and stops the service should nginx die."""
+    from app.edge import Edge, find_nginx
     from app.embedded_redis import EmbeddedRedis
     from app.gunicorn_app import GunicornApp, prepare_metrics_dir
 
     memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
     log = logging.getLogger("app")
+    binary = find_nginx() if settings.edge == "nginx" else None
+    if settings.edge == "nginx" and binary is None and not _without_edge(settings, log):
+        return 2
     owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
+    socket_dir = ""  # gunicorn's private socket folder, when EDGE_SOCKET does not name one
+    socket = settings.edge_socket if binary or settings.edge == "external" else ""
+    if binary and not socket:
+        socket_dir = tempfile.mkdtemp(prefix="ocr-gunicorn-")
+        socket = os.path.join(socket_dir, "gunicorn.sock")
+    edge = None
+    if binary:
+        edge = Edge(settings, socket, binary)
+        try:
+            edge.check()
+        except RuntimeError as exc:
+            print(f"configuration error: {exc}", file=sys.stderr)
+            edge.quit()
+            return 2
+    if settings.rate_limit and settings.edge == "none":
+        log.warning("RATE_LIMIT applies to gRPC only with EDGE=none: limit HTTP in your proxy")
     embedded = None
     if settings.cache_enabled and not settings.redis_url:
         embedded = EmbeddedRedis().start()
         os.environ["REDIS_URL"] = embedded.url
         log.info("REDIS_URL unset: started a private Redis at %s (docker/redis.conf)", embedded.url)
     metrics_dir = prepare_metrics_dir()
-    front = FrontProcess(settings) if settings.http_front else None
     try:
-        GunicornApp(settings, bind=front.bind if front else None).run()
+        GunicornApp(settings, bind=f"unix:{socket}" if socket else None, edge=edge).run()
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
         # A worker that exits unwinds here too (gunicorn forks inside run()): it must leave
-        # the fronts, the private Redis and the metrics folder to the serving process.
+        # the edge, the private Redis and the metrics folder to the serving process.
         if os.getpid() == owner:
-            if front is not None:
-                front.stop()  # after gunicorn: the requests it finished have been answered
+            if edge is not None:
+                edge.quit()  # normally done already, before gunicorn's workers stopped
+            if socket_dir:
+                shutil.rmtree(socket_dir, ignore_errors=True)
             if embedded is not None:
                 embedded.cleanup()
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
-class FrontProcess:
-    """``python -m app.front`` on HOST:HTTP_PORT, gunicorn behind it on a private unix socket
-    (see app/front.py for why). If the front dies, the service stops (and is restarted by
-    its supervisor) rather than serve gRPC alone; the front stops when this process dies."""
+def _without_edge(settings: Settings, log: logging.Logger) -> bool:
+    """``EDGE=nginx`` and no nginx here: gunicorn serves the port itself, said in one line;
+    False (an error) when TLS or a rate limit was asked for, which only the edge serves."""
+    wanted = [name for name, on in (("TLS_CERT_FILE", settings.tls_cert_file),
+                                    ("RATE_LIMIT", settings.rate_limit)) if on]  # fmt: skip
+    if wanted:
+        print(
+            f"configuration error: {', '.join(wanted)}: served by the nginx edge, and no nginx "
+            "is on PATH (install Debian's nginx-light)",
+            file=sys.stderr,
+        )
+        return False
+    log.warning(
+        "EDGE=nginx but no nginx on PATH: gunicorn serves %s:%d itself; off: slow-client "
+        "buffering, edge request ids and JSON access log, RATE_LIMIT, TLS "
+        "(install Debian's nginx-light, or set EDGE=none behind your own buffering proxy)",
+        settings.host,
+        settings.http_port,
+    )
+    return True
 
-    def __init__(self, settings: Settings) -> None:
-        self._dir = tempfile.mkdtemp(prefix="ocr-front-")
-        upstream = os.path.join(self._dir, "gunicorn.sock")
-        self.bind = f"unix:{upstream}"
-        self._stopping = False
-        from app.front_hits import SPEC_ENV
 
-        hits: list[str] = []
-        os.environ.pop(SPEC_ENV, None)  # the workers publish only where this process says
-        if settings.http_front_hits and settings.cache_enabled:
-            os.environ[SPEC_ENV] = os.path.join(self._dir, "hit-spec.json")  # for the workers
-            hits = ["--hit-spec", os.environ[SPEC_ENV]]
-        # Several front processes share HTTP_PORT (SO_REUSEPORT) once they answer hits
-        # themselves; together they hold the bodies one front would (8 x MAX_REQUEST_BYTES).
-        count = settings.http_front_processes or (settings.web_concurrency if hits else 1)
-        buffered = max(settings.max_request_bytes, 8 * settings.max_request_bytes // count)
-        command = [
-            sys.executable, "-m", "app.front",
-            "--host", settings.host, "--port", str(settings.http_port),
-            "--upstream", upstream,
-            "--max-body-bytes", str(settings.max_request_bytes),
-            "--max-buffered-bytes", str(buffered),
-            "--header-timeout", str(settings.http_header_timeout_seconds),
-            "--body-timeout", str(settings.http_body_timeout_seconds),
-            "--upstream-timeout", str(settings.request_timeout_seconds + 30),
-            "--parent", str(os.getpid()),
-            *hits,
-            *(["--reuse-port"] if count > 1 else []),
-        ]  # fmt: skip
-        self._procs = [subprocess.Popen(command) for _ in range(count)]
-        for proc in self._procs:
-            watch = threading.Thread(target=self._watch, args=(proc,), name="front-watch")
-            watch.daemon = True
-            watch.start()
+def edge(settings: Settings) -> int:
+    """``python -m app edge``: nginx alone in front of the gunicorn on EDGE_SOCKET (the
+    Kubernetes pod's edge container; the app container runs ``serve`` with EDGE=external)."""
+    from app.edge import Edge, find_nginx
 
-    def _watch(self, proc: subprocess.Popen) -> None:
-        # Any exit we did not ask for (a second SIGTERM to a stopping gunicorn is harmless).
-        # The exit status is not trusted: gunicorn's reaper may collect the child first.
-        proc.wait()
-        if not self._stopping:
-            logging.getLogger("app").error("the HTTP front exited; stopping the service")
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    def stop(self) -> None:
-        self._stopping = True
-        for proc in self._procs:
-            proc.terminate()
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(self._dir, ignore_errors=True)
+    if settings.edge != "external":
+        print("configuration error: EDGE: `edge` runs with EDGE=external", file=sys.stderr)
+        return 2
+    binary = find_nginx()
+    if binary is None:
+        print("configuration error: EDGE: no nginx on PATH", file=sys.stderr)
+        return 2
+    proxy = Edge(settings, settings.edge_socket, binary)
+    try:
+        proxy.check()
+    except RuntimeError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        proxy.quit()
+        return 2
+    return proxy.run()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description="OCR inference cache")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run the HTTP service (gunicorn) in the foreground")
+    sub.add_parser("serve", help="run the service (nginx, gunicorn, gRPC) in the foreground")
+    sub.add_parser("edge", help="run the nginx edge alone (EDGE=external, EDGE_SOCKET)")
+    sub.add_parser("edge-config", help="print the nginx configuration these settings render")
     sub.add_parser("check-config", help="validate the environment and print the settings")
     sub.add_parser("prepare-models", help="locate/generate the model folders and print them")
     args = parser.parse_args(argv)
@@ -125,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "serve":
         return serve(settings)
+    if args.command == "edge":
+        return edge(settings)
+    if args.command == "edge-config":
+        from app.edge import render
+
+        socket = settings.edge_socket or "/tmp/ocr-gunicorn-XXXXXX/gunicorn.sock"
+        print(render(settings, socket, "/tmp/ocr-edge-XXXXXX", ()), end="")
+        return 0
     if args.command == "check-config":
         for key, value in sorted(vars(settings).items()):
             shown = "<set>" if settings.is_secret(key) and value else value

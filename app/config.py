@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -155,6 +156,43 @@ def _log_level(name: str, raw: str) -> str:
     return _choice("debug", "info", "warning", "error", "critical")(name, raw).upper()
 
 
+@dataclass(frozen=True)
+class RateLimit:
+    """``RATE_LIMIT=RPS[:BURST]``: a client may send ``rate`` requests per second on average
+    and ``burst`` more at once (nginx's ``limit_req ... burst=N nodelay``)."""
+
+    rate: float
+    burst: int
+
+    def retry_after(self) -> int:
+        """Whole seconds until one more request is allowed (``Retry-After``)."""
+        return max(1, math.ceil(1 / self.rate))
+
+    def __str__(self) -> str:
+        return f"{self.rate:g}:{self.burst}"
+
+
+def _rate_limit(name: str, raw: str) -> RateLimit:
+    rate_text, _, burst_text = raw.strip().partition(":")
+    try:
+        rate = float(rate_text)
+        burst = int(burst_text) if burst_text else 0
+    except ValueError:
+        raise ConfigError(f"{name}: expected RPS[:BURST], e.g. 20:40, got {raw!r}") from None
+    if not 1 / 60 <= rate <= 100_000 or not 0 <= burst <= 1_000_000:
+        raise ConfigError(f"{name}: RPS must be in 1/60..100000 and BURST in 0..1000000")
+    return RateLimit(rate, burst)
+
+
+# Settings that are gone, and what to do instead: still set, they stop start-up.
+REMOVED = {
+    "HTTP_FRONT": "nginx is the edge now (EDGE=nginx); behind another buffering proxy set "
+    "EDGE=none",
+    "HTTP_FRONT_HITS": "hits are answered by the workers' one hit path behind nginx; unset it",
+    "HTTP_FRONT_PROCESSES": "the edge's processes are EDGE_WORKERS (nginx worker_processes)",
+}
+
+
 def env(var: str, parse: Callable[[str, str], Any], default: Any) -> Any:
     """A dataclass field read from environment variable ``var``."""
     return field(default=default, metadata={"env": var, "parse": parse})
@@ -244,17 +282,25 @@ class Settings:
     max_request_bytes: int = env("MAX_REQUEST_BYTES", _int(1024, 1 << 30), 20 * 1024 * 1024)
     max_image_pixels: int = env("MAX_IMAGE_PIXELS", _int(1, 1 << 31), 60_000_000)
     pipeline_service_name: str = env("PIPELINE_SERVICE_NAME", _prefix, "ocr")
-    # The slow-client shield of `python -m app serve` (app/front.py): off only behind another
-    # buffering proxy. A request's head and body must arrive within these deadlines.
-    http_front: bool = env("HTTP_FRONT", _bool, True)
-    # The front answers REST L2 hits itself (app/front_hits.py); false: gunicorn answers all.
-    http_front_hits: bool = env("HTTP_FRONT_HITS", _bool, True)
-    # Front processes on HTTP_PORT (SO_REUSEPORT); 0: WEB_CONCURRENCY when they answer hits.
-    http_front_processes: int = env("HTTP_FRONT_PROCESSES", _int(0, 64), 0)
+    # The edge (app/edge.py): nginx on HOST:HTTP_PORT in front of gunicorn's unix socket.
+    # nginx: `python -m app serve` starts it; external: gunicorn listens on EDGE_SOCKET for an
+    # nginx run elsewhere (`python -m app edge`, the pod's edge container); none: gunicorn on
+    # HOST:HTTP_PORT itself, behind another buffering proxy.
+    edge: str = env("EDGE", _choice("nginx", "external", "none"), "nginx")
+    edge_socket: str = env("EDGE_SOCKET", _text, "")  # empty: a private folder (EDGE=nginx)
+    edge_workers: int = env("EDGE_WORKERS", _int(1, 64), 1)  # nginx worker processes
+    edge_access_log: bool = env("EDGE_ACCESS_LOG", _bool, True)  # JSON lines on stdout
+    # A request's head must arrive within the first, each read of its body within the second.
     http_header_timeout_seconds: float = env(
         "HTTP_HEADER_TIMEOUT_SECONDS", _float(0.1, 3600.0), 10.0
     )
     http_body_timeout_seconds: float = env("HTTP_BODY_TIMEOUT_SECONDS", _float(0.1, 3600.0), 60.0)
+    # Requests per second per client address, with a burst (nginx limit_req; gRPC counts in
+    # Redis across workers and replicas). Unset: no limit.
+    rate_limit: RateLimit | None = env("RATE_LIMIT", _rate_limit, None)
+    # TLS at the edge (and HTTP/2 to clients): both files, or neither.
+    tls_cert_file: str = env("TLS_CERT_FILE", _existing_file, "")
+    tls_key_file: str = env("TLS_KEY_FILE", _existing_file, "")
 
     # Cache (L2 = Redis).
     redis_url: str = field(
@@ -405,6 +451,9 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read every field from ``environ`` (default ``os.environ``); unset means default."""
         environ = os.environ if environ is None else environ
+        for var, instead in REMOVED.items():
+            if environ.get(var, "").strip():
+                raise ConfigError(f"{var}: removed; {instead}")
         values: dict[str, Any] = {}
         for f in fields(cls):
             var = f.metadata["env"]
@@ -416,6 +465,12 @@ class Settings:
         return cls(**values)
 
     def __post_init__(self) -> None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("TLS_CERT_FILE, TLS_KEY_FILE: set both or neither")
+        if self.edge == "external" and not self.edge_socket:
+            raise ConfigError("EDGE_SOCKET: required when EDGE=external (the socket nginx uses)")
+        if self.tls_cert_file and self.edge == "none":
+            raise ConfigError("TLS_CERT_FILE: TLS is served by the nginx edge, and EDGE=none")
         if self.ocr_engine == "serving" and not self.serving_url:
             raise ConfigError("SERVING_URL: required when OCR_ENGINE=serving")
         if self.ocr_engine == "hunyuan":

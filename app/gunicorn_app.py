@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import sys
 import tempfile
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from app.config import Settings
+from app.edge import GUNICORN_KEEPALIVE_SECONDS, Edge
 
 
 def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, Any]:
-    """``bind``: where gunicorn listens instead of HOST:HTTP_PORT (the front's unix socket)."""
+    """``bind``: where gunicorn listens instead of HOST:HTTP_PORT (the edge's unix socket)."""
+    behind_edge = bool(bind and bind.startswith("unix:"))
     return {
         "bind": bind or f"{settings.host}:{settings.http_port}",
         "workers": settings.web_concurrency,
@@ -25,8 +30,10 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "threads": settings.web_threads,
         "timeout": settings.request_timeout_seconds + 30,
         "graceful_timeout": settings.request_timeout_seconds,
-        "keepalive": 5,
-        # Behind app.front every request arrives over a unix socket, which gunicorn trusts as
+        # nginx reuses its connections and closes idle ones first (app/edge.py); clients
+        # talking to gunicorn directly (EDGE=none) get gunicorn's usual few seconds.
+        "keepalive": GUNICORN_KEEPALIVE_SECONDS if behind_edge else 5,
+        # Behind the edge every request arrives over a unix socket, which gunicorn trusts as
         # a proxy: it must not take SCRIPT_NAME/PATH_INFO or the scheme from client headers.
         "forwarder_headers": "",
         "secure_scheme_headers": {},
@@ -43,10 +50,6 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
 
 def _worker_ready(worker: Any) -> None:
     _start_grpc(worker)
-    from app import front_hits
-
-    # The HTTP front may answer hits from now on.
-    front_hits.publish(_service_of(worker), getattr(worker, "wsgi", None))
 
 
 def _start_grpc(worker: Any) -> None:
@@ -106,11 +109,40 @@ def _child_exit(server: Any, worker: Any) -> None:
         multiprocess.mark_process_dead(worker.pid)
 
 
+class _Arbiter(Arbiter):  # type: ignore[misc]
+    """gunicorn's master, supervising the edge: nginx starts once gunicorn's socket is bound;
+    a stop quits nginx first (gracefully: its in-flight requests are answered by workers that
+    are still running), then the workers; should nginx die, the service stops."""
+
+    edge: Edge | None = None
+
+    def start(self) -> None:
+        super().start()
+        if self.edge is not None and self.edge.pid is None:
+            master = os.getpid()
+            self.edge.start(on_exit=lambda: os.kill(master, signal.SIGTERM))
+
+    def stop(self, graceful: bool = True) -> None:
+        if self.edge is not None:
+            self.edge.quit(graceful)
+        super().stop(graceful)
+
+
 class GunicornApp(BaseApplication):  # type: ignore[misc]
-    def __init__(self, settings: Settings, bind: str | None = None) -> None:
+    def __init__(self, settings: Settings, bind: str | None = None, edge: Edge | None = None):
         self._settings = settings
         self._bind = bind
+        self._edge = edge
         super().__init__()
+
+    def run(self) -> None:
+        arbiter = _Arbiter(self)
+        arbiter.edge = self._edge
+        try:
+            arbiter.run()
+        except RuntimeError as exc:  # as BaseApplication.run
+            print(f"\nError: {exc}\n", file=sys.stderr)
+            sys.exit(1)
 
     def load_config(self) -> None:
         for key, value in gunicorn_options(self._settings, self._bind).items():

@@ -109,11 +109,6 @@ L3_BREAKER_OPEN = Gauge(
     "1 while the L3 circuit breaker skips the object store (open or probing), else 0",
     multiprocess_mode="livemax",
 )
-FRONT_HITS = Counter(
-    "ocr_front_hits_total",
-    "Requests the HTTP front answered from Redis itself, without gunicorn (app/front_hits.py)",
-    ["protocol"],
-)
 UNEXPECTED_ERRORS = Counter(
     "ocr_unexpected_errors_total",
     "Requests answered by the last-resort handler (a bug: logged with its request id)",
@@ -142,8 +137,6 @@ def initialise(engine_kind: str) -> None:
         L3_WRITES.labels(result=result)
     for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)
-    for protocol in ("rest", "pipeline_http"):
-        FRONT_HITS.labels(protocol=protocol)
 
 
 def render() -> tuple[bytes, str]:

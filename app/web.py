@@ -1,5 +1,6 @@
-"""The Flask application factory: wiring only. The routes are blueprints (``app.routes``:
-one per protocol, plus operations), the shared objects one extension (``app.service``)."""
+"""The Flask application factory: wiring only. The protocol endpoints are served in front of
+Flask (``app.routes.endpoints``), the operations, admin API and web page are blueprints, the
+shared objects one extension (``app.service``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from app.config import Settings
 from app.engines import build_engine
 from app.engines.base import Engine
 from app.engines.redacting import with_redaction
-from app.routes import lifecycle, ops, paddlex, pipeline_http, rest
+from app.routes import endpoints, lifecycle, ops, paddlex
 
 
 def create_app(
@@ -36,12 +37,8 @@ def create_app(
     app.extensions["ocr"] = shared
     lifecycle.register(app, settings)
     admin.register(app, settings.admin_token, shared.cache, shared.engine_state)
-    for blueprint in (
-        rest.blueprint,
-        pipeline_http.blueprint,
-        paddlex.blueprint,
-        ops.blueprint,
-        ui.blueprint,
-    ):
+    for blueprint in (paddlex.blueprint, ops.blueprint, ui.blueprint):
         app.register_blueprint(blueprint)
+    prefixes = {rule.rule.split("/")[1] for rule in app.url_map.iter_rules()}
+    app.wsgi_app = endpoints.Endpoints(shared, app.wsgi_app, prefixes)  # type: ignore[method-assign]
     return app

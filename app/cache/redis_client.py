@@ -6,20 +6,13 @@
 - ``redis+cluster://[user:pass@]host:port[,host:port]`` — redis-py's ``RedisCluster``.
 
 Every form gets the same short timeouts and one immediate retry (redis-py's ``Retry``).
-``connect(..., asynchronous=True)`` builds the same client from ``redis.asyncio`` (the HTTP
-front's event loop, app/front_hits.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import redis
-import redis.asyncio
-import redis.asyncio.cluster
-import redis.asyncio.retry
-import redis.asyncio.sentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterError, ResponseError
@@ -39,7 +32,6 @@ def connect(
     tls_ca_file: str = "",
     tls_cert_file: str = "",
     tls_key_file: str = "",
-    asynchronous: bool = False,
     **extra: Any,
 ) -> Any:
     """A client for ``url`` (``redis.Redis`` or ``RedisCluster``) with our timeouts.
@@ -55,19 +47,18 @@ def connect(
         tls["ssl_certfile"] = tls_cert_file
     if tls_key_file:
         tls["ssl_keyfile"] = tls_key_file
-    api = _ASYNC if asynchronous else _SYNC
     common: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": connect_timeout_s,
         # One immediate retry covers a pooled connection that died with a restart.
-        "retry": api.retry(NoBackoff(), 1),
+        "retry": Retry(NoBackoff(), 1),
         **extra,
     }
     endpoint = parse(url)
     if endpoint.kind == "single":
         secured = tls if url.startswith("rediss://") else {}
         auth_kw = {k: v for k, v in (("username", username), ("password", password)) if v}
-        return api.client.from_url(url, health_check_interval=30, **auth_kw, **secured, **common)
+        return redis.Redis.from_url(url, health_check_interval=30, **auth_kw, **secured, **common)
     auth = {
         "username": endpoint.username or username or None,
         "password": endpoint.password or password or None,
@@ -75,7 +66,7 @@ def connect(
     if tls:
         common.update(ssl=True, **tls)
     if endpoint.kind == "sentinel":
-        sentinel = api.sentinel(
+        sentinel = Sentinel(
             list(endpoint.hosts),
             sentinel_kwargs={
                 "socket_timeout": timeout_s,
@@ -85,8 +76,8 @@ def connect(
             **common,
         )
         return sentinel.master_for(endpoint.service, db=endpoint.db, **auth)
-    return api.cluster(
-        startup_nodes=[api.node(h, p) for h, p in endpoint.hosts],
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in endpoint.hosts],
         # A failed node is given up on quickly: the engine answers meanwhile.
         cluster_error_retry_attempts=1,
         **auth,
@@ -101,23 +92,4 @@ def server_answered(exc: BaseException) -> bool:
 
 
 def is_cluster(client: Any) -> bool:
-    return isinstance(client, (RedisCluster, redis.asyncio.cluster.RedisCluster))
-
-
-@dataclass(frozen=True)
-class _Api:
-    client: Any
-    sentinel: Any
-    cluster: Any
-    node: Any
-    retry: Any
-
-
-_SYNC = _Api(redis.Redis, Sentinel, RedisCluster, ClusterNode, Retry)
-_ASYNC = _Api(
-    redis.asyncio.Redis,
-    redis.asyncio.sentinel.Sentinel,
-    redis.asyncio.cluster.RedisCluster,
-    redis.asyncio.cluster.ClusterNode,
-    redis.asyncio.retry.Retry,
-)
+    return isinstance(client, RedisCluster)

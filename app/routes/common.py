@@ -1,48 +1,135 @@
-"""What the blueprints share: the request's cache controls, the request metrics, the cache
-headers and the JSON answer with ``Retry-After`` when the engine is busy."""
+"""What every request shares, whichever way it comes in (a protocol endpoint, or a Flask
+route): its ``Call`` (timer, request id, trust), its cache controls and metrics, the cache
+headers, and the last touch on every answer's headers (``finish_headers``)."""
 
 from __future__ import annotations
 
+import re
+import secrets
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
-from flask import Response, g, request
+from werkzeug.wrappers import Request
 
 from app import metrics
 from app.cache import near_dup
 from app.config import Settings
 from app.protocols import controls as cache_controls
+from app.protocols import trust
 from app.vocabulary import CacheControls, EngineBusy
 
 JSON = "application/json"
 TIER_HEADER = "X-Cache-Tier"
 DETAIL_HEADERS = (near_dup.SOURCE_HEADER, near_dup.FIGURES_HEADER)  # "similar" hits
+HIDDEN = ("X-Cache", TIER_HEADER, *DETAIL_HEADERS)  # from untrusted callers, with this setting
+REQUEST_ID = "X-Request-Id"
+# The cache status for the edge's access log (nginx drops it before the client sees it).
+EDGE_CACHE = "X-Edge-Cache"
+# A request id the edge or a client sent is kept when it is a plain token (as nginx's map).
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
-def controls(settings: Settings) -> CacheControls:
-    """The request's cache controls (headers; trust decided in ``lifecycle``)."""
-    return cache_controls.parse(request.headers, settings, trusted=g.trusted)
+@dataclass
+class Call:
+    """One request on its way through: the werkzeug request, when it started, its id (the
+    edge's ``X-Request-Id``, or a new one) and whether its caller is trusted
+    (app/protocols/trust.py)."""
+
+    request: Request
+    settings: Settings
+    started: float = field(default_factory=time.perf_counter)
+    request_id: str = ""
+    trusted: bool = True
+
+    @classmethod
+    def begin(cls, request: Request, settings: Settings) -> Call:
+        environ = request.environ
+        given = environ.get("HTTP_X_REQUEST_ID", "")
+        request_id = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
+        address = trust.http_client_address(environ)
+        trusted = trust.is_trusted(address, _EnvironHeaders(environ), settings)
+        return cls(request, settings, time.perf_counter(), request_id, trusted)
+
+    @property
+    def via_edge(self) -> bool:
+        """Over gunicorn's unix socket: only the edge connects there."""
+        return not self.request.environ.get("REMOTE_ADDR")
+
+    @property
+    def headers(self) -> _EnvironHeaders:
+        return _EnvironHeaders(self.request.environ)
 
 
-def observe(protocol: str, status: int, cache_status: str) -> None:
+class _EnvironHeaders:
+    """Request headers read straight from the WSGI environ (``Cache-Control`` is
+    ``HTTP_CACHE_CONTROL``): cheaper than building werkzeug's view for a few lookups."""
+
+    __slots__ = ("_environ",)
+
+    def __init__(self, environ: dict[str, Any]) -> None:
+        self._environ = environ
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        key = name.upper().replace("-", "_")
+        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            key = f"HTTP_{key}"
+        value = self._environ.get(key)
+        return default if value is None else value
+
+
+@dataclass
+class Answer:
+    """What an endpoint answers: status, body and headers (before ``finish_headers``)."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def controls(call: Call) -> CacheControls:
+    """The request's cache controls (headers; trust decided in ``Call.begin``)."""
+    return cache_controls.parse(call.headers, call.settings, trusted=call.trusted)
+
+
+def observe(call: Call, protocol: str, status: int, cache_status: str) -> None:
     metrics.REQUESTS.labels(protocol=protocol, status=str(status)).inc()
     metrics.REQUEST_SECONDS.labels(protocol=protocol, cache=cache_status).observe(
-        time.perf_counter() - g.started
+        time.perf_counter() - call.started
     )
 
 
 def cache_headers(
     status: str, tier: str, details: tuple[tuple[str, str], ...] = ()
-) -> dict[str, str]:
+) -> list[tuple[str, str]]:
     """``X-Cache`` and, for hits, ``X-Cache-Tier`` (l1, l2, ...) and a similar hit's
     ``DETAIL_HEADERS``; all hidden together from untrusted callers when
-    ``CACHE_STATUS_VISIBLE=trusted`` (``lifecycle``)."""
-    headers = {"X-Cache": status, **dict(details)}
+    ``CACHE_STATUS_VISIBLE=trusted`` (``finish_headers``)."""
+    headers = [("X-Cache", status), *details]
     if tier:
-        headers[TIER_HEADER] = tier
+        headers.append((TIER_HEADER, tier))
     return headers
 
 
-def error(body: bytes, status: int, exc: Exception) -> Response:
+def error(body: bytes, status: int, exc: Exception) -> Answer:
     """An error answer; overload (``EngineBusy``) says when to come back."""
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, EngineBusy) else None
-    return Response(body, status=status, mimetype=JSON, headers=headers)
+    headers = [("Retry-After", str(exc.retry_after))] if isinstance(exc, EngineBusy) else []
+    return Answer(status, body, [("Content-Type", JSON), *headers])
+
+
+def finish_headers(call: Call, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every answer: its request id; the cache status copied for the edge's access log; and
+    the cache status hidden from an untrusted caller (it tells whether an image was seen)."""
+    if call.via_edge:
+        status = tier = ""
+        for name, value in headers:
+            if name == "X-Cache":
+                status = value
+            elif name == TIER_HEADER:
+                tier = value
+        if status:
+            headers.append((EDGE_CACHE, f"{status} {tier}".rstrip()))
+    if not trust.shows_cache_status(call.trusted, call.settings):
+        headers = [(name, value) for name, value in headers if name not in HIDDEN]
+    headers.append((REQUEST_ID, call.request_id))
+    return headers

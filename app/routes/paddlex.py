@@ -1,38 +1,37 @@
 """PaddleX / PaddleOCR 3.x basic serving (app/protocols/paddlex.py): ``POST /ocr`` parse ->
 the file's pages (``paddlex_files``) -> cache -> render; errors answered from
-``paddlex.ERRORS``. ``GET /health`` answers as upstream's does."""
+``paddlex.ERRORS``. ``GET /health`` answers as upstream's does (a Flask route)."""
 
 from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify
 
 from app.protocols import paddlex, paddlex_files
 from app.protocols.errors import lookup
 from app.routes import common
-from app.service import current
+from app.routes.common import JSON, Answer, Call
+from app.service import OcrService
 from app.vocabulary import tiers_of
 
 log = logging.getLogger("app.web")  # the name its log lines have always carried
 
 blueprint = Blueprint("paddlex", __name__)
 
-PATHS = ("/ocr", "/health")  # its routes: werkzeug's own errors there answer in its envelope
+PATHS = ("/ocr", "/health")  # its paths: werkzeug's own errors there answer in its envelope
 
 
-@blueprint.post("/ocr")
-def paddlex_ocr() -> Response:
-    service = current()
+def handle(service: OcrService, call: Call) -> Answer:
     settings = service.settings
     log_id = paddlex.new_log_id()
     try:
         req = paddlex.parse(
-            request.get_data(), service.default_params, settings.paddlex_rec_score_thresh
+            call.request.get_data(), service.default_params, settings.paddlex_rec_score_thresh
         )
         log_id = req.log_id
         pages, is_pdf = paddlex_files.images(req, settings)
-        outcomes = service.cache.get_or_compute_many(pages, req.params, common.controls(settings))
+        outcomes = service.cache.get_or_compute_many(pages, req.params, common.controls(call))
         visualize = settings.paddlex_visualize if req.visualize is None else req.visualize
         result = paddlex_files.result(
             req, pages, outcomes, is_pdf, visualize, settings.max_image_pixels
@@ -41,13 +40,12 @@ def paddlex_ocr() -> Response:
         status, message = lookup(paddlex.ERRORS, exc) or (500, None)
         if message is not None:
             log.info("paddlex logId=%s: invalid input file: %s", log_id, exc)
-        common.observe("paddlex", status, "none")
+        common.observe(call, "paddlex", status, "none")
         return common.error(paddlex.error(log_id, status, message or str(exc)), status, exc)
     status_text = ",".join(sorted({o.status.value for o in outcomes}))
-    common.observe("paddlex", 200, status_text)
-    body = paddlex.success(log_id, result)
-    headers = common.cache_headers(status_text, tiers_of(outcomes))
-    return Response(body, mimetype=common.JSON, headers=headers)
+    common.observe(call, "paddlex", 200, status_text)
+    headers = [("Content-Type", JSON), *common.cache_headers(status_text, tiers_of(outcomes))]
+    return Answer(200, paddlex.success(log_id, result), headers)
 
 
 @blueprint.get("/health")

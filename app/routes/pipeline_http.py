@@ -6,31 +6,27 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, request
-
 from app.protocols import pipeline, pipeline_http
 from app.protocols.errors import BadRequest
 from app.routes import common
-from app.service import current
+from app.routes.common import JSON, Answer, Call
+from app.service import OcrService
 from app.vocabulary import EngineBusy
 
 log = logging.getLogger("app.web")  # the name its log lines have always carried
 
-blueprint = Blueprint("pipeline_http", __name__)
 
-
-@blueprint.post("/<name>/<method>")
-def pipeline_route(name: str, method: str) -> Response:
-    service = current()
+def handle(service: OcrService, call: Call) -> Answer:
     settings = service.settings
+    _, name, method = call.request.path.split("/", 2)
     if name != settings.pipeline_service_name:
         answer = pipeline.service_name_error()
     else:
         try:
-            req = pipeline_http.parse(request.get_data())
-            cache_controls = common.controls(settings)
+            req = pipeline_http.parse(call.request.get_data())
+            cache_controls = common.controls(call)
         except pipeline_http.GatewayError as exc:
-            common.observe("pipeline_http", 400, "none")
+            common.observe(call, "pipeline_http", 400, "none")
             return common.error(pipeline_http.gateway_error(str(exc)), 400, exc)
         except (pipeline.PipelineError, BadRequest) as exc:
             answer = pipeline.refused(exc)
@@ -42,11 +38,11 @@ def pipeline_route(name: str, method: str) -> Response:
                     settings.max_images_per_request, cache_controls,
                 )  # fmt: skip
             except EngineBusy as exc:
-                common.observe("pipeline_http", 503, "none")
+                common.observe(call, "pipeline_http", 503, "none")
                 busy = pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=str(exc))
                 return common.error(pipeline_http.render(busy), 503, exc)
-    common.observe("pipeline_http", 200, answer.cache_status)
-    response = Response(pipeline_http.render(answer), mimetype=common.JSON)
+    common.observe(call, "pipeline_http", 200, answer.cache_status)
+    headers = [("Content-Type", JSON)]
     if answer.err_no == 0:
-        response.headers.extend(common.cache_headers(answer.cache_status, answer.cache_tier))
-    return response
+        headers.extend(common.cache_headers(answer.cache_status, answer.cache_tier))
+    return Answer(200, pipeline_http.render(answer), headers)

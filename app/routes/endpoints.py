@@ -1,0 +1,157 @@
+"""The protocol endpoints, served in front of Flask: ``POST /v1/ocr`` (REST), ``POST /ocr``
+(PaddleX) and ``POST /{PIPELINE_SERVICE_NAME}/{method}`` (Paddle Serving's pipeline).
+
+They are the service's hottest requests, and an L2 hit costs less than Flask's own
+request machinery (its context, URL map, hooks and response object: about a third of a hit's
+throughput, measured in docs/PERFORMANCE.md). So these paths are matched here, on the WSGI
+environ, and their handler (``app.routes.rest``, ``pipeline_http``, ``paddlex``: one per
+protocol, the only one) is called with a werkzeug request; every other path (operations, the
+admin API, the web page) goes on to Flask. What Flask did for these paths is done here the
+same way: other methods get 405 (and OPTIONS its answer) in the protocol's form, werkzeug's
+own errors (413 on a body or form field over its limit) likewise, and a bug the protocol's
+last-resort answer, logged with the request id and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
+from werkzeug.wrappers import Request
+
+from app import metrics
+from app.protocols import paddlex as paddlex_protocol
+from app.protocols import pipeline, rest
+from app.protocols import pipeline_http as pipeline_protocol
+from app.routes import common, paddlex, pipeline_http
+from app.routes import rest as rest_routes
+from app.routes.common import JSON, Answer, Call
+from app.service import OcrService
+
+log = logging.getLogger("app.web")  # the name its log lines have always carried
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+ALLOW = "OPTIONS, POST"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    protocol: str  # the metrics label
+    handle: Callable[[OcrService, Call], Answer]
+    http_error: Callable[[str, int, str], bytes]  # werkzeug's errors (code, status, message)
+    last_resort: Callable[[str, str], bytes]  # a bug's answer, from (request id, message)
+
+
+def _rest_http_error(code: str, status: int, message: str) -> bytes:
+    return rest.error_body(code, message)
+
+
+def _paddlex_http_error(code: str, status: int, message: str) -> bytes:
+    return paddlex_protocol.error(paddlex_protocol.new_log_id(), status, message)
+
+
+REST = Endpoint(
+    "rest",
+    rest_routes.handle,
+    _rest_http_error,
+    lambda _, message: rest.error_body("internal_error", message),
+)
+PADDLEX = Endpoint(
+    "paddlex",
+    paddlex.handle,
+    _paddlex_http_error,
+    lambda request_id, message: paddlex_protocol.error(request_id, 500, message),
+)
+PIPELINE = Endpoint(
+    "pipeline_http",
+    pipeline_http.handle,
+    _rest_http_error,  # as the pipeline's gateway answers what it cannot route
+    lambda _, message: pipeline_protocol.render(
+        pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=message)
+    ),
+)
+
+
+class Endpoints:
+    """WSGI middleware: the protocol endpoints here, everything else to ``next_app``."""
+
+    def __init__(self, service: OcrService, next_app: WSGIApp, flask_prefixes: set[str]):
+        """``flask_prefixes``: the first path segments Flask's own routes use (``v1``,
+        ``admin``, ``ui``): a two-segment path under one of them is Flask's, any other is
+        the pipeline's (``/{name}/{method}``; a name not the service's gets its error)."""
+        self._service = service
+        self._next = next_app
+        self._settings = service.settings
+        self._exact = {"/v1/ocr": REST, "/ocr": PADDLEX}
+        self._flask_prefixes = frozenset(flask_prefixes - {service.settings.pipeline_service_name})
+
+    def match(self, path: str) -> Endpoint | None:
+        endpoint = self._exact.get(path)
+        if endpoint is not None:
+            return endpoint
+        parts = path.split("/")
+        if len(parts) == 3 and parts[1] and parts[2] and parts[1] not in self._flask_prefixes:
+            return PIPELINE
+        return None
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        endpoint = self.match(environ.get("PATH_INFO", ""))
+        if endpoint is None:
+            return self._next(environ, start_response)
+        request = Request(environ)
+        request.max_content_length = self._settings.max_request_bytes
+        call = Call.begin(request, self._settings)
+        answer = self._answer(endpoint, call)
+        headers = common.finish_headers(call, answer.headers)
+        start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
+        return [answer.body]
+
+    def _answer(self, endpoint: Endpoint, call: Call) -> Answer:
+        method = call.request.method
+        try:
+            if method == "POST":
+                self._limit_streamed_body(call.request)
+                return endpoint.handle(self._service, call)
+            if method == "OPTIONS":
+                return Answer(200, b"", [("Allow", ALLOW), ("Content-Type", "text/html")])
+            raise MethodNotAllowed(valid_methods=["OPTIONS", "POST"])
+        except HTTPException as exc:
+            return self._http_error(endpoint, exc)
+        except Exception:
+            return self._last_resort(endpoint, call)
+
+    def _limit_streamed_body(self, request: Request) -> None:
+        """A chunked body (no Content-Length, so not refused up front) that reaches the
+        limit is refused too (multipart parsing raises by itself)."""
+        if request.content_length is None and request.mimetype != "multipart/form-data":
+            if len(request.get_data(cache=True)) >= self._settings.max_request_bytes:
+                raise RequestEntityTooLarge()
+
+    def _http_error(self, endpoint: Endpoint, exc: HTTPException) -> Answer:
+        status = exc.code or 500
+        if isinstance(exc, RequestEntityTooLarge):
+            code, message = (
+                "too_large",
+                f"request body over {self._settings.max_request_bytes} bytes",
+            )
+        else:
+            code = exc.name.lower().replace(" ", "_")
+            message = exc.name if endpoint is PADDLEX else exc.description or ""
+        body = endpoint.http_error(code, status, message)
+        headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+        return Answer(status, body, [("Content-Type", JSON), *headers])
+
+    def _last_resort(self, endpoint: Endpoint, call: Call) -> Answer:
+        """A bug, never the client's fault: answered in the protocol's form, logged with
+        the request id (also sent as ``X-Request-Id``) and counted."""
+        log.exception("unexpected error request_id=%s path=%s", call.request_id, call.request.path)
+        metrics.UNEXPECTED_ERRORS.labels(protocol=endpoint.protocol).inc()
+        common.observe(call, endpoint.protocol, 500, "none")
+        body = endpoint.last_resort(
+            call.request_id, f"internal error (request id {call.request_id})"
+        )
+        return Answer(500, body, [("Content-Type", JSON)])
