@@ -4,7 +4,9 @@ Runs inside each gunicorn worker, beside HTTP, on the same cache and engine: eve
 binds GRPC_PORT with SO_REUSEPORT (grpcio's default on Linux) and the kernel spreads
 connections over them, so gRPC costs no extra engine memory. Stubs: app/protocols/pipeline_stubs.py.
 Each call is parse (``pipeline.build_request``) -> the pipeline call shared with HTTP
-(``pipeline.answer``: cache, then render) -> the protocol's ``Response``.
+(``pipeline.answer``: cache, then render) -> the protocol's ``Response``. With ``RATE_LIMIT``
+a call over its client's budget (counted in Redis across workers and replicas:
+app/cache/rate_limit.py) is refused first: ``RESOURCE_EXHAUSTED`` with ``retry-after``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import grpc
 
 from app import metrics
+from app.cache.rate_limit import RateLimiter
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.protocols import controls, pipeline, trust
@@ -51,12 +54,19 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
     def __init__(self, cache: OcrCache, settings: Settings) -> None:
         self._cache = cache
         self._settings = settings
+        self._limiter = (
+            RateLimiter(cache.store, cache.keys, settings.rate_limit, "grpc")
+            if settings.rate_limit
+            else None
+        )
 
     def inference(self, request: Any, context: grpc.ServicerContext) -> Any:
         started = time.perf_counter()
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before start")
+        if self._limiter is not None:
+            self._limit(context)
         try:
             answer = self._answer(request, context)
         except EngineBusy as exc:
@@ -81,6 +91,22 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
         )
         return pb2.Response(
             err_no=answer.err_no, err_msg=answer.err_msg, key=answer.keys, value=answer.values
+        )
+
+    def _limit(self, context: grpc.ServicerContext) -> None:
+        """RATE_LIMIT, before any work (hits and misses alike): over the client's budget, the
+        call ends with RESOURCE_EXHAUSTED and ``retry-after`` (seconds) in its trailers."""
+        assert self._limiter is not None
+        decision = self._limiter.check(trust.grpc_peer_address(context.peer()))
+        if decision.allowed:
+            return
+        metrics.REQUESTS.labels(protocol="grpc", status="RESOURCE_EXHAUSTED").inc()
+        context.set_trailing_metadata((("retry-after", str(decision.retry_after)),))
+        limit = self._settings.rate_limit
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"rate limit exceeded: at most {limit.rate:g} requests per second per client "
+            f"(RATE_LIMIT={limit}); retry after {decision.retry_after} s",
         )
 
     @staticmethod

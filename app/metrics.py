@@ -115,6 +115,13 @@ UNEXPECTED_ERRORS = Counter(
     ["protocol"],
 )
 
+RATE_LIMITED = Counter(
+    "ocr_rate_limited_total",
+    "Requests refused by RATE_LIMIT in the service (gRPC; nginx refuses HTTP's itself: "
+    "status 429 in its access log)",
+    ["protocol"],
+)
+
 
 def initialise(engine_kind: str) -> None:
     """Every known label set at 0 from start-up (Prometheus convention): dashboards and
@@ -137,6 +144,7 @@ def initialise(engine_kind: str) -> None:
         L3_WRITES.labels(result=result)
     for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)
+    RATE_LIMITED.labels(protocol="grpc")
 
 
 def render() -> tuple[bytes, str]:

@@ -129,6 +129,11 @@ class KeySpace:
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
 
+    def rate_limit(self, client: str) -> str:
+        """One client address's rate-limit state (``app/cache/rate_limit.py``): per
+        deployment (the base prefix), whatever the engine, task or tenant."""
+        return f"{self.base_prefix}:ratelimit:{{{client or 'unknown'}}}"
+
     def dispatch(self, writer: str = "") -> tuple[str, str]:
         """The global miss queue of this engine (a stream) and its live-engine register (a
         sorted set): one hash tag, one slot. Per fingerprint: a job is computed only by an

@@ -1,0 +1,120 @@
+"""``RATE_LIMIT`` for gRPC, counted in Redis: one budget per client address across every
+worker and replica (gRPC does not pass the nginx edge, which limits HTTP itself).
+
+The semantics are nginx's ``limit_req rate=R burst=B nodelay``: a client may send B+1
+requests at once, then R per second; a refused request costs nothing. It is GCRA (the
+generic cell rate algorithm): one number per client, its theoretical arrival time (TAT).
+A request at ``now`` is allowed when ``max(TAT, now) - now <= B / R``, and then moves the
+TAT on by ``1 / R``. The check and the update are one Lua script, atomic in Redis, on
+Redis's clock (``TIME``), so workers and replicas with skewed clocks share one budget. The
+key expires once its TAT has passed (a client that stopped is at a full burst again then).
+
+Redis unavailable (down, slow, circuit open): the request is allowed (fail open; Redis
+errors are counted in ``ocr_redis_errors_total{op="rate_limit"}``). Caching off (no Redis
+at all): each process counts its own budget in memory.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from app import metrics
+from app.cache.keys import KeySpace
+from app.cache.store import NullStore, RedisStore
+from app.config import RateLimit
+
+# KEYS[1]: the client's TAT (microseconds on Redis's clock). ARGV: the emission interval
+# 1/R and the tolerance B/R, in microseconds. Returns {1, 0} (allowed) or {0, wait_ms}.
+# Numbers are written with %.0f: Lua's tostring keeps 14 digits, a TAT has 16.
+_GCRA = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
+if tat < now then tat = now end
+local wait = tat - tolerance - now
+if wait > 0 then return {0, math.ceil(wait / 1000)} end
+tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+return {1, 0}
+"""
+
+# In-memory budgets (caching off) kept at most; past it the expired ones are dropped.
+_LOCAL_MAX_CLIENTS = 100_000
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``retry_after``: whole seconds until the client may send again (0 when allowed)."""
+
+    allowed: bool
+    retry_after: int = 0
+
+
+ALLOWED = Decision(True)
+
+
+class RateLimiter:
+    """``check(client)`` for one protocol's requests (``protocol`` labels the metric)."""
+
+    def __init__(
+        self, store: RedisStore | NullStore, keys: KeySpace, limit: RateLimit, protocol: str
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._protocol = protocol
+        self._interval_us = 1_000_000 / limit.rate
+        self._tolerance_us = limit.burst * self._interval_us
+        self._args = (f"{self._interval_us:.3f}", f"{self._tolerance_us:.3f}")
+        self._script: Any = None  # registered on first use, on the store's client
+        self._local: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def check(self, client: str) -> Decision:
+        if isinstance(self._store, RedisStore):
+            decision = self._check_redis(client)
+        else:
+            decision = self._check_local(client)
+        if not decision.allowed:
+            metrics.RATE_LIMITED.labels(protocol=self._protocol).inc()
+        return decision
+
+    def _check_redis(self, client: str) -> Decision:
+        key = self._keys.rate_limit(client)
+
+        def run(redis: Any) -> Any:
+            if self._script is None:
+                self._script = redis.register_script(_GCRA)
+            return self._script(keys=[key], args=self._args, client=redis)
+
+        ok, answer = self._store.run("rate_limit", run)
+        if not ok:
+            return ALLOWED  # fail open; the store counted the failure
+        allowed, wait_ms = answer
+        if int(allowed):
+            return ALLOWED
+        return Decision(False, _seconds(int(wait_ms) / 1000))
+
+    def _check_local(self, client: str) -> Decision:
+        """The same GCRA, in this process only."""
+        now = time.monotonic() * 1_000_000
+        with self._lock:
+            tat = max(self._local.get(client, now), now)
+            wait = tat - self._tolerance_us - now
+            if wait > 0:
+                return Decision(False, _seconds(wait / 1_000_000))
+            if len(self._local) >= _LOCAL_MAX_CLIENTS:
+                self._local = {c: t for c, t in self._local.items() if t > now}
+            self._local[client] = tat + self._interval_us
+        return ALLOWED
+
+
+def _seconds(wait: float) -> int:
+    """``retry-after``: whole seconds, at least 1."""
+    return max(1, math.ceil(wait))
