@@ -54,10 +54,9 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
     def __init__(self, cache: OcrCache, settings: Settings) -> None:
         self._cache = cache
         self._settings = settings
+        limit = settings.rate_limit
         self._limiter = (
-            RateLimiter(cache.store, cache.keys, settings.rate_limit, "grpc")
-            if settings.rate_limit
-            else None
+            RateLimiter(cache.store, cache.keys, limit.rate, limit.burst, "grpc") if limit else None
         )
 
     def inference(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -37,7 +37,7 @@ def _store(url: str, timeout_ms: int = 2000) -> RedisStore:
 
 
 def _limiter(url: str, rate: float, burst: int, prefix: str = "rl") -> RateLimiter:
-    return RateLimiter(_store(url), KeySpace(prefix, "fp"), RateLimit(rate, burst), "grpc")
+    return RateLimiter(_store(url), KeySpace(prefix, "fp"), rate, burst, "grpc")
 
 
 def _metric(name: str, **labels: str) -> float:
@@ -124,9 +124,7 @@ def test_redis_down_allows_and_counts_the_failure():
     """Fail open: a Redis outage costs the limit, never requests; each failure is counted
     (``ocr_redis_errors_total{op="rate_limit"}``, the breaker's skips as circuit_open)."""
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    limiter = RateLimiter(
-        _store(url, timeout_ms=200), KeySpace("rl", "fp"), RateLimit(PER_MINUTE, 0), "grpc"
-    )
+    limiter = RateLimiter(_store(url, timeout_ms=200), KeySpace("rl", "fp"), PER_MINUTE, 0, "grpc")
     errors = _metric("ocr_redis_errors_total", op="rate_limit")
     refused = _metric("ocr_rate_limited_total", protocol="grpc")
     assert all(limiter.check("10.0.0.1").allowed for _ in range(6))
@@ -137,7 +135,7 @@ def test_redis_down_allows_and_counts_the_failure():
 
 def test_caching_off_counts_in_the_process():
     """No Redis at all (CACHE_ENABLED=false): the same algorithm, per process."""
-    limiter = RateLimiter(NullStore(), KeySpace("rl", "fp"), RateLimit(PER_MINUTE, 1), "grpc")
+    limiter = RateLimiter(NullStore(), KeySpace("rl", "fp"), PER_MINUTE, 1, "grpc")
     assert [limiter.check("10.0.0.1").allowed for _ in range(3)] == [True, True, False]
     assert limiter.check("10.0.0.2").allowed
     refused = limiter.check("10.0.0.1")

@@ -25,7 +25,6 @@ from typing import Any
 from app import metrics
 from app.cache.keys import KeySpace
 from app.cache.store import NullStore, RedisStore
-from app.config import RateLimit
 
 # KEYS[1]: the client's TAT (microseconds on Redis's clock). ARGV: the emission interval
 # 1/R and the tolerance B/R, in microseconds. Returns {1, 0} (allowed) or {0, wait_ms}.
@@ -61,16 +60,17 @@ ALLOWED = Decision(True)
 
 
 class RateLimiter:
-    """``check(client)`` for one protocol's requests (``protocol`` labels the metric)."""
+    """``check(client)`` for one protocol's requests (``protocol`` labels the metric):
+    ``rate`` requests per second, ``burst`` more at once (``RATE_LIMIT=rate:burst``)."""
 
     def __init__(
-        self, store: RedisStore | NullStore, keys: KeySpace, limit: RateLimit, protocol: str
+        self, store: RedisStore | NullStore, keys: KeySpace, rate: float, burst: int, protocol: str
     ) -> None:
         self._store = store
         self._keys = keys
         self._protocol = protocol
-        self._interval_us = 1_000_000 / limit.rate
-        self._tolerance_us = limit.burst * self._interval_us
+        self._interval_us = 1_000_000 / rate
+        self._tolerance_us = burst * self._interval_us
         self._args = (f"{self._interval_us:.3f}", f"{self._tolerance_us:.3f}")
         self._script: Any = None  # registered on first use, on the store's client
         self._local: dict[str, float] = {}
