@@ -4,6 +4,7 @@ headers, and the last touch on every answer's headers (``finish_headers``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import time
@@ -93,10 +94,19 @@ def controls(call: Call) -> CacheControls:
 
 
 def observe(call: Call, protocol: str, status: int, cache_status: str) -> None:
-    metrics.REQUESTS.labels(protocol=protocol, status=str(status)).inc()
-    metrics.REQUEST_SECONDS.labels(protocol=protocol, cache=cache_status).observe(
-        time.perf_counter() - call.started
-    )
+    _requests(protocol, status).inc()
+    _seconds(protocol, cache_status).observe(time.perf_counter() - call.started)
+
+
+# A labels() lookup per request is measurable on the hit path; the label sets are few.
+@functools.cache
+def _requests(protocol: str, status: int) -> Any:
+    return metrics.REQUESTS.labels(protocol=protocol, status=str(status))
+
+
+@functools.cache
+def _seconds(protocol: str, cache_status: str) -> Any:
+    return metrics.REQUEST_SECONDS.labels(protocol=protocol, cache=cache_status)
 
 
 def cache_headers(

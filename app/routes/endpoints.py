@@ -76,6 +76,25 @@ PIPELINE = Endpoint(
 )
 
 
+class _Request(Request):
+    """werkzeug's request, whose body of a known length (not multipart) is read in one call
+    from the server's input: werkzeug's own stream reads it piecewise into a second buffer,
+    which a 416 KB JSON body notices."""
+
+    def get_data(  # type: ignore[override]
+        self, cache: bool = True, as_text: bool = False, parse_form_data: bool = False
+    ) -> bytes | str:
+        length = self.content_length
+        if (
+            getattr(self, "_cached_data", None) is None
+            and length is not None
+            and length <= (self.max_content_length or 0)
+            and self.mimetype != "multipart/form-data"
+        ):
+            self._cached_data = self.environ["wsgi.input"].read(length)
+        return super().get_data(cache, as_text, parse_form_data)  # type: ignore[call-overload,no-any-return]
+
+
 class Endpoints:
     """WSGI middleware: the protocol endpoints here, everything else to ``next_app``."""
 
@@ -102,11 +121,12 @@ class Endpoints:
         endpoint = self.match(environ.get("PATH_INFO", ""))
         if endpoint is None:
             return self._next(environ, start_response)
-        request = Request(environ)
+        request = _Request(environ)
         request.max_content_length = self._settings.max_request_bytes
         call = Call.begin(request, self._settings)
         answer = self._answer(endpoint, call)
         headers = common.finish_headers(call, answer.headers)
+        headers.append(("Content-Length", str(len(answer.body))))
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
         return [answer.body]
 
