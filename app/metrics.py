@@ -109,6 +109,15 @@ L3_BREAKER_OPEN = Gauge(
     "1 while the L3 circuit breaker skips the object store (open or probing), else 0",
     multiprocess_mode="livemax",
 )
+DOCUMENT_LOOKUPS = Counter(
+    "ocr_document_lookups_total",
+    "Document (PDF) page-list lookups: hit = its pages are known without rendering it",
+    ["result"],
+)
+PDF_PAGES_RENDERED = Counter(
+    "ocr_pdf_pages_rendered_total",
+    "PDF pages rendered to images (a repeated document whose pages are all cached renders none)",
+)
 UNEXPECTED_ERRORS = Counter(
     "ocr_unexpected_errors_total",
     "Requests answered by the last-resort handler (a bug: logged with its request id)",
@@ -144,6 +153,8 @@ def initialise(engine_kind: str) -> None:
         L3_WRITES.labels(result=result)
     for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)
+    for result in ("hit", "miss"):
+        DOCUMENT_LOOKUPS.labels(result=result)
     RATE_LIMITED.labels(protocol="grpc")
 
 

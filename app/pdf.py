@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import io
 
+from app import metrics
 from app.imaging import InvalidImage, check_size
+
+
+def renderer() -> str:
+    """The renderer's identity (pypdfium2 and its PDFium build): the same PDF renders to
+    the same page images only under the same one."""
+    from pypdfium2.version import PDFIUM_INFO, PYPDFIUM_INFO
+
+    return f"pypdfium2-{PYPDFIUM_INFO}-pdfium-{PDFIUM_INFO.build}"
 
 
 def render_pages(data: bytes, max_pages: int, scale: float, max_pixels: int) -> list[bytes]:
@@ -30,6 +39,7 @@ def render_pages(data: bytes, max_pages: int, scale: float, max_pixels: int) -> 
             buf = io.BytesIO()
             image.save(buf, format="PNG", compress_level=1)
             pages.append(buf.getvalue())
+            metrics.PDF_PAGES_RENDERED.inc()
         if not pages:
             raise InvalidImage("PDF has no pages")
         return pages

@@ -34,6 +34,13 @@ class ImageDigest:
         return cached
 
 
+def known_digest(md5: str, sha256: str) -> ImageDigest:
+    """The digest of an image not at hand (a PDF's page named by the document tier)."""
+    digest = ImageDigest(b"", sha256)
+    object.__setattr__(digest, "_md5", md5)
+    return digest
+
+
 def digest_image(data: bytes) -> ImageDigest:
     return ImageDigest(data, hashlib.sha256(data).hexdigest())
 
@@ -120,6 +127,12 @@ class KeySpace:
 
     def _scope(self, task: str, namespace: str) -> str:
         return f"{self.prefix(namespace)}:{KEY_SCHEMA}:{self.fingerprint}:{task}"
+
+    def document(self, digest: ImageDigest, spec: str, namespace: str = "") -> str:
+        """A document's page list (``app/cache/documents.py``): per renderer ``spec``, not
+        per engine (its pages are images; their entries are per engine). The document's MD5
+        is its hash tag, so a purge of that MD5 removes it."""
+        return f"{self.prefix(namespace)}:{KEY_SCHEMA}:doc:{spec}:{{{digest.md5}}}"
 
     def purge_pattern(self, namespace: str = "", md5: str | None = None) -> str:
         """A namespace's entries, or one image's entries in it (its hash tag)."""

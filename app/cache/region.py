@@ -21,6 +21,7 @@ from app import metrics
 from app.cache.codec import Codec
 from app.cache.dispatch import Dispatcher
 from app.cache.dispatch import Job as DispatchJob
+from app.cache.documents import Documents
 from app.cache.election import Election
 from app.cache.engine_runner import EngineBusy, EngineRunner
 from app.cache.keys import ImageDigest, KeySpace, digest_image
@@ -108,6 +109,8 @@ class OcrCache:
         self._l3 = ColdTier.from_options(options.l3, self._codec) if self._store.enabled else None
         # Near-duplicate tiers (pixel, similar) after an exact miss (app/cache/near_dup.py).
         self._near = NearDuplicates(options, engine, self._store, self._keys, self._codec, self._l1)
+        # Documents (PDFs): their page lists, so a repeated one is not rendered again.
+        self._documents = Documents(self._store, self._keys, self._codec)
         self._election: Election | None = None
         if isinstance(self._store, RedisStore):
             notifier = Notifier(self._store, self._keys, on_purge=self._l1.clear)
@@ -216,28 +219,12 @@ class OcrCache:
 
         task = self._keys.task(params)
         jobs = [_Job(data, params, digest_image(data), task, controls) for data in images]
-        outcomes: list[Outcome | None] = [None] * len(images)
-        if not controls.no_cache:
-            for i, job in enumerate(jobs):
-                hit = self._l1.get(self._l1_key(job))
-                if hit is not None:
-                    metrics.CACHE_REQUESTS.labels(result="hit").inc()
-                    metrics.CACHE_TIER_HITS.labels(tier="l1").inc()
-                    outcomes[i] = Outcome(hit, CacheStatus.HIT, "l1")
-        pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
-        for i in pending:
-            jobs[i].key = self.key_for(jobs[i].digest, params, controls.namespace)
-        ok, values = True, [None] * len(pending)
-        if pending and not controls.no_cache:
-            ok, values = self._store.get_many([jobs[i].key for i in pending])
-        for i, value in zip(pending, values, strict=True):
-            job = jobs[i]
-            hit = self._read(value, job)
-            if hit is not None:
-                self._l2_hit_counters[0].inc()
-                self._l2_hit_counters[1].inc()
-                outcomes[i] = Outcome(hit, CacheStatus.HIT, "l2")
+        ok, outcomes = self._lookup(jobs, controls)
+        self._count_hits(outcomes)
+        for i, outcome in enumerate(outcomes):
+            if outcome is not None:
                 continue
+            job = jobs[i]
             # Keyed on the full identity: two images with one MD5 share a Redis key (whose
             # entry the SHA-256 check guards), never a computation.
             # A request that refuses the similarity tier never shares a similar answer.
@@ -251,6 +238,74 @@ class OcrCache:
             metrics.CACHE_REQUESTS.labels(result=label).inc()
             outcomes[i] = outcome
         return outcomes  # type: ignore[return-value]
+
+    def get_or_compute_document(
+        self,
+        document: bytes,
+        spec: str,
+        render: Callable[[], list[bytes]],
+        params: OcrParams | None = None,
+        controls: CacheControls = CacheControls(),
+        need_pages: bool = False,
+    ) -> tuple[list[bytes] | None, list[Outcome]]:
+        """A document's outcomes, one per page: from its page list (``documents``) when
+        every page is a hit, without rendering (pages: None); else ``render()``'s pages
+        through ``get_or_compute_many``, and the page list recorded. ``spec`` names the
+        renderer; ``need_pages``: the caller needs the pictures (they are rendered)."""
+        params = params or self._engine.default_params
+        usable = self._store.enabled and not controls.bypass
+        digest = digest_image(document)
+        if usable and not controls.no_cache and not need_pages:
+            self._engine.check_params(params)
+            pages = self._documents.lookup(digest, spec, controls.namespace)
+            if pages is not None:
+                task = self._keys.task(params)
+                jobs = [_Job(b"", params, page, task, controls) for page in pages]
+                _, found = self._lookup(jobs, controls)
+                if all(outcome is not None for outcome in found):
+                    self._count_hits(found)
+                    return None, found  # type: ignore[return-value]
+        images = render()
+        outcomes = self.get_or_compute_many(images, params, controls)
+        if usable and not controls.no_store:
+            ttl = controls.ttl or self._ttl()
+            pages = [digest_image(image) for image in images]
+            self._documents.record(digest, spec, controls.namespace, pages, ttl)
+        return images, outcomes
+
+    def _lookup(
+        self, jobs: list[_Job], controls: CacheControls
+    ) -> tuple[bool, list[Outcome | None]]:
+        """L1, then L2 for the rest in one MGET: each job's hit, or None (counts nothing).
+        ``ok``: Redis answered."""
+        outcomes: list[Outcome | None] = [None] * len(jobs)
+        if not controls.no_cache:
+            for i, job in enumerate(jobs):
+                hit = self._l1.get(self._l1_key(job))
+                if hit is not None:
+                    outcomes[i] = Outcome(hit, CacheStatus.HIT, "l1")
+        pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
+        for i in pending:
+            jobs[i].key = self.key_for(jobs[i].digest, jobs[i].params, controls.namespace)
+        ok, values = True, [None] * len(pending)
+        if pending and not controls.no_cache:
+            ok, values = self._store.get_many([jobs[i].key for i in pending])
+        for i, value in zip(pending, values, strict=True):
+            hit = self._read(value, jobs[i])
+            if hit is not None:
+                outcomes[i] = Outcome(hit, CacheStatus.HIT, "l2")
+        return ok, outcomes
+
+    def _count_hits(self, outcomes: list[Outcome | None]) -> None:
+        for outcome in outcomes:
+            if outcome is None:
+                continue
+            if outcome.tier == "l2":
+                self._l2_hit_counters[0].inc()
+                self._l2_hit_counters[1].inc()
+            else:
+                metrics.CACHE_REQUESTS.labels(result="hit").inc()
+                metrics.CACHE_TIER_HITS.labels(tier=outcome.tier).inc()
 
     def _l1_key(self, job: _Job) -> tuple[str, ...]:
         return self._keys.l1(job.digest, job.task, job.controls.namespace)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from app.config import Settings
 from app.imaging import InvalidImage, decode_image
-from app.pdf import render_pages
+from app.pdf import render_pages, renderer
 from app.protocols import fetch, paddlex_images
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
@@ -19,8 +19,8 @@ from app.protocols.paddlex import InferRequest, pruned_result, shown_lines
 from app.vocabulary import OcrResult, Outcome
 
 
-def images(req: InferRequest, settings: Settings) -> tuple[list[bytes], bool]:
-    """The images a PaddleX request names: one image, or the pages of a PDF (True)."""
+def load(req: InferRequest, settings: Settings) -> tuple[bytes, bool]:
+    """The file a PaddleX request names (fetched or decoded), and whether it is a PDF."""
     file_type = req.file_type
     if fetch.is_url(req.file):
         if file_type is None:
@@ -39,26 +39,35 @@ def images(req: InferRequest, settings: Settings) -> tuple[list[bytes], bool]:
             data = decode_base64(req.file)
         except BadRequest as exc:
             raise InvalidImage(str(exc)) from None
-    if file_type == 1:
-        return [data], False
-    pages = render_pages(
+    return data, file_type == 0
+
+
+def render(data: bytes, settings: Settings) -> list[bytes]:
+    """A PDF's pages as the images the cache sees."""
+    return render_pages(
         data, settings.pdf_max_pages, settings.pdf_render_scale, settings.max_image_pixels
     )
-    return pages, True
+
+
+def document_spec(settings: Settings) -> str:
+    """What a PDF's page images depend on besides its bytes (the document tier's key)."""
+    return f"{renderer()}-x{settings.pdf_render_scale:g}-p{settings.pdf_max_pages}"
 
 
 def result(
     req: InferRequest,
-    pages: Sequence[bytes],
+    pages: Sequence[bytes] | None,
     outcomes: Sequence[Outcome],
     is_pdf: bool,
     visualize: bool,
     max_pixels: int,
 ) -> dict[str, Any]:
-    """The answer's ``result``: ``ocrResults`` (one per page) and ``dataInfo``."""
+    """The answer's ``result``: ``ocrResults`` (one per page) and ``dataInfo``; ``pages``
+    (the page images) are needed only to ``visualize``."""
+    images: Sequence[bytes | None] = pages if pages is not None else [None] * len(outcomes)
     items = [
         _page(data, outcome.result, req, visualize, max_pixels)
-        for data, outcome in zip(pages, outcomes, strict=True)
+        for data, outcome in zip(images, outcomes, strict=True)
     ]
     sizes = [{"width": o.result.width, "height": o.result.height} for o in outcomes]
     data_info = (
@@ -70,11 +79,12 @@ def result(
 
 
 def _page(
-    data: bytes, result: OcrResult, req: InferRequest, visualize: bool, max_pixels: int
+    data: bytes | None, result: OcrResult, req: InferRequest, visualize: bool, max_pixels: int
 ) -> dict[str, Any]:
     """One ``ocrResults`` item; the pictures are drawn from the (cached) result."""
     item: dict[str, Any] = {"prunedResult": pruned_result(result, req.params, req.rec_score_thresh)}
     if visualize:
+        assert data is not None  # pages are rendered whenever pictures are drawn
         page = decode_image(data, max_pixels)
         shown = shown_lines(result, req.params, req.rec_score_thresh)
         item.update(paddlex_images.pictures(Image.fromarray(page.pixels), shown))

@@ -30,9 +30,18 @@ def handle(service: OcrService, call: Call) -> Answer:
             call.request.get_data(), service.default_params, settings.paddlex_rec_score_thresh
         )
         log_id = req.log_id
-        pages, is_pdf = paddlex_files.images(req, settings)
-        outcomes = service.cache.get_or_compute_many(pages, req.params, common.controls(call))
+        data, is_pdf = paddlex_files.load(req, settings)
         visualize = settings.paddlex_visualize if req.visualize is None else req.visualize
+        controls = common.controls(call)
+        pages: list[bytes] | None = [data]
+        if is_pdf:
+            pages, outcomes = service.cache.get_or_compute_document(
+                data, paddlex_files.document_spec(settings),
+                lambda: paddlex_files.render(data, settings),
+                req.params, controls, need_pages=visualize,
+            )  # fmt: skip
+        else:
+            outcomes = service.cache.get_or_compute_many([data], req.params, controls)
         result = paddlex_files.result(
             req, pages, outcomes, is_pdf, visualize, settings.max_image_pixels
         )
