@@ -5,9 +5,23 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-tools run test test-fast test-images lint bench bench-near parity clean fuzz
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-near parity clean fuzz
 
-install: $(STAMP)
+install: $(STAMP) install-edge
+
+# nginx, the edge `make run` puts in front of gunicorn (app/edge.py): the one on PATH, else
+# the binary of Debian's nginx package unpacked into the venv, like promtool below
+# (installing the package itself would also install and start a system nginx service).
+# Without either, `make run` serves gunicorn directly and says so in one log line.
+NGINX := $(BIN)/nginx
+install-edge: | $(STAMP)
+	-@command -v nginx >/dev/null || test -x /usr/sbin/nginx || test -x $(NGINX) || \
+	{ tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download nginx >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get download nginx >/dev/null; }; } && \
+	  dpkg-deb -x nginx_*.deb root && install -m 0755 root/usr/sbin/nginx $(CURDIR)/$(NGINX); \
+	  status=$$?; rm -rf $$tmp; \
+	  [ $$status -eq 0 ] || echo "nginx not installed: make run will serve gunicorn without the edge"; }
 
 # Idempotent: re-runs only when a requirements file changes.
 $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
@@ -32,10 +46,12 @@ $(PROMTOOL): | $(STAMP)
 	status=$$?; rm -rf $$tmp; \
 	[ $$status -eq 0 ] || echo "promtool not installed: the alert rule tests will be skipped"
 
+# nginx on HTTP_PORT (9998) in front of gunicorn, gRPC on GRPC_PORT (18091).
 run: install
 	$(BIN)/python -m app serve
 
-# tests/test_webpage.py drives Debian's chromium; it skips, saying why, if none can be installed.
+# tests/test_webpage.py drives Debian's chromium; it skips, saying why, if none can be installed
+# (and the edge tests likewise without nginx, from `make install`).
 test: install install-tools
 	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
 		(apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 || \

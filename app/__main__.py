@@ -25,7 +25,7 @@ def serve(settings: Settings) -> int:
 
     memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
     log = logging.getLogger("app")
-    binary = find_nginx() if settings.edge == "nginx" else None
+    binary = find_nginx(settings.edge_nginx) if settings.edge == "nginx" else None
     if settings.edge == "nginx" and binary is None and not _without_edge(settings, log):
         return 2
     owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
@@ -99,9 +99,9 @@ def edge(settings: Settings) -> int:
     if settings.edge != "external":
         print("configuration error: EDGE: `edge` runs with EDGE=external", file=sys.stderr)
         return 2
-    binary = find_nginx()
+    binary = find_nginx(settings.edge_nginx)
     if binary is None:
-        print("configuration error: EDGE: no nginx on PATH", file=sys.stderr)
+        print("configuration error: EDGE: no nginx on PATH (or EDGE_NGINX)", file=sys.stderr)
         return 2
     proxy = Edge(settings, settings.edge_socket, binary)
     try:

@@ -288,6 +288,7 @@ class Settings:
     # HOST:HTTP_PORT itself, behind another buffering proxy.
     edge: str = env("EDGE", _choice("nginx", "external", "none"), "nginx")
     edge_socket: str = env("EDGE_SOCKET", _text, "")  # empty: a private folder (EDGE=nginx)
+    edge_nginx: str = env("EDGE_NGINX", _text, "")  # the nginx binary; empty: found (app/edge.py)
     edge_workers: int = env("EDGE_WORKERS", _int(1, 64), 1)  # nginx worker processes
     edge_access_log: bool = env("EDGE_ACCESS_LOG", _bool, True)  # JSON lines on stdout
     # A request's head must arrive within the first, each read of its body within the second.

@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -67,11 +68,16 @@ class Location:
     comment: str
 
 
-def find_nginx() -> str | None:
-    """The ``nginx`` on PATH, else Debian's /usr/sbin/nginx (sbin is not on every PATH)."""
+def find_nginx(given: str = "") -> str | None:
+    """``given`` (EDGE_NGINX) when set, if it can run; else the ``nginx`` on PATH, the one
+    ``make install`` put beside this Python (the venv's bin), or Debian's /usr/sbin/nginx
+    (sbin is not on every PATH)."""
+    if given:
+        return given if os.access(given, os.X_OK) else None
     found = shutil.which("nginx")
-    if found is None and os.access("/usr/sbin/nginx", os.X_OK):
-        found = "/usr/sbin/nginx"
+    for candidate in (os.path.join(os.path.dirname(sys.executable), "nginx"), "/usr/sbin/nginx"):
+        if found is None and os.access(candidate, os.X_OK):
+            found = candidate
     return found
 
 
