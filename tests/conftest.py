@@ -37,14 +37,14 @@ _FILE_MARKS = {
     "test_alerts.py": ("deploy",),  # promtool over the alert rules
     "test_cli.py": ("integration",),  # the CLI against a live service process
     "test_deploy.py": ("deploy",),  # Dockerfiles, compose, units
+    "test_edge.py": ("deploy",),  # nginx -t, and `python -m app serve` behind nginx
     "test_entrypoint.py": ("deploy",),  # the container entry point in subprocesses
-    "test_front_hits.py": ("deploy",),  # `python -m app serve`: fronts + gunicorn
     "test_model_permissions.py": ("deploy",),  # model folders as another user
     "test_observability_hardening.py": ("integration",),
     "test_scale_out.py": ("deploy", "slow"),  # gunicorn fleets
     "test_serve.py": ("deploy",),  # gunicorn and `python -m app serve`
     "test_serving_engine.py": ("integration",),  # a backend `python -m app serve` process
-    "test_slow_clients.py": ("deploy", "slow"),  # the slow-client front in processes
+    "test_slow_clients.py": ("deploy", "slow"),  # slow clients against nginx, in processes
     "test_webpage.py": ("deploy",),  # Debian's chromium
     "test_fuzz_images.py": ("slow",),
     "test_parity.py": ("slow",),  # PaddleX's own serving app as the oracle
