@@ -138,12 +138,12 @@ def main() -> int:
         service = start_service(server.url, port, grpc_port)  # defaults: L1 on
         l2_only = start_service(server.url, l2_port, free_port(), CACHE_L1_BYTES="0")
         naive = start_naive(server.url, naive_port)
-        # The hit path (issue 14): an echo app, and the L2-only service without the HTTP front
+        # The hit path (issue 14): an echo app, and the L2-only service without the edge
         # (as behind a buffering proxy), both under the same gunicorn settings as the baseline.
         echo_port, direct_port = free_port(), free_port()
         echo = start_naive(server.url, echo_port, "bench.echo_app:app")
         l2_direct = start_service(
-            server.url, direct_port, free_port(), CACHE_L1_BYTES="0", HTTP_FRONT="false"
+            server.url, direct_port, free_port(), CACHE_L1_BYTES="0", EDGE="none"
         )
         try:
             for p in (port, l2_port, direct_port):

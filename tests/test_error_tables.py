@@ -21,9 +21,8 @@ from app.vocabulary import (
     UnsupportedParams,
 )
 
-# Control flow private to a process of its own (the slow-client front, the CLI client).
-OUTSIDE_THE_ROOT = {"app.front._StaleConnection", "app.front._Refused", "app.front._TooLarge"}
-OUTSIDE_THE_ROOT |= {"app.cli.CliError"}
+# Control flow private to a process of its own (the CLI client).
+OUTSIDE_THE_ROOT = {"app.cli.CliError"}
 
 
 def test_every_error_of_the_service_joins_the_root():

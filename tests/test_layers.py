@@ -21,7 +21,7 @@ APP = ROOT / "app"
 # Modules that import nothing from app but the vocabulary: what the configuration may use.
 LEAVES = {"app.vocabulary", "app.redis_url", "app.redaction"}
 # Servers and what only they use; entry points start them.
-SERVERS = {"app.web", "app.grpc_server", "app.front", "app.service"}
+SERVERS = {"app.web", "app.grpc_server", "app.edge", "app.service"}
 ENTRY_POINTS = {"app.__main__", "app.gunicorn_app"}
 # What an engine may import besides other engine modules: the vocabulary, the image type of
 # ``OcrRequest``, the redaction policy (``engines.redacting``), and the wire formats a remote

@@ -151,15 +151,15 @@ def test_openapi_document_is_served_and_names_every_route(make_app: Any) -> None
         if method in ("GET", "POST")
     }
     for path, method in documented:
-        # /ocr/prediction is served by the POST /<name>/<method> rule.
-        rule = "/<name>/<method>" if path == "/ocr/prediction" else path
-        assert (rule, method) in routes, (path, method)
+        # The protocol endpoints are served in front of Flask (app/routes/endpoints.py).
+        served = method == "POST" and app.wsgi_app.match(path) is not None
+        assert served or (path, method) in routes, (path, method)
     # Every response status a route can give for bad input is documented.
     assert set(document["paths"]["/v1/ocr"]["post"]["responses"]) == {
-        "200", "400", "408", "413", "500", "503", "504",
+        "200", "400", "413", "500", "503", "504",
     }  # fmt: skip
     assert set(document["paths"]["/ocr"]["post"]["responses"]) == {
-        "200", "408", "413", "422", "500", "503",
+        "200", "413", "422", "500", "503",
     }  # fmt: skip
     json.dumps(document)  # plain JSON, no YAML leftovers
 

@@ -39,7 +39,7 @@ def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None
 def serving(overrides: dict[str, str], stop_seconds: float = 60) -> Iterator[tuple[object, str]]:
     """`python -m app serve` (its own process group) with ``overrides`` on the environment
     (``HTTP_PORT`` among them; no inherited metrics folder), once ready: (process, base URL).
-    Then SIGTERM, and a clean stop: exit status 0, and no HTTP front that died under it."""
+    Then SIGTERM, and a clean stop: exit status 0, and no edge (nginx) that died under it."""
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(overrides)
     proc = subprocess.Popen(
@@ -58,7 +58,7 @@ def serving(overrides: dict[str, str], stop_seconds: float = 60) -> Iterator[tup
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
     assert proc.returncode == 0, output[-3000:]
-    assert "the HTTP front exited" not in output, output[-3000:]
+    assert "nginx exited" not in output, output[-3000:]
 
 
 def _port_open(port: int) -> bool:

@@ -20,7 +20,7 @@ class BadRequest(ClientError):
 
 
 def error_envelope(code: str, message: str) -> dict[str, dict[str, str]]:
-    """The error body of the REST API, the admin API and the HTTP front's own answers."""
+    """The error body of the REST API, the admin API and the nginx edge's own answers."""
     return {"error": {"code": code, "message": message}}
 
 
