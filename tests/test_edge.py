@@ -647,27 +647,38 @@ def test_removed_settings_stop_start_up_in_one_line(variable, value, instead):
     assert lines[0].startswith(f"configuration error: {variable}: removed") and instead in lines[0]
 
 
+# Where find_nginx looks whatever PATH says: beside this Python (make install), and sbin.
+_FIXED_PLACES = (os.path.join(os.path.dirname(sys.executable), "nginx"), "/usr/sbin/nginx")
+
+
 @pytest.fixture(scope="module")
 def hidden_nginx() -> tuple[str, ...]:
     """A wrapper that runs a command where no nginx can be found: a private mount namespace
-    with /dev/null over /usr/sbin/nginx (``find_nginx`` looks there whatever PATH says, and
-    app/edge.py has no override), and a PATH without sbin."""
+    with /dev/null over the nginx binaries ``find_nginx`` looks for outside PATH (the host's
+    files are untouched), a PATH without nginx, and no EDGE_NGINX (see ``_no_nginx_env``).
+    Not a renamed /usr/sbin/nginx: other processes on this machine use it meanwhile."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        pytest.skip("no unshare: cannot hide /usr/sbin/nginx from find_nginx")
-    script = 'mount --bind /dev/null /usr/sbin/nginx 2>/dev/null || exit 97; exec "$@"'
+        pytest.skip("no unshare: cannot hide nginx from find_nginx")
+    hide = [place for place in _FIXED_PLACES if os.path.exists(place)]
+    mounts = "".join(f"mount --bind /dev/null {place} 2>/dev/null || exit 97; " for place in hide)
+    script = mounts + 'exec "$@"'
     wrapper = (unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh")
     probe = subprocess.run(
         [*wrapper, sys.executable, "-c", "from app.edge import find_nginx; print(find_nginx())"],
-        cwd=ROOT, env={**os.environ, "PATH": _path_without_nginx()},
+        cwd=ROOT, env={**os.environ, **_no_nginx_env()},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     if probe.returncode != 0 or probe.stdout.strip() != "None":
         pytest.skip(
-            "cannot hide /usr/sbin/nginx (a mount namespace needs CAP_SYS_ADMIN): "
+            f"cannot hide nginx (a mount namespace needs CAP_SYS_ADMIN): {hide} "
             f"{probe.stdout.strip()} {probe.stderr.strip()[-300:]}"
         )
     return wrapper
+
+
+def _no_nginx_env() -> dict[str, str]:
+    return {"PATH": _path_without_nginx(), "EDGE_NGINX": ""}
 
 
 def _path_without_nginx() -> str:
@@ -682,7 +693,7 @@ def _path_without_nginx() -> str:
 def test_without_nginx_rate_limit_or_tls_is_a_configuration_error(
     setting, hidden_nginx, certificate
 ):
-    env = {"PATH": _path_without_nginx(), "HTTP_PORT": str(free_port())}
+    env = {**_no_nginx_env(), "HTTP_PORT": str(free_port())}
     if setting == "TLS":
         env["TLS_CERT_FILE"], env["TLS_KEY_FILE"] = certificate
         named = "TLS_CERT_FILE"
@@ -697,7 +708,7 @@ def test_without_nginx_rate_limit_or_tls_is_a_configuration_error(
 
 
 def test_without_nginx_gunicorn_serves_with_one_warning(edge, redis_server, hidden_nginx, tmp_path):
-    env = _serving_env(tmp_path, edge, redis_server, PATH=_path_without_nginx())
+    env = _serving_env(tmp_path, edge, redis_server, **_no_nginx_env())
     service = Service(env, hidden_nginx)
     try:
         service.wait_ready()
