@@ -26,8 +26,13 @@ def serve(settings: Settings) -> int:
     memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
     log = logging.getLogger("app")
     binary = find_nginx(settings.edge_nginx) if settings.edge == "nginx" else None
-    if settings.edge == "nginx" and binary is None and not _without_edge(settings, log):
-        return 2
+    if settings.edge == "nginx" and binary is None:
+        if settings.edge_nginx:
+            print(f"configuration error: EDGE_NGINX: cannot run {settings.edge_nginx!r}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        if not _without_edge(settings, log):
+            return 2
     owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
     socket_dir = ""  # gunicorn's private socket folder, when EDGE_SOCKET does not name one
     socket = settings.edge_socket if binary or settings.edge == "external" else ""

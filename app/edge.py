@@ -50,7 +50,7 @@ _MESSAGES = {
     502: "the service is not answering; retry later",
     504: "the service did not answer in time",
 }
-_LOG_ID = "EDGE_REQUEST_ID"  # replaced by nginx's $request_id in the PaddleX envelope
+_LOG_ID = "EDGE_REQUEST_ID"  # the request's X-Request-Id in the PaddleX envelope
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _nginx_string(body: bytes) -> str:
     text = body.decode()
     if any(c in text for c in "$\\'\n"):
         raise ValueError(f"an edge error body nginx cannot quote: {text!r}")
-    return text.replace(_LOG_ID, "$request_id")
+    return text.replace(_LOG_ID, "$edge_request_id")
 
 
 def _listen(settings: Settings) -> list[str]:

@@ -162,20 +162,8 @@ MATRIX = {
 }
 
 
-# Reported: the template renders RATE_LIMIT without a burst as `burst=0`, which nginx refuses.
-_XFAIL = {
-    "rate limit without burst": pytest.mark.xfail(
-        reason="app/nginx.conf.j2 renders `limit_req ... burst=0` for RATE_LIMIT=R (no burst); "
-        "nginx refuses burst=0 ('invalid burst value'): the parameter must be left out",
-        strict=True,
-    )
-}
-
-
 @needs_nginx
-@pytest.mark.parametrize(
-    "case", [pytest.param(case, marks=_XFAIL.get(case, ())) for case in MATRIX]
-)
+@pytest.mark.parametrize("case", list(MATRIX))
 def test_the_rendered_configuration_passes_nginx_t(case, certificate, tmp_path):
     environ, expected = MATRIX[case]
     environ = dict(environ)
@@ -515,14 +503,6 @@ def test_rate_limit_429_in_each_protocols_form_and_probes_never_limited(edge):
     assert client().post(f"{edge.base}/v1/ocr", json={}, timeout=30).status_code == 400
 
 
-@pytest.mark.xfail(
-    reason="app/routes/endpoints.py answers werkzeug's 413 (a form field over its "
-    "max_form_memory_size, 500 KB) before reading the rest of the body; the connection is "
-    "closed with it unread, and nginx, still writing the buffered body, gets EPIPE "
-    "(`writev() failed (32: Broken pipe) while sending request to upstream`) and answers 502 "
-    "(about 1 time in 3 here)",
-    strict=False,
-)
 def test_a_huge_form_field_beside_an_image_is_a_rest_4xx(edge):
     """multipart: ``min_score`` = 2 MB of digits next to a normal image, through nginx and
     gunicorn: the client's error in REST form, never a 5xx (several times: it was a race)."""

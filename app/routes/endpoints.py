@@ -125,6 +125,13 @@ class Endpoints:
         request.max_content_length = self._settings.max_request_bytes
         call = Call.begin(request, self._settings)
         answer = self._answer(endpoint, call)
+        length = call.request.content_length
+        if (
+            answer.status >= 400
+            and length is not None
+            and length <= self._settings.max_request_bytes
+        ):
+            _drain(environ)
         headers = common.finish_headers(call, answer.headers)
         headers.append(("Content-Length", str(len(answer.body))))
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
@@ -140,7 +147,7 @@ class Endpoints:
                 return Answer(200, b"", [("Allow", ALLOW), ("Content-Type", "text/html")])
             raise MethodNotAllowed(valid_methods=["OPTIONS", "POST"])
         except HTTPException as exc:
-            return self._http_error(endpoint, exc)
+            return self._http_error(endpoint, exc, call.request.content_length)
         except Exception:
             return self._last_resort(endpoint, call)
 
@@ -151,13 +158,13 @@ class Endpoints:
             if len(request.get_data(cache=True)) >= self._settings.max_request_bytes:
                 raise RequestEntityTooLarge()
 
-    def _http_error(self, endpoint: Endpoint, exc: HTTPException) -> Answer:
+    def _http_error(self, endpoint: Endpoint, exc: HTTPException, length: int | None) -> Answer:
         status = exc.code or 500
+        limit = self._settings.max_request_bytes
         if isinstance(exc, RequestEntityTooLarge):
-            code, message = (
-                "too_large",
-                f"request body over {self._settings.max_request_bytes} bytes",
-            )
+            code, message = "too_large", f"request body over {limit} bytes"
+            if length is not None and length <= limit:  # the body fits: one of its form fields
+                message = f"a multipart form field over {Request.max_form_memory_size} bytes"
         else:
             code = exc.name.lower().replace(" ", "_")
             message = exc.name if endpoint is PADDLEX else exc.description or ""
@@ -175,3 +182,15 @@ class Endpoints:
             call.request_id, f"internal error (request id {call.request_id})"
         )
         return Answer(500, body, [("Content-Type", JSON)])
+
+
+def _drain(environ: dict[str, Any]) -> None:
+    """Read what is left of a body within the limit before answering an error: a server
+    that answers and closes with the body unread makes the proxy in front fail its write
+    (nginx: 502)."""
+    stream = environ.get("wsgi.input")
+    try:
+        while stream is not None and stream.read(1 << 16):
+            pass
+    except (OSError, ValueError):
+        pass
