@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-near parity clean fuzz
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-near parity clean fuzz
 
 install: $(STAMP) install-edge
 
@@ -89,10 +89,14 @@ lint: install
 bench: install
 	@command -v wrk >/dev/null || apt-get install -y -q wrk >/dev/null 2>&1 || \
 		echo "wrk not installed: throughput measured with Python client processes"
+	$(BIN)/python -m bench.edge
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.l3
+
+# Issue 23 alone: the nginx edge against the h11 front, the seed design and an echo app (wrk).
+bench-edge: install ; $(BIN)/python -m bench.edge
 
 # The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of
 # the corpus, with the real engine as ground truth (about 15 minutes on 2 shared cores);
