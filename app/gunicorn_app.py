@@ -115,12 +115,23 @@ class _Arbiter(Arbiter):  # type: ignore[misc]
     are still running), then the workers; should nginx die, the service stops."""
 
     edge: Edge | None = None
+    edge_died = False
 
     def start(self) -> None:
         super().start()
         if self.edge is not None and self.edge.pid is None:
             master = os.getpid()
-            self.edge.start(on_exit=lambda: os.kill(master, signal.SIGTERM))
+
+            def died() -> None:  # e.g. its port is taken: nginx exits at start
+                self.edge_died = True
+                os.kill(master, signal.SIGTERM)
+
+            self.edge.start(on_exit=died)
+
+    def halt(self, reason: str | None = None, exit_status: int = 0) -> None:
+        if self.edge_died:  # a supervisor must see a failure, not a clean stop
+            reason, exit_status = "the nginx edge exited", 1
+        super().halt(reason, exit_status)
 
     def stop(self, graceful: bool = True) -> None:
         if self.edge is not None:

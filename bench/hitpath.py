@@ -150,7 +150,7 @@ def main() -> int:
                 ports["service_l2_direct"],
                 free_port(),
                 CACHE_L1_BYTES="0",
-                HTTP_FRONT="false",
+                EDGE="none",
             ),  # fmt: skip
             run.start_naive(server.url, ports["naive"]),
             run.start_naive(server.url, ports["echo"], "bench.echo_app:app"),
