@@ -6,7 +6,7 @@ The same options `python -m app serve` uses (app/gunicorn_app.py), derived from 
 environment (WEB_CONCURRENCY, WEB_THREADS, HOST, HTTP_PORT, REQUEST_TIMEOUT_SECONDS, ...):
 - `gthread` workers, one per CPU core (or per GPU): each holds one OCR engine with one
   inference thread; one process per core with one thread each beats one process with two
-  threads on CPU (../shared/docs/ENGINES.md: 1.01 img/s from 2 processes x 1 thread, the
+  threads on CPU (docs/ENGINES.md: 1.01 img/s from 2 processes x 1 thread, the
   best layout for every engine measured).
 - 8 threads per worker, so cache hits (about a millisecond) are served while the worker's
   engine is busy with a miss; hits are CPU-bound, so more threads add no throughput.

@@ -34,7 +34,7 @@ from bench import entry_size, hitpath, load
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
 RESULTS = ROOT / "bench" / "results"
-IMAGES = {  # card / receipt / page, as in ENGINES.md
+IMAGES = {  # card / receipt / page, as in docs/ENGINES.md
     "card": "paddleocr_doc_00006737.jpg",
     "receipt": "sroie_000.jpg",
     "page": "tesseract_phototest.png",

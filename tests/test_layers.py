@@ -161,10 +161,10 @@ def test_routes_are_wired_by_create_app_only():
     assert importers - {m for m in MODULES if m.startswith("app.routes")} == {"app.web"}
 
 
-def test_readme_layout_lists_every_module():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout") :]
+def test_architecture_layout_lists_every_module():
+    architecture = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    layout = architecture[architecture.index("## Layout") :]
     layout = layout[: layout.find("\n## ", 1)] if "\n## " in layout[1:] else layout
     paths = sorted(str(p.relative_to(ROOT)) for p in MODULES.values())
     missing = [path for path in paths if f"`{path}`" not in layout]
-    assert not missing, f"README Layout lacks {missing}"
+    assert not missing, f"docs/ARCHITECTURE.md Layout lacks {missing}"

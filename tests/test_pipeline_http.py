@@ -1,4 +1,4 @@
-"""Paddle Serving pipeline HTTP semantics beyond the basic round trip (PROTOCOLS.md §2)."""
+"""Paddle Serving pipeline HTTP semantics beyond the basic round trip (docs/PROTOCOLS.md §2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PaddleOCR 3.x (PP-OCR det + textline orientation + rec) on Paddle Inference, in-process.
 
-Settings follow ../shared/docs/ENGINES.md: local model dirs with names, doc orientation and
+Settings follow docs/ENGINES.md: local model dirs with names, doc orientation and
 unwarping off, ``paddle_static`` with oneDNN and the old IR (the defaults crash on CPU and try
 to download models), and a fixed thread count that is part of the fingerprint.
 """

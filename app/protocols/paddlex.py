@@ -1,4 +1,4 @@
-"""PaddleX / PaddleOCR 3.x basic serving: ``POST /ocr`` and ``GET /health`` (PROTOCOLS.md §4).
+"""PaddleX / PaddleOCR 3.x basic serving: ``POST /ocr`` and ``GET /health`` (docs/PROTOCOLS.md §4).
 
 Option fields that change the engine's output become ``OcrParams`` (part of the key);
 ``textRecScoreThresh`` only filters at render time; ``visualize`` draws from the cached
@@ -62,8 +62,8 @@ class _Request(BaseModel):
     logId: str | None = None  # noqa: N815
 
 
-# Checks stricter than upstream's types, kept deliberately (README "Compatibility"): values
-# outside these ranges are meaningless (detection input is capped at 4000 px a side; a
+# Checks stricter than upstream's types, kept deliberately (docs/PROTOCOLS.md "Compatibility"):
+# values outside these ranges are meaningless (detection input is capped at 4000 px a side; a
 # threshold of 1.5 finds nothing) or crash the pipeline; upstream passes them on and answers
 # 200 with odd results or a 500.
 # OcrParams field -> (check, expected)

@@ -1,4 +1,4 @@
-"""PaddleOCR pdserving's result string (PROTOCOLS.md §3).
+"""PaddleOCR pdserving's result string (docs/PROTOCOLS.md §3).
 
 ``value[0]`` is Python ``str()`` of ``[[(text, score), [[x, y] x4]], ...]`` with coordinates as
 floats, exactly what deploy/pdserving/web_service.py emits (lines scoring below the drop

@@ -1,6 +1,6 @@
 """Paddle Serving pipeline semantics shared by HTTP (``POST /{name}/{method}``) and gRPC
 (``PipelineService/inference``): parse (request fields -> images) -> one cache call -> render
-(the pdserving answer, PROTOCOLS.md §1-3), with upstream's ``err_no`` codes and messages;
+(the pdserving answer, docs/PROTOCOLS.md §1-3), with upstream's ``err_no`` codes and messages;
 which error gets which ``err_no`` is the two tables below."""
 
 from __future__ import annotations

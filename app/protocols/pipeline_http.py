@@ -1,4 +1,4 @@
-"""Paddle Serving pipeline over HTTP (PROTOCOLS.md §2): ``POST /{name}/{method}``.
+"""Paddle Serving pipeline over HTTP (docs/PROTOCOLS.md §2): ``POST /{name}/{method}``.
 
 Only ``name`` is checked; ``method`` is logged. The body is JSON whatever the Content-Type
 (official clients send none). Answers always carry the five fields, as the Go gateway emits
