@@ -1,13 +1,83 @@
-"""Docker HEALTHCHECK: exit 0 when GET /healthz answers 200 (the image has no curl)."""
+"""Docker HEALTHCHECK (and the Kubernetes front container's exec probe): exit 0 when
+GET /healthz answers 200. The image has no curl; standard library only, so it starts fast.
 
+Where it asks, from the same environment the service reads (app/config.py):
+- ``EDGE=external`` (the Kubernetes pod's front container): gunicorn's unix socket
+  ``EDGE_SOCKET`` directly, since the edge runs in another container;
+- otherwise ``HTTP_PORT`` on the loopback address (nginx, or gunicorn itself with ``EDGE=none``
+  or no nginx installed), over https without verifying the certificate when ``TLS_CERT_FILE``
+  is set (nginx then speaks TLS only; the certificate names the public host, not 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import http.client
 import os
+import socket
+import ssl
 import sys
-import urllib.request
+from collections.abc import Mapping
 
-url = f"http://127.0.0.1:{os.environ.get('HTTP_PORT', '9998')}/healthz"
-try:
-    with urllib.request.urlopen(url, timeout=4) as response:
-        sys.exit(0 if response.status == 200 else 1)
-except OSError as exc:
-    print(f"unhealthy: {exc}", file=sys.stderr)
-    sys.exit(1)
+TIMEOUT_SECONDS = 4.0  # the HEALTHCHECK's --timeout is 5 s
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a connected AF_UNIX socket."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)  # the Host header only
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _loopback(host: str) -> str:
+    """The address to reach a server listening on ``host`` from inside the container."""
+    host = host.strip().strip("[]")
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":  # nginx listens IPv6-only on [::] (ipv6only=on)
+        return "::1"
+    return host
+
+
+def connection(environ: Mapping[str, str]) -> http.client.HTTPConnection:
+    if environ.get("EDGE", "").strip().lower() == "external":
+        return UnixHTTPConnection(environ["EDGE_SOCKET"].strip(), TIMEOUT_SECONDS)
+    host = _loopback(environ.get("HOST", ""))
+    port = int(environ.get("HTTP_PORT", "").strip() or "9998")
+    if environ.get("TLS_CERT_FILE", "").strip():
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return http.client.HTTPSConnection(host, port, timeout=TIMEOUT_SECONDS, context=context)
+    return http.client.HTTPConnection(host, port, timeout=TIMEOUT_SECONDS)
+
+
+def main(environ: Mapping[str, str] = os.environ) -> int:
+    try:
+        conn = connection(environ)
+        try:
+            conn.request("GET", "/healthz")
+            status = conn.getresponse().status
+        finally:
+            conn.close()
+    except (OSError, KeyError, ValueError, http.client.HTTPException) as exc:
+        print(f"unhealthy: {exc!r}", file=sys.stderr)
+        return 1
+    if status != 200:
+        print(f"unhealthy: /healthz answered {status}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,14 +6,22 @@ compose file with each profile, `kubectl kustomize` of every overlay through
 from __future__ import annotations
 
 import functools
+import http.server
+import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
+import socket
+import socketserver
+import ssl
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -28,10 +36,15 @@ DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring", "l3"]
-OVERLAYS = ["cpu", "gpu", "serving-sidecar", "monitoring", "keda", "l3"]
+OVERLAYS = ["cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "l3"]
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}
+HTTP_PORT, GRPC_PORT = 9998, 18091
+# The pod's two containers (k8s/base/front-deployment.yaml) share gunicorn's socket here.
+EDGE_SOCKET = "/run/ocr/gunicorn.sock"
+# Settings that are gone with the h11 front (app/config.py REMOVED): nothing may set them.
+REMOVED_SETTINGS = ("HTTP_FRONT", "HTTP_FRONT_HITS", "HTTP_FRONT_PROCESSES")
 
 
 def _tool(name: str) -> str:
@@ -116,6 +129,55 @@ def test_cpu_image_is_multi_stage_slim_without_build_tools() -> None:
         assert tool not in installs
     copied = [args for word, args in final if word == "COPY"]
     assert any("--from=builder /opt/venv" in args for args in copied)
+
+
+def _apt_packages(path: Path) -> list[str]:
+    """The packages the final stage's `apt-get install` commands name (quotes dropped)."""
+    packages = []
+    for word, args in dockerfile.final_stage(path):
+        if word != "RUN":
+            continue
+        for command in re.split(r"&&|;", args):
+            words = shlex.split(command)
+            if words[:2] == ["apt-get", "install"]:
+                packages += [w for w in words[2:] if not w.startswith("-")]
+    return packages
+
+
+@pytest.mark.parametrize(
+    ("name", "package"),
+    [("Dockerfile", "nginx-light=1.22.1-*"), ("Dockerfile.gpu", "nginx")],
+)
+def test_front_images_install_nginx_for_the_edge(name: str, package: str) -> None:
+    """`python -m app serve` runs nginx in front of gunicorn (app/edge.py): the CPU image pins
+    Debian's nginx-light like its other packages, the GPU image takes Ubuntu's from its base;
+    neither lets the package start a server during the build."""
+    path = DOCKER / name
+    assert package in _apt_packages(path)
+    runs = " ".join(args for word, args in dockerfile.final_stage(path) if word == "RUN")
+    assert "exit 101" in runs and "/usr/sbin/policy-rc.d" in runs
+    # nginx is /usr/sbin/nginx: the image's PATH extends the base's (which has /usr/sbin),
+    # and app.edge.find_nginx looks there when PATH does not.
+    (path_env,) = [
+        item.split("=", 1)[1]
+        for word, args in dockerfile.final_stage(path)
+        if word == "ENV"
+        for item in shlex.split(args)
+        if item.startswith("PATH=")
+    ]
+    assert path_env == "/opt/venv/bin:$PATH"
+
+
+def test_cpu_image_documents_its_process_tree() -> None:
+    """The Dockerfile says who supervises whom and what `docker stop` does, in order."""
+    text = (DOCKER / "Dockerfile").read_text()
+    head = " ".join(
+        line.lstrip("# ") for line in text[: text.index("ARG PYTHON_IMAGE")].split("\n")
+    )
+    for words in ("tini", "python -m app serve", "gunicorn's master", "SIGTERM", "SIGQUIT",
+                  "/tmp", "10001"):  # fmt: skip
+        assert words in head, words
+    assert head.index("SIGQUIT") < head.index("gunicorn stops its workers gracefully")
 
 
 # ---------------------------------------------------------------------------- shell scripts
@@ -231,11 +293,11 @@ def _compose_command(tmp: Path) -> list[str]:
     return ["env", f"DOCKER_CONFIG={tmp}", docker, "compose"]
 
 
-def _compose_config(profile: str, tmp: Path) -> dict:
+def _compose_config(profile: str, tmp: Path, **extra_env: str) -> dict:
     cmd = [*_compose_command(tmp), "-f", str(COMPOSE_FILE)]
     if profile != "default":
         cmd += ["--profile", profile]
-    env = {**os.environ, "REDIS_PASSWORD": "test-only-password"}
+    env = {**os.environ, "REDIS_PASSWORD": "test-only-password", **extra_env}
     result = _run([*cmd, "config", "--format", "json"], env=env)
     assert result.returncode == 0, shlex.join(cmd) + "\n" + result.stderr
     return json.loads(result.stdout)
@@ -271,8 +333,41 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
             assert service["user"] == "10001:10001"
             assert "@redis:6379/" in service["environment"]["REDIS_URL"]
             assert {int(p["target"]) for p in service["ports"]} == FRONT_PORTS
+            # The image's `serve`: nginx inside the container on 9998, gunicorn behind it.
+            assert service.get("command") in (None, ["serve"]), name
+            assert service.get("entrypoint") is None, name
+            assert service["environment"].get("EDGE", "nginx") == "nginx", name
+            assert not set(REMOVED_SETTINGS) & set(service["environment"]), name
+            assert any(t["target"] == "/tmp" for t in _tmpfs(service)), name
     published = [p["published"] for s in services.values() for p in s.get("ports", [])]
     assert len(published) == len(set(published)), "two services publish the same host port"
+
+
+def _tmpfs(service: dict) -> list[dict]:
+    """`tmpfs:` entries as `docker compose config` writes them (strings or mount objects)."""
+    entries = []
+    for entry in service.get("tmpfs", []):
+        entries.append({"target": entry.split(":")[0]} if isinstance(entry, str) else entry)
+    return entries + [v for v in service.get("volumes", []) if v.get("type") == "tmpfs"]
+
+
+def test_compose_passes_the_edge_settings_to_every_front(compose_tmp: Path) -> None:
+    """RATE_LIMIT and EDGE_WORKERS from docker/.env reach the nginx of every front; unset,
+    they are empty (the service's defaults: no limit, one nginx worker)."""
+    for profile in ("serving", "hunyuan", "l3", "gpu"):
+        services = _compose_config(profile, compose_tmp, RATE_LIMIT="5:10", EDGE_WORKERS="2")
+        fronts = {n: s for n, s in services["services"].items() if n.startswith("front")}
+        assert len(fronts) == 2, profile
+        for name, service in fronts.items():
+            env = service["environment"]
+            assert (env["RATE_LIMIT"], env["EDGE_WORKERS"]) == ("5:10", "2"), name
+            Settings.from_env({k: v for k, v in env.items() if k.startswith(("RATE", "EDGE"))})
+    example = dict(
+        line.split("=", 1)
+        for line in (DOCKER / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert {"RATE_LIMIT", "EDGE_WORKERS"} <= set(example)
 
 
 def test_compose_serving_sidecar_ports_differ_from_the_fronts(compose_tmp: Path) -> None:
@@ -406,7 +501,10 @@ def test_manifests_are_hardened_and_reference_secrets_only(overlay: str) -> None
                 resources = container["resources"]
                 assert {"cpu", "memory"} <= set(resources["requests"]), where
                 assert "memory" in resources["limits"], where
-                assert "readinessProbe" in container and "livenessProbe" in container, where
+                assert "livenessProbe" in container, where
+                # The front pod's readiness is its edge's (/readyz through nginx to gunicorn).
+                if where != "ocr-cache/front":
+                    assert "readinessProbe" in container, where
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -414,15 +512,20 @@ def test_front_deployment_service_and_scaling(overlay: str) -> None:
     objects = _objects(overlay)
     deployment = _named(objects, "Deployment", "ocr-cache")
     pod = deployment["spec"]["template"]["spec"]
-    front = next(c for c in pod["containers"] if c["name"] == "front")
-    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(front)
-    assert front["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert {p["containerPort"] for p in front["ports"]} == FRONT_PORTS
+    front, edge = _container(pod, "front"), _container(pod, "edge")
+    assert {"startupProbe", "livenessProbe"} <= set(front)
+    assert edge["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    pod_ports = {p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+    assert pod_ports == FRONT_PORTS
     assert {"/tmp"} <= {m["mountPath"] for m in front["volumeMounts"]}
+    assert {"/tmp"} <= {m["mountPath"] for m in edge["volumeMounts"]}
     assert pod["topologySpreadConstraints"]
     assert pod["terminationGracePeriodSeconds"] > 120  # > gunicorn graceful timeout
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
+    # Scraped through the edge: /metrics on the Service's http port, the edge container's.
+    assert int(annotations["prometheus.io/port"]) == _port(edge, "http") == HTTP_PORT
+    assert annotations["prometheus.io/path"] == "/metrics"
     env = {e["name"]: e for e in front["env"]}
     for name in ("REDIS_PASSWORD", "ADMIN_TOKEN", "CACHE_ENCRYPTION_KEYS"):
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-secrets"
@@ -461,6 +564,119 @@ def _front_labels() -> dict[str, str]:
     return {"app.kubernetes.io/name": "ocr-cache", "app.kubernetes.io/component": "front"}
 
 
+def _container(pod: dict, name: str) -> dict:
+    (container,) = [c for c in pod["containers"] if c["name"] == name]
+    return container
+
+
+def _port(container: dict, name: str) -> int:
+    (port,) = [p["containerPort"] for p in container.get("ports", []) if p["name"] == name]
+    return port
+
+
+def _literal_env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _pre_stop_seconds(container: dict) -> int:
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep", command
+    return int(command[1])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
+    """Every front pod: an `edge` container (nginx, `python -m app edge`) on the http port and
+    the `front` container (`serve`, EDGE=external: gunicorn on the socket, gRPC on its port),
+    the same image, the socket in an emptyDir both mount, each its own /tmp."""
+    objects = _objects(overlay)
+    pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["front", "edge"]
+    front, edge = _container(pod, "front"), _container(pod, "edge")
+    assert front["image"] == edge["image"]
+    assert (front["args"], edge["args"]) == (["serve"], ["edge"])
+    for container in (front, edge):
+        env = _literal_env(container)
+        assert (env["EDGE"], env["EDGE_SOCKET"]) == ("external", EDGE_SOCKET), container["name"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    socket_dir = os.path.dirname(EDGE_SOCKET)
+    mounts = {
+        c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in (front, edge)
+    }
+    shared = mounts["front"][socket_dir]
+    assert mounts["edge"][socket_dir] == shared and "emptyDir" in volumes[shared]
+    assert "readOnly" not in str(front["volumeMounts"])  # gunicorn creates the socket there
+    tmp_volumes = {mounts["front"]["/tmp"], mounts["edge"]["/tmp"]}
+    assert len(tmp_volumes) == 2 and all("emptyDir" in volumes[v] for v in tmp_volumes)
+    # Ports: HTTP through the edge, gRPC from the front's workers (not through nginx).
+    assert [p["name"] for p in edge["ports"]] == ["http"] and _port(edge, "http") == HTTP_PORT
+    assert [p["name"] for p in front["ports"]] == ["grpc"] and _port(front, "grpc") == GRPC_PORT
+    service = _named(objects, "Service", "ocr-cache")
+    targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+    assert targets == {"http": "http", "grpc": "grpc"}
+    # One environment for both: nginx's limits are the service's (MAX_REQUEST_BYTES, ...).
+    config_name = _named(objects, "ConfigMap", "ocr-cache-env")["metadata"]["name"]
+    for container in (front, edge):
+        assert [e["configMapRef"]["name"] for e in container["envFrom"]] == [config_name]
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    for container in (front, edge):
+        settings = Settings.from_env({**config, **_literal_env(container)})
+        assert (settings.edge, settings.edge_socket) == ("external", EDGE_SOCKET)
+        assert settings.http_port == HTTP_PORT and settings.grpc_port == GRPC_PORT
+    # The same hardening (checked for every container above) and no secret in the edge.
+    assert edge["securityContext"] == front["securityContext"]
+    assert not [e for e in edge.get("env", []) if "valueFrom" in e]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_front_pod_probes_and_graceful_stop(overlay: str) -> None:
+    """Readiness through the edge; the edge's liveness is nginx alone; the front's startup
+    and liveness ask gunicorn over the socket (docker/healthcheck.py with EDGE=external).
+    Stop: the edge's preStop is shorter, so nginx stops accepting first and drains through the
+    still-serving gunicorn; the grace period covers both drains."""
+    objects = _objects(overlay)
+    deployment = _named(objects, "Deployment", "ocr-cache")
+    pod = deployment["spec"]["template"]["spec"]
+    front, edge = _container(pod, "front"), _container(pod, "edge")
+    assert edge["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert edge["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    healthcheck = ["python", "/opt/ocr/docker/healthcheck.py"]
+    for kind in ("startupProbe", "livenessProbe"):
+        probe = front[kind]
+        assert probe["exec"]["command"] == healthcheck, kind
+        assert probe["timeoutSeconds"] >= 5, kind  # a Python start on a busy node
+    assert "readinessProbe" not in front
+    assert "/opt/ocr/docker/healthcheck.py" in (DOCKER / "Dockerfile").read_text()
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    timeout = Settings.from_env({**config, **_literal_env(front)}).request_timeout_seconds
+    edge_stop, front_stop = _pre_stop_seconds(edge), _pre_stop_seconds(front)
+    assert 0 < edge_stop < front_stop
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace > front_stop + timeout  # gunicorn's graceful timeout after its preStop
+    assert grace > edge_stop + timeout + 10  # app.edge.Edge.quit waits that long for nginx
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == "front"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rendered_manifests_name_no_removed_setting(overlay: str) -> None:
+    rendered = _kustomize(overlay)
+    for name in REMOVED_SETTINGS:
+        assert name not in rendered, name
+
+
+def test_no_deployment_file_names_a_removed_setting() -> None:
+    """Set anywhere, HTTP_FRONT* would stop the service at start-up (app/config.py)."""
+    for path in [
+        *DOCKER.rglob("*"),
+        *(ROOT / "k8s").rglob("*"),
+        *(ROOT / "tests/images").glob("*"),
+    ]:
+        if path.is_file() and path.name != ".env":
+            text = path.read_text(errors="replace")
+            assert not [n for n in REMOVED_SETTINGS if n in text], path
+
+
 def test_l3_overlay_reads_the_s3_settings_from_a_secret() -> None:
     objects = _objects("l3")
     pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
@@ -485,8 +701,12 @@ def test_compose_l3_front_and_store_share_the_key_pair(compose_tmp: Path) -> Non
 
 def test_gpu_overlay_requests_a_gpu() -> None:
     pod = _named(_objects("gpu"), "Deployment", "ocr-cache")["spec"]["template"]["spec"]
-    front = pod["containers"][0]
+    front, edge = _container(pod, "front"), _container(pod, "edge")
     assert front["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # The edge runs the GPU image too (NVIDIA_VISIBLE_DEVICES=all in its ENV) but gets no GPU.
+    assert "nvidia.com/gpu" not in str(edge["resources"])
+    assert _literal_env(edge)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert dockerfile.env(DOCKER / "Dockerfile.gpu")["NVIDIA_VISIBLE_DEVICES"] == "all"
     config = _named(_objects("gpu"), "ConfigMap", "ocr-cache-env")["data"]
     assert config["OCR_DEVICE"] == "gpu"
 
@@ -500,7 +720,7 @@ def test_serving_sidecar_overlay_pairs_front_and_paddle_serving() -> None:
     sidecar_ports = {p["containerPort"] for p in sidecar["ports"]}
     assert sidecar_ports == {int(env["SERVING_RPC_PORT"]), int(env["SERVING_HTTP_PORT"])}
     assert sidecar_ports.isdisjoint(FRONT_PORTS)
-    assert [c["name"] for c in pod["containers"]] == ["front"]
+    assert [c["name"] for c in pod["containers"]] == ["front", "edge"]
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     assert config["OCR_ENGINE"] == "serving" and config["SERVING_SERVICE_NAME"] == "ocr"
     assert config["SERVING_URL"] == f"grpc://127.0.0.1:{env['SERVING_RPC_PORT']}"
@@ -527,3 +747,147 @@ def test_keda_overlay_scales_on_the_global_miss_queue() -> None:
     assert triggers["cpu"]["metadata"]["value"] == "70"
     assert 1 <= scaled["spec"]["minReplicaCount"] < scaled["spec"]["maxReplicaCount"]
     assert ("PodMonitor", "ocr-cache") in objects or any(k == "PodMonitor" for k, _ in objects)
+
+
+# ---------------------------------------------------------------------------- healthcheck
+
+
+def _healthcheck() -> ModuleType:
+    """docker/healthcheck.py as a module (the image runs it as a script)."""
+    spec = importlib.util.spec_from_file_location("healthcheck", DOCKER / "healthcheck.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    """Answers GET /healthz with the server's ``status``; records the paths asked."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
+        status = self.server.status if self.path == "/healthz" else 404  # type: ignore[attr-defined]
+        body = b'{"status": "alive"}'
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # a unix socket's client address is "", which the default log cannot print
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _serve(server: socketserver.BaseServer, status: int = 200) -> threading.Thread:
+    server.status = status  # type: ignore[attr-defined]
+    server.paths = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def tcp_health() -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    _serve(server)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def tls_health(tmp_path: Path) -> Iterator[http.server.ThreadingHTTPServer]:
+    """https on loopback with a self-signed certificate for another host name, as nginx
+    serves TLS_CERT_FILE (the certificate names the public host)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl CLI to make a test certificate")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    names = ["-subj", "/CN=ocr.example.com", "-keyout", str(key), "-out", str(cert)]
+    result = _run([openssl, *request, *names])
+    assert result.returncode == 0, result.stderr
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.cert = str(cert)  # type: ignore[attr-defined]
+    server.key = str(key)  # type: ignore[attr-defined]
+    _serve(server)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def unix_health(tmp_path: Path) -> Iterator[_UnixHTTPServer]:
+    server = _UnixHTTPServer(str(tmp_path / "gunicorn.sock"), _Health)
+    _serve(server)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_healthcheck_asks_http_port_on_loopback(
+    tcp_health: http.server.ThreadingHTTPServer,
+) -> None:
+    check = _healthcheck()
+    port = str(tcp_health.server_address[1])
+    assert check.main({"HTTP_PORT": port}) == 0
+    assert check.main({"HTTP_PORT": port, "HOST": "0.0.0.0", "EDGE": "nginx"}) == 0
+    assert tcp_health.paths == ["/healthz", "/healthz"]  # type: ignore[attr-defined]
+    tcp_health.status = 503  # type: ignore[attr-defined]
+    assert check.main({"HTTP_PORT": port}) == 1
+    assert check.main({"HTTP_PORT": str(_closed_port())}) == 1
+
+
+def test_healthcheck_speaks_tls_when_the_edge_does(
+    tls_health: http.server.ThreadingHTTPServer,
+) -> None:
+    """TLS_CERT_FILE set: nginx serves only https, for a name that is not 127.0.0.1; the check
+    does not verify the certificate (it asks its own container)."""
+    check = _healthcheck()
+    env = {
+        "HTTP_PORT": str(tls_health.server_address[1]),
+        "TLS_CERT_FILE": tls_health.cert,  # type: ignore[attr-defined]
+        "TLS_KEY_FILE": tls_health.key,  # type: ignore[attr-defined]
+    }
+    assert check.main(env) == 0
+    assert check.main({"HTTP_PORT": env["HTTP_PORT"]}) == 1  # plain HTTP to a TLS port
+    # The script as the HEALTHCHECK runs it: exit status 0.
+    script = [sys.executable, str(DOCKER / "healthcheck.py")]
+    result = _run(script, env={"PATH": os.environ["PATH"], **env})
+    assert result.returncode == 0, result.stderr
+
+
+def test_healthcheck_uses_the_socket_with_an_external_edge(
+    unix_health: _UnixHTTPServer, tcp_health: http.server.ThreadingHTTPServer
+) -> None:
+    """EDGE=external (the Kubernetes front container): gunicorn over EDGE_SOCKET, never the
+    port (nginx is in the other container, and may be down while gunicorn is fine)."""
+    check = _healthcheck()
+    env = {
+        "EDGE": "external",
+        "EDGE_SOCKET": unix_health.server_address,
+        "HTTP_PORT": str(tcp_health.server_address[1]),
+    }
+    assert check.main(env) == 0
+    assert unix_health.paths == ["/healthz"]  # type: ignore[attr-defined]
+    assert tcp_health.paths == []  # type: ignore[attr-defined]
+    result = _run([sys.executable, str(DOCKER / "healthcheck.py")], env=env)
+    assert result.returncode == 0, result.stderr
+    unix_health.status = 500  # type: ignore[attr-defined]
+    assert check.main(env) == 1
+    assert check.main({**env, "EDGE_SOCKET": env["EDGE_SOCKET"] + ".absent"}) == 1

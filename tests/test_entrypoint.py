@@ -1,8 +1,9 @@
 """The image's entry point, run on this machine as the container runs it: docker/entrypoint.sh
 (what the Dockerfile's ENTRYPOINT runs under tini) with its CMD and the ENV lines of
 docker/Dockerfile, changing only what must differ here (ports, writable paths, the venv on PATH,
-Redis), one worker to stay light. Checked over HTTP and gRPC, then stopped with SIGTERM while
-requests are in flight: every request gets its 200 and the process exits 0."""
+Redis), one worker to stay light. Checked over HTTP (through nginx, the edge, as in the image,
+when this machine has one) and gRPC, then stopped with SIGTERM while requests are in flight:
+every request gets its 200 and the process exits 0."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 import redis
 import requests
 
+from app.edge import find_nginx
 from app.embedded_redis import EmbeddedRedis, free_port
 from tests import dockerfile
 from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_EN
@@ -115,6 +117,9 @@ def test_http_with_the_image_env(service: Service, redis_client: redis.Redis) ->
     )
     assert (first.status_code, second.status_code) == (200, 200)
     assert (first.headers["X-Cache"], second.headers["X-Cache"]) == ("MISS", "HIT")
+    if find_nginx():  # as in the image (which installs it: tests/test_deploy.py)
+        for answer in (first, second):
+            assert answer.headers["Server"] == "nginx" and answer.headers["X-Request-Id"]
     metrics = requests.get(f"{service.base}/metrics", timeout=5)
     assert "ocr_cache_requests_total" in metrics.text
     # The image's HEALTHCHECK command, with the same env.

@@ -2,9 +2,13 @@
 brings the engine up and always stops it). Not collected by `make test` (file name).
 
 1. The CPU image run the way production runs it (read-only root, tmpfs /tmp, no capabilities,
-   no-new-privileges, uid 10001): readiness, REST MISS then HIT, pdserving HTTP and the stock
-   gRPC PipelineClient, a read-only mounted OCR_MODEL_DIR, the HEALTHCHECK, and `docker stop`
-   during an in-flight miss.
+   no-new-privileges, uid 10001): nginx (the edge) and gunicorn both running as uid 10001 under
+   tini, readiness, REST MISS then HIT through nginx (X-Request-Id, the JSON access log),
+   pdserving HTTP and the stock gRPC PipelineClient, a read-only mounted OCR_MODEL_DIR, the
+   HEALTHCHECK, `docker stop` during an in-flight miss (nginx drains, then gunicorn); TLS at
+   the edge (https, HTTP/2, the HEALTHCHECK over https); the Kubernetes pod's layout (an `edge`
+   container and a `serve` container with EDGE=external sharing the socket's folder), stopped
+   as the kubelet stops it.
 2. docker compose with docker/compose.local.yml, profiles serving + monitoring: the real Paddle
    Serving 0.9 sidecar (pipeline HTTP + stock gRPC), the front with OCR_ENGINE=serving chained
    to it, the CPU front, Prometheus (Debian's package) scraping the fronts, every Grafana
@@ -22,9 +26,13 @@ import json
 import os
 import re
 import shutil
+import socket
+import ssl
+import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +75,26 @@ COMPOSE = [
     *("--profile", "serving", "--profile", "monitoring"),
 ]
 SLOW_IMAGE = CORPUS / "sroie_282.jpg"  # the corpus's largest page: a miss of a few seconds
+UID = ["10001"] * 4  # /proc/PID/status Uid: and Gid: (real, effective, saved, file system)
+# Every process of a container, read from /proc by the image's own Python (no ps in the image),
+# but those `docker exec` started (their parent is outside the container: PPid 0), such as this
+# script itself and the HEALTHCHECK's runs.
+PROCESSES = """
+import json, os
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\\0") if a]
+    except OSError:
+        continue
+    if argv and (pid == "1" or status["PPid"].strip() != "0"):
+        found.append({"pid": int(pid), "ppid": int(status["PPid"]), "argv": argv,
+                      "uid": status["Uid"].split(), "gid": status["Gid"].split()})
+print(json.dumps(found))
+"""
 
 
 def b64(path: Path) -> str:
@@ -78,18 +106,92 @@ def phototest_like(texts: list[str]) -> bool:
     return difflib.SequenceMatcher(None, " ".join(texts), truth).ratio() > 0.9
 
 
-def rest(base: str, path: Path = PHOTOTEST, cache_control: str = "") -> requests.Response:
+def rest(
+    base: str, path: Path = PHOTOTEST, cache_control: str = "", request_id: str = ""
+) -> requests.Response:
     headers = {"Cache-Control": cache_control} if cache_control else {}
+    if request_id:
+        headers["X-Request-Id"] = request_id
     return requests.post(f"{base}/v1/ocr", json={"image": b64(path)}, headers=headers, timeout=180)
 
 
-def miss_then_hit(base: str) -> list[str]:
-    first, second = rest(base), rest(base)
+def miss_then_hit(base: str, request_id: str = "") -> list[str]:
+    """Through nginx: both answers carry an X-Request-Id (the client's when it sent a plain
+    token) and nginx's Server header."""
+    first, second = rest(base, request_id=request_id), rest(base)
     assert first.status_code == 200, first.text[:500]
     assert (first.headers["X-Cache"], second.headers["X-Cache"]) == ("MISS", "HIT")
     texts = [line["text"] for line in first.json()["lines"]]
     assert texts == [line["text"] for line in second.json()["lines"]]
+    if request_id:
+        assert first.headers["X-Request-Id"] == request_id
+    for answer in (first, second):
+        assert answer.headers["Server"] == "nginx", dict(answer.headers)
+        assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", answer.headers["X-Request-Id"])
+    assert first.headers["X-Request-Id"] != second.headers["X-Request-Id"]
     return texts
+
+
+def processes(name: str) -> list[dict[str, Any]]:
+    return json.loads(docker("exec", name, "python", "-c", PROCESSES).stdout)
+
+
+def children(procs: list[dict[str, Any]], parent: int) -> list[dict[str, Any]]:
+    return [p for p in procs if p["ppid"] == parent]
+
+
+def nginx_tree(procs: list[dict[str, Any]], parent: int) -> tuple[dict[str, Any], list]:
+    """nginx's master under ``parent`` and its workers (nginx sets their titles); ValueError
+    while they are not all there (callers wait)."""
+    (master,) = [
+        p for p in children(procs, parent) if p["argv"][0].startswith("nginx: master process")
+    ]
+    workers = children(procs, master["pid"])
+    if not workers or any(w["argv"] != ["nginx: worker process"] for w in workers):
+        raise ValueError(f"nginx's workers are not up: {workers}")
+    return master, workers
+
+
+def serve_tree(name: str, workers: int = 1) -> dict[str, Any]:
+    """The process tree of `serve` with its edge: tini (PID 1) -> `python -m app serve`
+    (gunicorn's master) -> its workers and nginx's master -> nginx's workers. Waited for (the
+    workers are forked after the socket is bound), then returned with every process."""
+
+    def tree() -> dict[str, Any] | None:
+        procs = processes(name)
+        (tini,) = [p for p in procs if p["pid"] == 1]
+        (master,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+        forks = [p for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]
+        if len(forks) != workers:
+            return None
+        nginx, nginx_workers = nginx_tree(procs, master["pid"])
+        known = [tini, master, *forks, nginx, *nginx_workers]
+        return {"all": procs, "known": known, "nginx": nginx, "gunicorn": master, "tini": tini}
+
+    return wait_for(
+        f"{name}: tini, gunicorn's master and {workers} worker(s), nginx", tree, timeout=120,
+        dump=lambda: json.dumps(processes(name), indent=1) + logs(name),
+    )  # fmt: skip
+
+
+def edge_errors(name: str) -> list[str]:
+    """nginx's own complaints in the container's log (a path it may not write, a directive
+    this build lacks, ...): none are expected."""
+    result = docker("logs", name, check=False)
+    text = result.stdout + result.stderr
+    return [line for line in text.splitlines() if re.search(r"\[(emerg|alert|crit)\]", line)]
+
+
+def access_log_lines(name: str) -> list[dict[str, Any]]:
+    """The edge's JSON access log lines (stdout)."""
+    lines = []
+    for line in docker("logs", name, check=False).stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+    return lines
 
 
 def pipeline_http(base: str) -> dict[str, Any]:
@@ -164,8 +266,32 @@ def test_cpu_image_runs_as_uid_10001_hardened(cpu_front: dict[str, Any]) -> None
     assert uid.stdout.strip() == "10001"
 
 
+def test_cpu_nginx_and_gunicorn_run_as_uid_10001_under_tini(cpu_front: dict[str, Any]) -> None:
+    """Every process of the container, from /proc: tini -> gunicorn's master -> its worker
+    and nginx (Debian's, from /usr/sbin, configured under /tmp) -> nginx's worker; all uid and
+    gid 10001, nothing else running, and nginx never complained (a read-only path, say)."""
+    tree = serve_tree(cpu_front["name"], workers=1)
+    assert Path(tree["tini"]["argv"][0]).name == "tini"
+    assert sorted(p["pid"] for p in tree["all"]) == sorted(p["pid"] for p in tree["known"])
+    for proc in tree["all"]:
+        assert (proc["uid"], proc["gid"]) == (UID, UID), proc
+    nginx = " ".join(tree["nginx"]["argv"])
+    assert re.search(r"master process /usr/sbin/nginx .*-p /tmp/ocr-edge-\w+ ", nginx), nginx
+    assert edge_errors(cpu_front["name"]) == [], logs(cpu_front["name"])
+
+
 def test_cpu_rest_miss_then_hit(cpu_front: dict[str, Any]) -> None:
-    assert phototest_like(miss_then_hit(cpu_front["http"]))
+    """Through nginx: X-Request-Id on both answers, the client's echoed, and the JSON access
+    log line of each request on stdout."""
+    request_id = f"images-{os.getpid()}-{time.monotonic_ns()}"
+    assert phototest_like(miss_then_hit(cpu_front["http"], request_id))
+
+    def logged() -> dict[str, Any] | None:
+        lines = [x for x in access_log_lines(cpu_front["name"]) if x["request_id"] == request_id]
+        return lines[0] if lines else None
+
+    line = wait_for("the access log line", logged, timeout=30, dump=lambda: logs(cpu_front["name"]))
+    assert (line["method"], line["path"], line["status"]) == ("POST", "/v1/ocr", 200), line
 
 
 def test_cpu_pdserving_http_and_stock_grpc_client(
@@ -227,6 +353,233 @@ def test_cpu_read_only_mounted_model_dir(
         docker("rm", "-f", name, check=False)
 
 
+HARDENED = [
+    "--label", LABEL, "--network", "host", "--read-only", "--tmpfs", "/tmp",
+    "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--stop-timeout", "150",
+]  # fmt: skip
+
+
+@pytest.fixture
+def tls_pair(tmp_path: Path) -> Path:
+    """A self-signed certificate for a public host name (not 127.0.0.1), readable by uid
+    10001, as an operator mounts one."""
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=ocr.example.com", "-addext", "subjectAltName=DNS:ocr.example.com",
+         "-keyout", str(folder / "tls.key"), "-out", str(folder / "tls.crt")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    folder.chmod(0o755)
+    for name in ("tls.key", "tls.crt"):
+        (folder / name).chmod(0o644)  # a test key: readable by the container's uid
+    return folder
+
+
+def test_cpu_tls_at_the_edge_and_the_healthcheck_over_https(
+    cpu_image: str, host_redis: EmbeddedRedis, tls_pair: Path
+) -> None:
+    """TLS_CERT_FILE/TLS_KEY_FILE: nginx serves https (HTTP/2 offered by ALPN) on HTTP_PORT
+    and nothing in plain HTTP; the image's HEALTHCHECK follows (https to 127.0.0.1, the
+    certificate not verified) and turns healthy. No engine is needed for it: the front runs
+    OCR_ENGINE=serving against an address nothing listens on (it loads nothing)."""
+    name = "ocr-images-cpu-tls"
+    http_port, grpc_port = free_port(), free_port()
+    docker("rm", "-f", name, check=False)
+    try:
+        docker(
+            "run", "-d", "--name", name, *HARDENED, "--health-interval", "2s",
+            "-v", f"{tls_pair}:/run/tls:ro", "-e", "TLS_CERT_FILE=/run/tls/tls.crt",
+            "-e", "TLS_KEY_FILE=/run/tls/tls.key", "-e", "OCR_ENGINE=serving",
+            "-e", f"SERVING_URL=grpc://127.0.0.1:{free_port()}",
+            "-e", f"REDIS_URL={host_redis.url}",
+            "-e", f"HTTP_PORT={http_port}", "-e", f"GRPC_PORT={grpc_port}",
+            "-e", "WEB_CONCURRENCY=1", cpu_image,
+        )  # fmt: skip
+        https = f"https://127.0.0.1:{http_port}"
+
+        def alive() -> requests.Response | None:
+            if not container_state(name)["Running"]:
+                raise AssertionError(f"{name} exited\n{logs(name)}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # urllib3: an unverified https request
+                answer = requests.get(f"{https}/healthz", verify=False, timeout=5)
+            return answer if answer.status_code == 200 else None
+
+        answer = wait_for(f"{name} https /healthz", alive, timeout=180, dump=lambda: logs(name))
+        assert answer.headers["Server"] == "nginx" and answer.headers["X-Request-Id"]
+        # The certificate is the mounted one (verified against itself, for its own name).
+        context = ssl.create_default_context(cafile=str(tls_pair / "tls.crt"))
+        context.set_alpn_protocols(["h2", "http/1.1"])
+        with socket.create_connection(("127.0.0.1", http_port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="ocr.example.com") as tls:
+                assert tls.selected_alpn_protocol() == "h2"
+        plain = requests.get(f"http://127.0.0.1:{http_port}/healthz", timeout=5)
+        assert plain.status_code == 400  # nginx: a plain HTTP request sent to the HTTPS port
+        check = docker("exec", name, "python", "/opt/ocr/docker/healthcheck.py", check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+        wait_for(
+            "HEALTHCHECK healthy over https",
+            lambda: container_state(name)["Health"]["Status"] == "healthy",
+            timeout=120,
+            dump=lambda: json.dumps(container_state(name).get("Health"), indent=1) + logs(name),
+        )
+        assert edge_errors(name) == [], logs(name)
+    finally:
+        docker("rm", "-f", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def pod_redis() -> Iterator[EmbeddedRedis]:
+    """The pod's own Redis: the CPU front above has cached the phototest in the other."""
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pod(cpu_image: str, pod_redis: EmbeddedRedis) -> Iterator[dict[str, Any]]:
+    """The Kubernetes pod of k8s/base/front-deployment.yaml, as two containers of the image:
+    `edge` (nginx alone) and `serve` with EDGE=external (gunicorn on the socket, gRPC), both
+    EDGE_SOCKET=/run/ocr/gunicorn.sock in a folder they share (the pod's emptyDir), each its own
+    /tmp. The edge starts first: it must wait for gunicorn's socket (502 meanwhile)."""
+    folder = Path(tempfile.mkdtemp(prefix="ocr-images-pod-"))
+    os.chown(folder, 10001, 10001)  # an emptyDir is writable by the pod's user
+    http_port, grpc_port = free_port(), free_port()
+    names = {"edge": "ocr-images-pod-edge", "front": "ocr-images-pod-front"}
+    shared = [
+        *HARDENED, "--health-interval", "2s", "-v", f"{folder}:/run/ocr",
+        "-e", "EDGE=external", "-e", "EDGE_SOCKET=/run/ocr/gunicorn.sock",
+        "-e", f"HTTP_PORT={http_port}", "-e", f"GRPC_PORT={grpc_port}",
+    ]  # fmt: skip
+    for name in names.values():
+        docker("rm", "-f", name, check=False)
+    base = f"http://127.0.0.1:{http_port}"
+
+    def dump() -> str:
+        return logs(names["edge"], tail=40) + logs(names["front"])
+
+    def ready() -> bool:
+        for name in names.values():
+            if not container_state(name)["Running"]:
+                raise AssertionError(f"{name} exited before the pod was ready\n{dump()}")
+        return requests.get(f"{base}/readyz", timeout=5).status_code == 200
+
+    try:
+        docker("run", "-d", "--name", names["edge"], *shared, cpu_image, "edge")
+        docker(
+            "run", "-d", "--name", names["front"], *shared, "-e", f"REDIS_URL={pod_redis.url}",
+            "-e", "WEB_CONCURRENCY=1", cpu_image, "serve",
+        )  # fmt: skip
+        wait_for("the pod's /readyz 200 through its edge", ready, timeout=300, dump=dump)
+        yield {**names, "http": base, "grpc": f"127.0.0.1:{grpc_port}", "folder": folder}
+    finally:
+        for name in names.values():
+            docker("rm", "-f", name, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_pod_edge_container_runs_nginx_and_the_front_gunicorn(pod: dict[str, Any]) -> None:
+    """The edge container: `python -m app edge` (PID 1's child) -> nginx; no gunicorn. The
+    front container: gunicorn's master and worker; no nginx. All uid 10001; the socket in the
+    shared folder belongs to uid 10001 too."""
+
+    def edge_tree() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], list]:
+        procs = processes(pod["edge"])
+        (runner,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "edge"]]
+        return (procs, runner, *nginx_tree(procs, runner["pid"]))
+
+    edge, runner, nginx, nginx_workers = wait_for(
+        "nginx in the edge container", edge_tree, timeout=60, dump=lambda: logs(pod["edge"])
+    )
+    assert sorted(p["pid"] for p in edge) == sorted(
+        [1, runner["pid"], nginx["pid"], *(w["pid"] for w in nginx_workers)]
+    )
+    front = processes(pod["front"])
+    assert not [p for p in front if p["argv"][0].startswith("nginx")], front
+    (master,) = [p for p in children(front, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+    assert [p["argv"] for p in children(front, master["pid"])] == [master["argv"]]
+    for proc in edge + front:
+        assert (proc["uid"], proc["gid"]) == (UID, UID), proc
+    sock = pod["folder"] / "gunicorn.sock"
+    assert sock.is_socket() and sock.stat().st_uid == 10001
+
+
+def test_pod_miss_then_hit_through_the_edge_container(pod: dict[str, Any]) -> None:
+    request_id = f"images-pod-{os.getpid()}-{time.monotonic_ns()}"
+    assert phototest_like(miss_then_hit(pod["http"], request_id))
+    wait_for(
+        "the edge container's access log line",
+        lambda: [x for x in access_log_lines(pod["edge"]) if x["request_id"] == request_id],
+        timeout=30,
+        dump=lambda: logs(pod["edge"]),
+    )
+
+
+def test_pod_front_healthcheck_asks_gunicorn_over_the_socket(pod: dict[str, Any]) -> None:
+    """The front container's probe (docker/healthcheck.py with EDGE=external) does not go
+    through the edge: it answers with the edge stopped too. The image's HEALTHCHECK is the
+    same script in both containers."""
+    for name in (pod["front"], pod["edge"]):
+        wait_for(
+            f"{name} HEALTHCHECK healthy",
+            lambda name=name: container_state(name)["Health"]["Status"] == "healthy",
+            timeout=120,
+            dump=lambda name=name: json.dumps(container_state(name).get("Health")) + logs(name),
+        )
+    check = docker("exec", pod["front"], "python", "/opt/ocr/docker/healthcheck.py", check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_pod_stops_as_the_kubelet_stops_it(pod: dict[str, Any]) -> None:
+    """SIGTERM to the edge (its preStop is the shorter) while a miss is in flight: nginx stops
+    accepting and drains; once its port refuses, SIGTERM to the front (gunicorn's graceful
+    stop). The request is answered 200 through nginx and both containers exit 0."""
+    outcome: dict[str, Any] = {}
+
+    def miss() -> None:
+        try:
+            outcome["response"] = rest(pod["http"], SLOW_IMAGE, cache_control="no-cache")
+        except requests.RequestException as exc:
+            outcome["error"] = exc
+
+    for _attempt in range(3):
+        outcome.clear()
+        thread = threading.Thread(target=miss)
+        thread.start()
+        time.sleep(1.0)
+        if thread.is_alive():
+            break
+        thread.join()
+    else:
+        pytest.fail(f"a miss of {SLOW_IMAGE.name} never lasted a second")
+    stopping = threading.Thread(
+        target=docker, args=("stop", "--time", "150", pod["edge"]), kwargs={"timeout": 200}
+    )
+    stopping.start()
+    port = int(pod["http"].rsplit(":", 1)[1])
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except ConnectionRefusedError:
+            return True
+        return False
+
+    wait_for("the edge's port refusing connections", refused, timeout=60,
+             dump=lambda: logs(pod["edge"]))  # fmt: skip
+    docker("stop", "--time", "150", pod["front"], timeout=200)
+    stopping.join(200)
+    thread.join(60)
+    assert "error" not in outcome, f"{outcome['error']!r}\n{logs(pod['edge'])}"
+    response = outcome["response"]
+    assert response.status_code == 200 and response.json()["lines"], response.text[:300]
+    assert response.headers["Server"] == "nginx"
+    for name in (pod["edge"], pod["front"]):
+        state = container_state(name)
+        assert not state["Running"] and state["ExitCode"] == 0, (state, logs(name))
+
+
 def test_cpu_stop_during_an_in_flight_miss_completes_it_and_exits_0(
     cpu_front: dict[str, Any],
 ) -> None:
@@ -259,8 +612,11 @@ def test_cpu_stop_during_an_in_flight_miss_completes_it_and_exits_0(
     assert "error" not in outcome, f"{outcome['error']!r}\n{logs(name)}"
     response = outcome["response"]
     assert response.status_code == 200 and response.json()["lines"], response.text[:300]
+    assert response.headers["Server"] == "nginx" and response.headers["X-Request-Id"]
     assert state["ExitCode"] == 0 and not state["OOMKilled"], (state, logs(name))
     assert stop_seconds < 150
+    # nginx was asked to drain (SIGQUIT), not found dead: the service did not stop for it.
+    assert "nginx exited; stopping the service" not in logs(name, tail=400), logs(name)
 
 
 def test_cpu_image_size_recorded(cpu_image: str) -> None:
