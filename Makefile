@@ -77,7 +77,7 @@ test-images: install
 	bash tests/images/run.sh $(PYTEST_ARGS)
 
 # Upstream parity over the whole corpus: each image's /ocr answer against PaddleX's own
-# basic-serving app on the same models (tests/test_parity.py); "N passed" is the README figure.
+# basic-serving app on the same models (tests/test_parity.py); "N passed" is the figure in docs/PROTOCOLS.md.
 parity: install
 	PARITY_CORPUS=all $(BIN)/python -m pytest tests/test_parity.py -k corpus $(PYTEST_ARGS)
 

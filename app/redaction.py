@@ -8,7 +8,7 @@ hence of every key: an entry made under one policy is never served under another
 Masking keeps the length and the separators (every letter or digit of a match becomes ``*``),
 so boxes still match their text. Checksums (resident ID: ISO 7064 MOD 11-2; bank cards: Luhn)
 keep ordinary numbers readable; the price is that a number the OCR misread so that its checksum
-fails is not masked (see the README's Redaction section for the limits).
+fails is not masked (docs/SECURITY.md, Redaction, says where that leaves gaps).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ embedded Redis, ``CACHE_SIMILAR=on`` at the default thresholds), then every vari
 a *wrong hit* is a hit whose text (every line, in order) differs from it. The verification
 figures of every variant against its original are recorded too, so thresholds can be read
 off (``figures``) with their margin. Writes bench/results/near_duplicates.json and prints
-the confusion tables the README shows.
+the confusion tables docs/ARCHITECTURE.md shows.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def summarize(result: dict[str, Any], settings: Settings | None = None) -> None:
 
 
 def print_tables(result: dict[str, Any]) -> None:
-    """The README's tables: per variant, which tier answered; then one confusion matrix per
+    """docs/ARCHITECTURE.md's tables: per variant, which tier answered; then one confusion matrix per
     tier (benign should hit, changed must miss; a wrong hit is a hit whose text differs
     from the engine's on that exact input)."""
     rows = result["rows"]

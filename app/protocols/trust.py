@@ -40,7 +40,7 @@ def shows_cache_status(trusted: bool, settings: Settings) -> bool:
 
 
 def http_client_address(environ: Mapping[str, object]) -> str:
-    """REMOTE_ADDR; on gunicorn's unix socket (empty REMOTE_ADDR) only our front connects,
+    """REMOTE_ADDR; on gunicorn's unix socket (empty REMOTE_ADDR) only our nginx edge connects,
     and it sets X-Forwarded-For to the client's address, replacing any the client sent."""
     remote = str(environ.get("REMOTE_ADDR") or "")
     if remote:
