@@ -219,9 +219,9 @@ def summarize(result: dict[str, Any], settings: Settings | None = None) -> None:
 
 
 def print_tables(result: dict[str, Any]) -> None:
-    """docs/ARCHITECTURE.md's tables: per variant, which tier answered; then one confusion matrix per
-    tier (benign should hit, changed must miss; a wrong hit is a hit whose text differs
-    from the engine's on that exact input)."""
+    """docs/ARCHITECTURE.md's tables: per variant, which tier answered; then one confusion
+    matrix per tier (benign should hit, changed must miss; a wrong hit is a hit whose text
+    differs from the engine's on that exact input)."""
     rows = result["rows"]
     per = result["tables"]
     print("| set | variant | n | pixel hits | similar hits | misses | wrong hits "
