@@ -60,7 +60,7 @@ test: install install-tools
 
 # The unit layer (no engine, no processes, no deployment checks): under a minute.
 test-fast: install
-	$(BIN)/python -m pytest -m "not integration and not deploy and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "unit and not integration and not deploy and not slow" $(PYTEST_ARGS)
 
 # Longer mutation fuzzing of the image decoders (make test runs 3,000 + 40 cases); e.g.
 # make fuzz FUZZ_SEED=7. About 75 s on 2 cores. stderr is dropped: libtiff prints a warning
@@ -84,6 +84,7 @@ parity: install
 lint: install
 	$(BIN)/ruff check app tests bench gunicorn.conf.py
 	$(BIN)/ruff format --check app tests bench gunicorn.conf.py
+	$(BIN)/mypy
 
 # wrk (Debian) drives the throughput runs when present; else Python client processes.
 bench: install

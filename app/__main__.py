@@ -25,17 +25,17 @@ def serve(settings: Settings) -> int:
 
     memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
     log = logging.getLogger("app")
-    binary = find_nginx(settings.edge_nginx) if settings.edge == "nginx" else None
-    if settings.edge == "nginx" and binary is None:
-        if settings.edge_nginx:
-            print(f"configuration error: EDGE_NGINX: cannot run {settings.edge_nginx!r}",
+    binary = find_nginx(settings.edge.nginx) if settings.edge.mode == "nginx" else None
+    if settings.edge.mode == "nginx" and binary is None:
+        if settings.edge.nginx:
+            print(f"configuration error: EDGE_NGINX: cannot run {settings.edge.nginx!r}",
                   file=sys.stderr)  # fmt: skip
             return 2
         if not _without_edge(settings, log):
             return 2
     owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
     socket_dir = ""  # gunicorn's private socket folder, when EDGE_SOCKET does not name one
-    socket = settings.edge_socket if binary or settings.edge == "external" else ""
+    socket = settings.edge.socket if binary or settings.edge.mode == "external" else ""
     if binary and not socket:
         socket_dir = tempfile.mkdtemp(prefix="ocr-gunicorn-")
         socket = os.path.join(socket_dir, "gunicorn.sock")
@@ -48,10 +48,10 @@ def serve(settings: Settings) -> int:
             print(f"configuration error: {exc}", file=sys.stderr)
             edge.quit()
             return 2
-    if settings.rate_limit and settings.edge == "none":
+    if settings.edge.rate_limit and settings.edge.mode == "none":
         log.warning("RATE_LIMIT applies to gRPC only with EDGE=none: limit HTTP in your proxy")
     embedded = None
-    if settings.cache_enabled and not settings.redis_url:
+    if settings.cache.enabled and not settings.redis.url:
         embedded = EmbeddedRedis().start()
         os.environ["REDIS_URL"] = embedded.url
         log.info("REDIS_URL unset: started a private Redis at %s (docker/redis.conf)", embedded.url)
@@ -77,8 +77,8 @@ def serve(settings: Settings) -> int:
 def _without_edge(settings: Settings, log: logging.Logger) -> bool:
     """``EDGE=nginx`` and no nginx here: gunicorn serves the port itself, said in one line;
     False (an error) when TLS or a rate limit was asked for, which only the edge serves."""
-    wanted = [name for name, on in (("TLS_CERT_FILE", settings.tls_cert_file),
-                                    ("RATE_LIMIT", settings.rate_limit)) if on]  # fmt: skip
+    wanted = [name for name, on in (("TLS_CERT_FILE", settings.edge.tls_cert_file),
+                                    ("RATE_LIMIT", settings.edge.rate_limit)) if on]  # fmt: skip
     if wanted:
         print(
             f"configuration error: {', '.join(wanted)}: served by the nginx edge, and no nginx "
@@ -90,8 +90,8 @@ def _without_edge(settings: Settings, log: logging.Logger) -> bool:
         "EDGE=nginx but no nginx on PATH: gunicorn serves %s:%d itself; off: slow-client "
         "buffering, edge request ids and JSON access log, RATE_LIMIT, TLS "
         "(install Debian's nginx-light, or set EDGE=none behind your own buffering proxy)",
-        settings.host,
-        settings.http_port,
+        settings.server.host,
+        settings.server.http_port,
     )
     return True
 
@@ -101,14 +101,14 @@ def edge(settings: Settings) -> int:
     Kubernetes pod's edge container; the app container runs ``serve`` with EDGE=external)."""
     from app.edge import Edge, find_nginx
 
-    if settings.edge != "external":
+    if settings.edge.mode != "external":
         print("configuration error: EDGE: `edge` runs with EDGE=external", file=sys.stderr)
         return 2
-    binary = find_nginx(settings.edge_nginx)
+    binary = find_nginx(settings.edge.nginx)
     if binary is None:
         print("configuration error: EDGE: no nginx on PATH (or EDGE_NGINX)", file=sys.stderr)
         return 2
-    proxy = Edge(settings, settings.edge_socket, binary)
+    proxy = Edge(settings, settings.edge.socket, binary)
     try:
         proxy.check()
     except RuntimeError as exc:
@@ -125,8 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("edge", help="run the nginx edge alone (EDGE=external, EDGE_SOCKET)")
     sub.add_parser("edge-config", help="print the nginx configuration these settings render")
     sub.add_parser("check-config", help="validate the environment and print the settings")
+    sub.add_parser("config-doc", help="print docs/CONFIGURATION.md (generated from app/config.py)")
     sub.add_parser("prepare-models", help="locate/generate the model folders and print them")
     args = parser.parse_args(argv)
+    if args.command == "config-doc":  # the declarations, whatever this environment says
+        from app.config import markdown
+
+        print(markdown(), end="")
+        return 0
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logsafe.install()
     logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "serve":
         return serve(settings)
@@ -143,13 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "edge-config":
         from app.edge import render
 
-        socket = settings.edge_socket or "/tmp/ocr-gunicorn-XXXXXX/gunicorn.sock"
+        socket = settings.edge.socket or "/tmp/ocr-gunicorn-XXXXXX/gunicorn.sock"
         print(render(settings, socket, "/tmp/ocr-edge-XXXXXX", ()), end="")
         return 0
     if args.command == "check-config":
-        for key, value in sorted(vars(settings).items()):
-            shown = "<set>" if settings.is_secret(key) and value else value
-            print(f"{settings.env_name(key)}={shown}")
+        for var, value, secret in sorted(settings.variables()):
+            print(f"{var}={'<set>' if secret and value else value}")
         return 0
     from app.engines import build_engine
 

@@ -227,7 +227,7 @@ def run_files(
         console=console,
         disable=not console.is_terminal,
     )  # fmt: skip
-    counts = {"hits": 0, "misses": 0, "errors": 0}
+    counts: dict[str, Any] = {"hits": 0, "misses": 0, "errors": 0}
     with progress, ThreadPoolExecutor(max_workers=concurrency) as pool:
         task = progress.add_task("ocr", total=len(files), **counts)
         futures = [pool.submit(client.ocr, path) for path in files]

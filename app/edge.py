@@ -91,8 +91,8 @@ def nginx_version(binary: str) -> tuple[int, ...]:
 def forms(settings: Settings) -> tuple[Form, ...]:
     """The protocols' own error bodies for the answers nginx makes itself."""
     values = {
-        "max_body": settings.max_request_bytes,
-        "rate": f"{settings.rate_limit.rate:g}" if settings.rate_limit else "",
+        "max_body": settings.server.max_request_bytes,
+        "rate": f"{settings.edge.rate_limit.rate:g}" if settings.edge.rate_limit else "",
     }
     messages = {status: text.format(**values) for status, text in _MESSAGES.items()}
     codes = {413: "too_large", 429: "rate_limited", 502: "unavailable", 504: "timeout"}
@@ -123,17 +123,17 @@ def _nginx_string(body: bytes) -> str:
 
 
 def _listen(settings: Settings) -> list[str]:
-    host = settings.host
+    host = settings.server.host
     if ":" in host:  # IPv6
-        return [f"[{host}]:{settings.http_port}"]
-    return [f"{host}:{settings.http_port}"]
+        return [f"[{host}]:{settings.server.http_port}"]
+    return [f"{host}:{settings.server.http_port}"]
 
 
 def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ...]) -> str:
     """nginx.conf for these settings, gunicorn on ``socket``, temp files under ``run_dir``."""
     del version  # every directive used is in nginx 1.18 (Ubuntu 22.04) and later
-    limit = settings.rate_limit
-    name = settings.pipeline_service_name
+    limit = settings.edge.rate_limit
+    name = settings.protocols.pipeline_service_name
     locations = [
         Location("= /v1/ocr", "rest", "REST"),
         Location("= /ocr", "paddlex", "PaddleX / PaddleOCR 3.x serving"),
@@ -145,17 +145,17 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
     )
     template = environment.from_string(TEMPLATE.read_text())
     return template.render(
-        workers=settings.edge_workers,
+        workers=settings.edge.workers,
         user="root" if os.geteuid() == 0 else "",  # else nginx's workers would be nobody
         run_dir=run_dir,
-        error_level="info" if settings.log_level == "DEBUG" else "warn",
-        shutdown_seconds=settings.request_timeout_seconds,
+        error_level="info" if settings.server.log_level == "DEBUG" else "warn",
+        shutdown_seconds=settings.server.request_timeout_seconds,
         worker_connections=4096,
-        header_timeout=_seconds(settings.http_header_timeout_seconds),
-        body_timeout=_seconds(settings.http_body_timeout_seconds),
-        max_body_bytes=settings.max_request_bytes,
-        body_buffer_bytes=min(BODY_BUFFER_BYTES, settings.max_request_bytes),
-        access_log=settings.edge_access_log,
+        header_timeout=_seconds(settings.edge.header_timeout_seconds),
+        body_timeout=_seconds(settings.edge.body_timeout_seconds),
+        max_body_bytes=settings.server.max_request_bytes,
+        body_buffer_bytes=min(BODY_BUFFER_BYTES, settings.server.max_request_bytes),
+        access_log=settings.edge.access_log,
         rate=_nginx_rate(limit.rate) if limit else "",
         rate_setting=str(limit) if limit else "",
         burst=limit.burst if limit else 0,
@@ -163,10 +163,10 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
         socket=socket,
         upstream_keepalive_seconds=UPSTREAM_KEEPALIVE_SECONDS,
         listen=_listen(settings),
-        tls={"cert": settings.tls_cert_file, "key": settings.tls_key_file}
-        if settings.tls_cert_file
+        tls={"cert": settings.edge.tls_cert_file, "key": settings.edge.tls_key_file}
+        if settings.edge.tls_cert_file
         else None,
-        upstream_timeout=settings.request_timeout_seconds + 30,
+        upstream_timeout=settings.server.request_timeout_seconds + 30,
         statuses=STATUSES,
         locations=locations,
         forms=forms(settings),
@@ -194,7 +194,7 @@ class Edge:
         self.run_dir = tempfile.mkdtemp(prefix="ocr-edge-")
         self.config = os.path.join(self.run_dir, "nginx.conf")
         Path(self.config).write_text(render(settings, socket, self.run_dir, self._version))
-        self._timeout = settings.request_timeout_seconds + 10
+        self._timeout = settings.server.request_timeout_seconds + 10
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
 

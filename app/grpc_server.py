@@ -50,11 +50,11 @@ def _tensors(request: Any) -> list[pipeline.Tensor]:
     return [pipeline.Tensor(t.name, t.elem_type, list(t.str_data)) for t in request.tensors]
 
 
-class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-defined,misc]
+class PipelineServicer(pb2_grpc.PipelineServiceServicer):
     def __init__(self, cache: OcrCache, settings: Settings) -> None:
         self._cache = cache
         self._settings = settings
-        limit = settings.rate_limit
+        limit = settings.edge.rate_limit
         self._limiter = (
             RateLimiter(cache.store, cache.keys, limit.rate, limit.burst, "grpc") if limit else None
         )
@@ -79,7 +79,9 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             metrics.UNEXPECTED_ERRORS.labels(protocol="grpc").inc()
             metrics.REQUESTS.labels(protocol="grpc", status="INTERNAL").inc()
             context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})")
-        if answer.err_no == 0 and trust.shows_cache_status(self._trusted(context), self._settings):
+        if answer.err_no == 0 and trust.shows_cache_status(
+            self._trusted(context), self._settings.controls
+        ):
             metadata = [("x-cache", answer.cache_status)]
             if answer.cache_tier:
                 metadata.append(("x-cache-tier", answer.cache_tier))
@@ -101,7 +103,8 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             return
         metrics.REQUESTS.labels(protocol="grpc", status="RESOURCE_EXHAUSTED").inc()
         context.set_trailing_metadata((("retry-after", str(decision.retry_after)),))
-        limit = self._settings.rate_limit
+        limit = self._settings.edge.rate_limit
+        assert limit is not None  # a limiter exists only with RATE_LIMIT
         context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"rate limit exceeded: at most {limit.rate:g} requests per second per client "
@@ -114,14 +117,14 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
 
     def _trusted(self, context: grpc.ServicerContext) -> bool:
         address = trust.grpc_peer_address(context.peer())
-        return trust.is_trusted(address, self._metadata(context), self._settings)
+        return trust.is_trusted(address, self._metadata(context), self._settings.controls)
 
     def _answer(self, request: Any, context: grpc.ServicerContext) -> pipeline.PipelineAnswer:
         if isinstance(request, Undecodable):
             message = f"Failed to unpack request: not a pipeline Request ({request.reason})"
             return pipeline.PipelineAnswer(err_no=pipeline.PACKING_ERROR, err_msg=message)
         # Upstream checks the name only when the client sets one (PipelineClient does not).
-        if request.name and request.name != self._settings.pipeline_service_name:
+        if request.name and request.name != self._settings.protocols.pipeline_service_name:
             return pipeline.service_name_error()
         try:
             req = pipeline.build_request(
@@ -130,13 +133,13 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):  # type: ignore[name-d
             )  # fmt: skip
             metadata = self._metadata(context)
             trusted = self._trusted(context)
-            cache_controls = controls.parse(metadata, self._settings, trusted=trusted)
+            cache_controls = controls.parse(metadata, self._settings.controls, trusted=trusted)
         except (pipeline.PipelineError, BadRequest) as exc:
             return pipeline.refused(exc)
         log.debug("grpc logid=%s clientip=%s method=%s", req.logid, req.clientip, request.method)
         return pipeline.answer(
-            self._cache, req, self._settings.ocr_rec_score_thresh,
-            self._settings.max_images_per_request, cache_controls,
+            self._cache, req, self._settings.ocr.rec_score_thresh,
+            self._settings.protocols.max_images_per_request, cache_controls,
         )  # fmt: skip
 
 
@@ -144,17 +147,20 @@ def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple
     """Start serving; returns the server and the bound port (``port=0`` picks a free one)."""
     size = settings.grpc_message_limit()
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=settings.web_threads, thread_name_prefix="grpc"),
-        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs or 4 * settings.web_threads,
+        futures.ThreadPoolExecutor(
+            max_workers=settings.server.web_threads, thread_name_prefix="grpc"
+        ),
+        maximum_concurrent_rpcs=settings.grpc.max_concurrent_rpcs
+        or 4 * settings.server.web_threads,
         options=[*message_size_options(size), ("grpc.so_reuseport", 1)],
     )
     _add_servicer(server, PipelineServicer(cache, settings))
-    bind = f"{settings.host}:{settings.grpc_port if port is None else port}"
+    bind = f"{settings.server.host}:{settings.server.grpc_port if port is None else port}"
     bound = server.add_insecure_port(bind)
     if bound == 0:
         raise RuntimeError(f"gRPC could not bind {bind}")
     server.start()
-    log.info("gRPC PipelineService on %s:%d", settings.host, bound)
+    log.info("gRPC PipelineService on %s:%d", settings.server.host, bound)
     return server, bound
 
 

@@ -24,12 +24,12 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
     """``bind``: where gunicorn listens instead of HOST:HTTP_PORT (the edge's unix socket)."""
     behind_edge = bool(bind and bind.startswith("unix:"))
     return {
-        "bind": bind or f"{settings.host}:{settings.http_port}",
-        "workers": settings.web_concurrency,
+        "bind": bind or f"{settings.server.host}:{settings.server.http_port}",
+        "workers": settings.server.web_concurrency,
         "worker_class": "gthread",
-        "threads": settings.web_threads,
-        "timeout": settings.request_timeout_seconds + 30,
-        "graceful_timeout": settings.request_timeout_seconds,
+        "threads": settings.server.web_threads,
+        "timeout": settings.server.request_timeout_seconds + 30,
+        "graceful_timeout": settings.server.request_timeout_seconds,
         # nginx reuses its connections and closes idle ones first (app/edge.py); clients
         # talking to gunicorn directly (EDGE=none) get gunicorn's usual few seconds.
         "keepalive": GUNICORN_KEEPALIVE_SECONDS if behind_edge else 5,
@@ -38,7 +38,7 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "forwarder_headers": "",
         "secure_scheme_headers": {},
         "preload_app": False,
-        "loglevel": settings.log_level.lower(),
+        "loglevel": settings.server.log_level.lower(),
         "accesslog": None,
         "errorlog": "-",
         "on_starting": prepare_metrics_dir,
@@ -55,7 +55,7 @@ def _worker_ready(worker: Any) -> None:
 def _start_grpc(worker: Any) -> None:
     """Serve gRPC from this worker too, on the same cache (SO_REUSEPORT shares the port)."""
     ocr = getattr(worker.wsgi, "extensions", {}).get("ocr")  # None: not our app
-    if ocr is not None and ocr.settings.grpc_enabled:
+    if ocr is not None and ocr.settings.grpc.enabled:
         from app import grpc_server
 
         ocr.grpc, _ = grpc_server.start(ocr.cache, ocr.settings)
@@ -109,7 +109,7 @@ def _child_exit(server: Any, worker: Any) -> None:
         multiprocess.mark_process_dead(worker.pid)
 
 
-class _Arbiter(Arbiter):  # type: ignore[misc]
+class _Arbiter(Arbiter):
     """gunicorn's master, supervising the edge: nginx starts once gunicorn's socket is bound;
     a stop quits nginx first (gracefully: its in-flight requests are answered by workers that
     are still running), then the workers; should nginx die, the service stops."""
@@ -139,7 +139,7 @@ class _Arbiter(Arbiter):  # type: ignore[misc]
         super().stop(graceful)
 
 
-class GunicornApp(BaseApplication):  # type: ignore[misc]
+class GunicornApp(BaseApplication):
     def __init__(self, settings: Settings, bind: str | None = None, edge: Edge | None = None):
         self._settings = settings
         self._bind = bind

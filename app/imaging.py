@@ -63,7 +63,7 @@ def decode_image(data: bytes, max_pixels: int) -> DecodedImage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data), formats=FORMATS)
+            img: Image.Image = Image.open(io.BytesIO(data), formats=FORMATS)
             check_size(*img.size, max_pixels)
             if img.format in ("JPEG", "MPO"):
                 check_jpeg_scans(data)

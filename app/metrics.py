@@ -139,7 +139,7 @@ def initialise(engine_kind: str) -> None:
         ENGINE_CALLS.labels(engine=engine_kind, outcome=outcome)
     for result in ("hit", "miss", "coalesced", "bypass", "error"):
         CACHE_REQUESTS.labels(result=result)
-    for tier in ("l1", "l2", "pixel", "similar", "l3"):
+    for tier in ("extraction", "l1", "l2", "l3", "pixel", "similar"):
         CACHE_TIER_HITS.labels(tier=tier)
     for outcome in ("hit", "miss"):
         SIMILAR_CHECKS.labels(outcome=outcome)

@@ -122,10 +122,7 @@ class RedactionPolicy:
             if field_type.check is None:
                 text = field_type.pattern.sub(_mask, text)
             else:
-                check = field_type.check
-                text = field_type.pattern.sub(
-                    lambda m, ok=check: _mask(m) if ok(m.group(0)) else m.group(0), text
-                )
+                text = field_type.pattern.sub(_checked(field_type.check), text)
         return text
 
 
@@ -186,7 +183,7 @@ def install_log_redaction(policy: RedactionPolicy) -> None:
     no handler can format the raw one."""
     factory = logging.getLogRecordFactory()
     if hasattr(factory, "redaction_policy"):
-        factory.redaction_policy = policy  # type: ignore[attr-defined]
+        factory.redaction_policy = policy
         return
 
     def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
@@ -230,3 +227,12 @@ def _masked_args(args: Any, policy: RedactionPolicy) -> Any:
 
 def _masked(value: Any, policy: RedactionPolicy) -> Any:
     return policy.redact(value) if isinstance(value, str) else value
+
+
+def _checked(check: Callable[[str], bool]) -> Callable[[re.Match[str]], str]:
+    """A match masked only when its checksum holds (ordinary numbers stay readable)."""
+
+    def replace(match: re.Match[str]) -> str:
+        return _mask(match) if check(match.group(0)) else match.group(0)
+
+    return replace

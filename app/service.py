@@ -11,9 +11,8 @@ from typing import Any
 from flask import current_app
 
 from app import metrics
+from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
-from app.cache.extraction_index import ExtractionIndex
-from app.cache.options import CacheOptions
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -30,7 +29,6 @@ class OcrService:
     settings: Settings
     cache: OcrCache
     engine_state: EngineState
-    extractions: ExtractionIndex
     # Read per request, so computed once here.
     engine_description: dict[str, Any]
     default_params: OcrParams
@@ -50,54 +48,49 @@ def current() -> OcrService:
 
 def build(settings: Settings, engine: Engine, store: RedisStore | None) -> OcrService:
     """The cache front door and the engine's loader (shared by HTTP and gRPC); starts loading."""
-    if store is None and settings.cache_enabled and settings.redis_url:
+    redis = settings.redis
+    if store is None and settings.cache.enabled and redis.url:
         store = RedisStore(
-            settings.redis_url,
-            settings.redis_timeout_ms,
-            settings.redis_connect_timeout_ms,
+            redis.url,
+            redis.timeout_ms,
+            redis.connect_timeout_ms,
             CircuitBreaker(
-                settings.redis_breaker_failures,
-                settings.redis_breaker_cooldown_seconds,
+                redis.breaker_failures,
+                redis.breaker_cooldown_seconds,
                 on_change=metrics.REDIS_BREAKER_OPEN.set,
             ),
-            username=settings.redis_username,
-            password=settings.redis_password,
-            tls_ca_file=settings.redis_tls_ca_file,
-            tls_cert_file=settings.redis_tls_cert_file,
-            tls_key_file=settings.redis_tls_key_file,
+            username=redis.username,
+            password=redis.password,
+            tls_ca_file=redis.tls_ca_file,
+            tls_cert_file=redis.tls_cert_file,
+            tls_key_file=redis.tls_key_file,
         )
-    if settings.cache_enabled and store is None:
+    if settings.cache.enabled and store is None:
         log.warning("REDIS_URL is not set: every request goes to the engine")
     if store is not None:
         _warn_if_not_evicting(store)
 
     def decode(data: bytes) -> DecodedImage:
-        return decode_image(data, settings.max_image_pixels)
+        return decode_image(data, settings.server.max_image_pixels)
 
     engine.prepare()
     state = EngineState(
         engine,
-        wait_seconds=float(settings.request_timeout_seconds),
-        unready_after=settings.engine_unready_after_failures,
+        wait_seconds=float(settings.server.request_timeout_seconds),
+        unready_after=settings.engine.unready_after_failures,
     )
     state.start()
-    cache = OcrCache(
-        CacheOptions.from_settings(settings),
-        engine,
-        store,
-        decode,
-        wait_for_engine=state.wait,
-        on_engine_outcome=state.record,
+    cache = assembly.for_settings(
+        settings, engine, store, decode, wait_for_engine=state.wait, on_engine_outcome=state.record
     )
     return OcrService(
         settings=settings,
         cache=cache,
         engine_state=state,
-        extractions=ExtractionIndex(cache, settings.cache_ttl_seconds),
         engine_description=engine.describe(),
         default_params=engine.default_params,
         default_task=settings.default_task(),
-        min_score=settings.ocr_rec_score_thresh,
+        min_score=settings.ocr.rec_score_thresh,
     )
 
 

@@ -227,7 +227,7 @@ class Outcome:
     # Rendered as ``X-Cache-Tier`` / gRPC ``x-cache-tier`` / the REST ``cache_tier`` field.
     tier: str = ""
     # What a "similar" hit adds: (header name, value) pairs, e.g. the source image's digest
-    # and the similarity figures (app/cache/near_dup.py).
+    # and the similarity figures (app/cache/similarity.py).
     details: tuple[tuple[str, str], ...] = ()
 
 

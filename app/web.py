@@ -25,18 +25,18 @@ def create_app(
     """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
     settings = settings or Settings.from_env()
     logsafe.install()
-    logging.getLogger("app").setLevel(settings.log_level)
+    logging.getLogger("app").setLevel(settings.server.log_level)
     engine = with_redaction(
-        engine or build_engine(settings), settings.cache_redact, settings.cache_redact_patterns_file
+        engine or build_engine(settings), settings.redaction.types, settings.redaction.patterns_file
     )
     metrics.initialise(engine.kind)
     shared = service.build(settings, engine, store)
 
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
+    app.config["MAX_CONTENT_LENGTH"] = settings.server.max_request_bytes
     app.extensions["ocr"] = shared
     lifecycle.register(app, settings)
-    admin.register(app, settings.admin_token, shared.cache, shared.engine_state)
+    admin.register(app, settings.server.admin_token, shared.cache, shared.engine_state)
     for blueprint in (paddlex.blueprint, ops.blueprint, ui.blueprint):
         app.register_blueprint(blueprint)
     prefixes = {rule.rule.split("/")[1] for rule in app.url_map.iter_rules()}

@@ -26,7 +26,7 @@ SIZES = (2, 4, 8)
 
 def main() -> int:
     settings = Settings.from_env({})
-    if not settings.ocr_work_dir:
+    if not settings.paddle.work_dir:
         settings = settings.with_overrides(ocr_work_dir=tempfile.mkdtemp(prefix="bench-batch-"))
     engine = PaddleOcrEngine.from_settings(settings)
     engine.load()

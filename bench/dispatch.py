@@ -1,7 +1,8 @@
 """`make bench`, part 2: global miss dispatch (issue 14 §1), measured side by side in one run.
 
-Two services on one private Redis, 2 gunicorn workers x 8 threads each (one engine per
-worker), identical but for ``DISPATCH_ENABLED``; rounds alternate between them:
+One service on a private Redis, 2 gunicorn workers x 8 threads (one engine per worker),
+its misses on the global queue (the one cross-process miss path since issue 24; the
+per-worker comparison of issue 14 is history in docs/PERFORMANCE.md):
 
 - **Engine utilization**: 20 distinct images, each first sent alone (its single-request
   time), then all 20 at once from 8 clients on an empty cache: utilization = sum of the
@@ -196,14 +197,11 @@ def main() -> int:
             if keys:
                 client.delete(*keys)
 
-        services = {
-            "dispatch": Service(server.url, DISPATCH_ENABLED="true"),
-            "per_worker": Service(server.url, DISPATCH_ENABLED="false"),
-        }
+        services = {"dispatch": Service(server.url)}
         try:
             for service in services.values():
                 service.wait_ready()
-            for service in services.values():  # warm both (first calls are slower)
+            for service in services.values():  # warm it (first calls are slower)
                 flush()
                 concurrent([service], images[:4], 4)
             rounds: dict[str, list[dict]] = {name: [] for name in services}
@@ -225,8 +223,7 @@ def main() -> int:
                     / statistics.median(r["concurrent_wall_s"] for r in figures["rounds"]),
                     3,
                 )
-            services.pop("per_worker").stop()
-            second = Service(server.url, DISPATCH_ENABLED="true")
+            second = Service(server.url)
             services["second"] = second
             second.wait_ready()
             report["two_instances"] = measure_two(

@@ -20,9 +20,9 @@ import time
 import redis
 from prometheus_client import REGISTRY
 
+from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
 from app.cache.keys import digest_image
-from app.cache.options import CacheOptions
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -73,12 +73,9 @@ def main() -> int:
             redis_url=server.url, cache_l1_bytes=0, cache_l3_url=f"s3://{BUCKET}/bench",
             cache_l3_addressing="path", cache_l3_timeout_ms=10000,
         )  # fmt: skip
-        store = RedisStore(settings.redis_url, 200, 200, CircuitBreaker(3, 2.0))
-        cache = OcrCache(
-            CacheOptions.from_settings(settings),
-            engine,
-            store,
-            lambda d: decode_image(d, 60_000_000),
+        store = RedisStore(settings.redis.url, 200, 200, CircuitBreaker(3, 2.0))
+        cache = assembly.for_settings(
+            settings, engine, store, lambda d: decode_image(d, 60_000_000)
         )
         client = redis.Redis.from_url(server.url)
         objects = s3_server.client(s3.endpoint)

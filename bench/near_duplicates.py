@@ -22,11 +22,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from app.cache import verify
+from app.cache import assembly, verify
 from app.cache.breaker import CircuitBreaker
-from app.cache.options import CacheOptions
 from app.cache.pixel_index import pixel_digest
-from app.cache.region import OcrCache
 from app.cache.similarity import perceptual_hash
 from app.cache.store import RedisStore
 from app.config import Settings
@@ -98,10 +96,8 @@ def run(
     inner = PaddleOcrEngine.from_settings(settings)
     engine = MemoEngine(inner, memo)
     inner.load()
-    store = RedisStore(settings.redis_url, 1000, 1000, CircuitBreaker(3, 2.0))
-    cache = OcrCache(
-        CacheOptions.from_settings(settings), engine, store, lambda d: decode_image(d, 60_000_000)
-    )  # type: ignore[arg-type]
+    store = RedisStore(settings.redis.url, 1000, 1000, CircuitBreaker(3, 2.0))
+    cache = assembly.for_settings(settings, engine, store, lambda d: decode_image(d, 60_000_000))
     decode = lambda d: decode_image(d, 60_000_000)  # noqa: E731
     rows: list[dict[str, Any]] = []
 
@@ -203,11 +199,11 @@ def summarize(result: dict[str, Any], settings: Settings | None = None) -> None:
     result["margins"] = margins(result["rows"])
     if settings is not None:
         limits = {
-            "aspect": settings.cache_similar_max_aspect,
-            "block": settings.cache_similar_max_block,
-            "line": settings.cache_similar_max_line,
+            "aspect": settings.similar.max_aspect,
+            "block": settings.similar.max_block,
+            "line": settings.similar.max_line,
         }
-        result["thresholds"] = {"max_distance": settings.cache_similar_max_distance}
+        result["thresholds"] = {"max_distance": settings.similar.max_distance}
         result["thresholds"].update({f"max_{k}": v for k, v in limits.items()})
         for figure, limit in limits.items():
             m = result["margins"][figure]

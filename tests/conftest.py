@@ -4,20 +4,17 @@ session, and apps built with the factory against them. Nothing here is a fake.""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-# Paddle must load before grpcio in a process: the other order intermittently aborts inside
-# libpaddle's initialisation (seen here ~1 run in 6). The service keeps this order too
-# (engine.prepare() runs before the worker starts gRPC).
-import paddle  # noqa: F401, I001
 import pytest
 import redis
 
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
-from app.engines.paddle import PaddleOcrEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared"))
@@ -30,38 +27,55 @@ WORD_CH = CORPUS / "paddleocr_word_ch_4.jpg"
 SHORT = CORPUS / "rapidocr_short.png"
 
 
-# The test layers (`make test-fast` runs only the unmarked ones). A test that uses the real
-# OCR engine (the `engine` fixture, directly or through `make_app`/`client`) is `integration`
-# by that fact; whole files are marked here by what they start or how long they run.
-_FILE_MARKS = {
-    "test_alerts.py": ("deploy",),  # promtool over the alert rules
-    "test_cli.py": ("integration",),  # the CLI against a live service process
-    "test_deploy.py": ("deploy",),  # Dockerfiles, compose, units
-    "test_edge.py": ("deploy",),  # nginx -t, and `python -m app serve` behind nginx
-    "test_entrypoint.py": ("deploy",),  # the container entry point in subprocesses
-    "test_model_permissions.py": ("deploy",),  # model folders as another user
-    "test_observability_hardening.py": ("integration",),
-    "test_scale_out.py": ("deploy", "slow"),  # gunicorn fleets
-    "test_serve.py": ("deploy",),  # gunicorn and `python -m app serve`
-    "test_serving_engine.py": ("integration",),  # a backend `python -m app serve` process
-    "test_slow_clients.py": ("deploy", "slow"),  # slow clients against nginx, in processes
-    "test_webpage.py": ("deploy",),  # Debian's chromium
-    "test_fuzz_images.py": ("slow",),
-    "test_parity.py": ("slow",),  # PaddleX's own serving app as the oracle
-    "test_schemathesis.py": ("slow",),
-    "test_topologies.py": ("slow",),  # Sentinel and Cluster fail-over
-    "test_url_input.py": ("slow",),
-}
+# The test layers: every test file declares one (``pytestmark``); a test may add a heavier one.
+#   unit         in-process, no engine, no processes (``make test-fast``)
+#   integration  the real OCR engine, a subprocess or a server
+#   deploy       images, gunicorn fleets, nginx, alert rules, a browser
+#   slow         long property/fuzz runs, fail-over topologies, upstream parity (with another)
+LAYERS = ("unit", "integration", "deploy")
+# Fixtures that load the real engine: a test that uses one is not a unit test.
+ENGINE_FIXTURES = ("engine", "make_app", "client", "grpc_front", "stock_client_dir")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Paddle must load before grpcio in a process: the other order intermittently aborts
+    inside libpaddle's initialisation (seen here about one run in six), and collection
+    imports grpcio. So paddle is imported first whenever the run may load the engine; the
+    unit layer (``-m unit ...``) never imports it. The service keeps this order too
+    (``engine.prepare()`` runs before a worker starts gRPC)."""
+    if not config.option.markexpr.strip().startswith("unit"):
+        import paddle  # noqa: F401
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The unit layer alone (``make test-fast``) does not even import the other layers' files:
+    their imports (hypothesis, schemathesis, grpc, the engines) cost seconds."""
+    name = collection_path.name
+    if not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    if config.option.markexpr.strip().startswith("unit"):
+        return (
+            re.search(r"^pytestmark = .*\bpytest\.mark\.unit\b", collection_path.read_text(), re.M)
+            is None
+        )
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        for name in _FILE_MARKS.get(item.path.name, ()):
-            item.add_marker(name)
-        fixtures = getattr(item, "fixturenames", ())
-        # The real engine, upstream's client, or a SeaweedFS server process (the L3 tests).
-        if "engine" in fixtures or "stock_client_dir" in fixtures or "s3" in fixtures:
-            item.add_marker("integration")
+        layers = [name for name in LAYERS if item.get_closest_marker(name)]
+        if not layers:
+            raise pytest.UsageError(
+                f"{item.path.name} declares no test layer: add pytestmark = pytest.mark.<layer> "
+                f"({', '.join(LAYERS)})"
+            )
+        heavy = {"integration", "deploy"} & set(layers) or item.get_closest_marker("slow")
+        uses_engine = set(ENGINE_FIXTURES) & set(getattr(item, "fixturenames", ()))
+        if uses_engine and not heavy:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {sorted(uses_engine)} (the real engine) in the unit layer: "
+                "mark it integration"
+            )
 
 
 def corpus_bytes(path: Path) -> bytes:
@@ -72,12 +86,12 @@ def corpus_bytes(path: Path) -> bytes:
 def _stop_dispatch_feeders() -> Iterator[None]:
     """Every front door started during a test stops feeding on its engine after it: a
     feeder left running would take a later test's jobs to an earlier test's engine."""
-    from app.cache import dispatch
+    from app.cache import feeders
 
-    before = set(dispatch._live)
+    before = set(feeders._live)
     yield
-    for dispatcher in dispatch._live - before:
-        dispatcher.stop()
+    for started in feeders._live - before:
+        started.stop()
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +134,9 @@ def base_settings(
 
 
 @pytest.fixture(scope="session")
-def engine(base_settings: Settings) -> PaddleOcrEngine:
+def engine(base_settings: Settings) -> Any:
+    from app.engines.paddle import PaddleOcrEngine
+
     eng = PaddleOcrEngine.from_settings(base_settings)
     eng.load()
     return eng
@@ -128,7 +144,7 @@ def engine(base_settings: Settings) -> PaddleOcrEngine:
 
 @pytest.fixture()
 def make_app(
-    base_settings: Settings, engine: PaddleOcrEngine, redis_client: redis.Redis
+    base_settings: Settings, engine: Any, redis_client: redis.Redis
 ) -> Callable[..., object]:
     from app.web import create_app
 

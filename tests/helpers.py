@@ -49,5 +49,5 @@ _INDEX_PARTS = (b":pixel:", b":simband:", b":simref")
 
 def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:
     """The cache entries matching ``pattern``, without the near-duplicate index keys
-    (app/cache/near_dup.py) written beside them."""
+    (app/cache/pixel_index.py, similarity.py) written beside them."""
     return [k for k in client.keys(pattern) if not any(p in k for p in _INDEX_PARTS)]

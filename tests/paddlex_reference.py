@@ -45,13 +45,13 @@ def main() -> None:
 
     from app.config import Settings
     from app.engines import paddle_models
-    from app.engines.paddle import PaddleOptions, pipeline_kwargs
+    from app.engines.paddle import pipeline_kwargs
 
     settings = Settings.from_env({}).with_overrides(ocr_work_dir=work_dir)
     models = paddle_models.resolve("", work_dir, with_cls=True)
-    p = settings.default_params()
+    p = settings.ocr.params()
     ocr = PaddleOCR(
-        **pipeline_kwargs(PaddleOptions.from_settings(settings), models),
+        **pipeline_kwargs(settings.paddle, models),
         text_det_limit_side_len=p.det_limit_side_len,
         text_det_limit_type=p.det_limit_type,
         text_det_thresh=p.det_thresh,

@@ -19,6 +19,8 @@ from app.embedded_redis import EmbeddedRedis
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
 from tests.helpers import FlakyEngine, b64, metric_sum
 
+pytestmark = pytest.mark.deploy
+
 MONITORING = ROOT / "docker/monitoring"
 RULES = MONITORING / "alerts.yml"
 RULE_TESTS = MONITORING / "alerts.test.yml"

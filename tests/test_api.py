@@ -14,6 +14,8 @@ from app.embedded_redis import EmbeddedRedis
 from tests.conftest import PHOTOTEST, SHARED, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, entry_keys, metric_sum
 
+pytestmark = pytest.mark.integration
+
 
 def engine_calls(client) -> float:
     return metric_sum(client.get("/metrics").text, "ocr_engine_calls_total")
@@ -83,7 +85,7 @@ def test_entry_has_ttl_with_jitter(client, redis_client, base_settings):
     assert ocr_json(client, WORD_CH.read_bytes()).status_code == 200
     (key,) = entry_keys(redis_client)
     ttl = redis_client.ttl(key)
-    assert base_settings.cache_ttl_seconds * 0.9 - 5 <= ttl <= base_settings.cache_ttl_seconds
+    assert base_settings.cache.ttl_seconds * 0.9 - 5 <= ttl <= base_settings.cache.ttl_seconds
     assert key.decode().endswith("{" + digest_image(WORD_CH.read_bytes()).md5 + "}")
 
 

@@ -22,6 +22,8 @@ from app.protocols.pipeline_stubs import METHOD, pb2, pb2_grpc
 from tests.conftest import WORD_CH, WORD_EN
 from tests.helpers import entry_keys
 
+pytestmark = pytest.mark.integration
+
 # (protocol, input class) -> outcomes seen, e.g. {"400 invalid_image": 3}
 TALLY: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
 

@@ -20,6 +20,8 @@ from app.embedded_redis import free_port
 from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.live_server import live_service  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.integration
+
 CLI = Path(sys.executable).with_name("ocr-cache")
 
 

@@ -13,6 +13,8 @@ from app.cache.codec import ENVELOPE_VERSION, MAGIC, Codec, plaintext
 from app.cache.keys import KEY_SCHEMA, build_key, digest_image
 from app.vocabulary import OcrLine, OcrResult
 
+pytestmark = pytest.mark.unit
+
 
 def _f32(x: float) -> float:
     return float(np.float32(x))
@@ -162,18 +164,18 @@ def test_unusable_values_are_misses():
 
 
 def test_encrypted_values_are_unreadable_without_the_key():
-    sealed = Codec(0, KEYS).encode(RESULT, SHA, "fp", 60, KEY)
+    sealed = Codec(KEYS).encode(RESULT, SHA, "fp", 60, KEY)
     assert sealed[:5] == b"OCR1e" and "é".encode() not in sealed
-    assert Codec(0, KEYS).decode(sealed, SHA, "fp", KEY).result == RESULT
-    assert Codec(0).decode(sealed, SHA, "fp", KEY) is None  # no key: a miss
+    assert Codec(KEYS).decode(sealed, SHA, "fp", KEY).result == RESULT
+    assert Codec().decode(sealed, SHA, "fp", KEY) is None  # no key: a miss
     wrong = (("k2", b"\x03" * 32),)
-    assert Codec(0, wrong).decode(sealed, SHA, "fp", KEY) is None  # wrong key: a miss
-    assert Codec(0, KEYS).decode(sealed, SHA, "fp", "ocr:other-key") is None  # moved entry
+    assert Codec(wrong).decode(sealed, SHA, "fp", KEY) is None  # wrong key: a miss
+    assert Codec(KEYS).decode(sealed, SHA, "fp", "ocr:other-key") is None  # moved entry
     tampered = sealed[:-1] + bytes([sealed[-1] ^ 1])
-    assert Codec(0, KEYS).decode(tampered, SHA, "fp", KEY) is None
+    assert Codec(KEYS).decode(tampered, SHA, "fp", KEY) is None
     # With keys configured, a plaintext entry (new or old format) is a miss.
-    assert Codec(0, KEYS).decode(Codec().encode(RESULT, SHA, "fp", 60, KEY), SHA, "fp", KEY) is None
-    assert Codec(0, KEYS).decode(v1_value(RESULT, SHA, "fp"), SHA, "fp", KEY) is None
+    assert Codec(KEYS).decode(Codec().encode(RESULT, SHA, "fp", 60, KEY), SHA, "fp", KEY) is None
+    assert Codec(KEYS).decode(v1_value(RESULT, SHA, "fp"), SHA, "fp", KEY) is None
 
 
 def test_encrypted_entries_of_the_previous_format_are_still_hits():
@@ -191,7 +193,7 @@ def test_encrypted_entries_of_the_previous_format_are_still_hits():
         + nonce
         + AESGCM(KEYS[1][1]).encrypt(nonce, inner, KEY.encode())
     )
-    assert Codec(0, KEYS).decode(sealed, SHA, "fp", KEY).result == RESULT
+    assert Codec(KEYS).decode(sealed, SHA, "fp", KEY).result == RESULT
 
 
 def test_encoding_accepts_the_canonical_dict():
@@ -206,8 +208,8 @@ def test_compact_unpack_refuses_non_lists():
 
 
 def test_keys_rotate_without_a_flush():
-    old = Codec(0, (("k1", b"\x02" * 16),)).encode(RESULT, SHA, "fp", 60, KEY)
-    rotated = Codec(0, KEYS)  # k2 now encrypts, k1 still decrypts
+    old = Codec((("k1", b"\x02" * 16),)).encode(RESULT, SHA, "fp", 60, KEY)
+    rotated = Codec(KEYS)  # k2 now encrypts, k1 still decrypts
     assert rotated.decode(old, SHA, "fp", KEY).result == RESULT
     assert rotated.encode(RESULT, SHA, "fp", 60, KEY)[5:8] == b"\x02k2"
 

@@ -25,6 +25,8 @@ from tests.conftest import CORPUS
 from tests.helpers import b64
 from tests.md5_collisions import at_once, colliding_jpegs, shared_pairs
 
+pytestmark = pytest.mark.integration
+
 # Two real word crops with different text and sizes (both recognized by the engine).
 FIRST = (CORPUS / "mmocr_rec_1036169.jpg").read_bytes()  # "03/09/2009", 119x25
 SECOND = (CORPUS / "paddleocr_word_ru_1.jpg").read_bytes()  # Cyrillic word, 552x48

@@ -18,13 +18,15 @@ from app.protocols import paddlex, pdserving, rest
 from app.vocabulary import CacheStatus, OcrResult, Outcome
 from tests.conftest import CORPUS, PHOTOTEST
 
+pytestmark = pytest.mark.integration
+
 IMAGES = (PHOTOTEST, CORPUS / "sroie_000.jpg", CORPUS / "paddleocr_doc_11.jpg")
 KEY = "ocr:v1:fp:ocr-x:{abc}"
 KEYS = (("k1", b"\x07" * 32),)
 
 
 def _stored(result: OcrResult, sha: str, fp: str, keys: tuple = ()) -> OcrResult:
-    codec = Codec(0, keys)
+    codec = Codec(keys)
     entry = codec.decode(codec.encode(result, sha, fp, 60, KEY), sha, fp, KEY)
     assert entry is not None
     return entry.result

@@ -3,31 +3,67 @@ import sys
 
 import pytest
 
-from app.config import ConfigError, Settings
+from app.config import REMOVED, ConfigError, Settings, markdown
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
 
 
 def test_defaults():
     s = Settings.from_env({})
-    assert (s.http_port, s.grpc_port, s.cache_ttl_seconds, s.cache_key_prefix) == (
+    assert (s.server.http_port, s.server.grpc_port, s.cache.ttl_seconds, s.cache.key_prefix) == (
         9998,
         18091,
         86400,
         "ocr",
     )
-    assert s.cache_enabled and s.ocr_engine == "paddle" and s.ocr_device == "cpu"
+    assert s.cache.enabled and s.engine.kind == "paddle" and s.paddle.device == "cpu"
 
 
 def test_values_are_parsed():
     s = Settings.from_env(
         {"HTTP_PORT": "8080", "CACHE_ENABLED": "false", "OCR_DEVICE": "GPU", "LOG_LEVEL": "debug"}
     )
-    assert (s.http_port, s.cache_enabled, s.ocr_device, s.log_level) == (
+    assert (s.server.http_port, s.cache.enabled, s.paddle.device, s.server.log_level) == (
         8080,
         False,
         "gpu",
         "DEBUG",
     )
+
+
+def test_each_variable_is_read_once_into_one_section():
+    """One section per component; a variable is read in exactly one place, and an override
+    names it by the variable (``with_overrides(http_port=...)``)."""
+    seen = [var for var, _, _ in Settings().variables()]
+    assert len(seen) == len(set(seen)) and len(seen) > 90
+    s = Settings().with_overrides(http_port=1234, cache_l1_bytes=0, ocr_device="gpu")
+    assert (s.server.http_port, s.cache.l1_bytes, s.paddle.device) == (1234, 0, "gpu")
+    with pytest.raises(TypeError):
+        Settings().with_overrides(no_such_setting=1)
+
+
+def test_secrets_come_from_files_and_are_never_shown(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("t" * 20 + "\n")
+    s = Settings.from_env({"ADMIN_TOKEN_FILE": str(secret), "REDIS_URL": "redis://:pw@h:1/0"})
+    assert s.server.admin_token == "t" * 20
+    assert "t" * 20 not in repr(s) and "pw@" not in repr(s)
+    shown = {var: secret for var, _, secret in s.variables()}
+    assert shown["ADMIN_TOKEN"] and shown["REDIS_URL"] and not shown["HTTP_PORT"]
+
+
+@pytest.mark.parametrize("var", sorted(REMOVED))
+def test_a_removed_setting_still_set_stops_start_up_naming_its_replacement(var):
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({var: "1"})
+    assert str(info.value) == f"{var}: removed; {REMOVED[var]}"
+
+
+def test_the_configuration_document_is_generated_from_the_code():
+    """docs/CONFIGURATION.md is what ``python -m app config-doc`` prints: regenerate it
+    (``.venv/bin/python -m app config-doc > docs/CONFIGURATION.md``) after changing a setting."""
+    assert (ROOT / "docs" / "CONFIGURATION.md").read_text() == markdown()
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ from tests.helpers import b64
 from tests.hostile_images import jpeg_with_scans, png_declaring
 from tests.image_fuzz import FOUND, case
 
+pytestmark = pytest.mark.unit
+
 LIMIT = 60_000_000  # the default MAX_IMAGE_PIXELS
 
 # Refused from the header or the marker walk, before any pixel is decoded.
@@ -91,6 +93,7 @@ def test_pdf_page_of_extreme_aspect_is_refused_before_rendering() -> None:
         render_pages(pdf_page(b"0 0 1 5000"), 1, 2.0, LIMIT)
 
 
+@pytest.mark.integration
 def test_hostile_images_over_every_protocol(grpc_front, redis_client) -> None:
     """Each input over REST (JSON and multipart), pipeline HTTP, PaddleX and gRPC: the
     protocol's own client error, nothing cached, still ready."""

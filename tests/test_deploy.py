@@ -31,6 +31,8 @@ from app.config import Settings
 from tests import dockerfile
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.deploy
+
 BIN = Path(sys.executable).parent  # the venv's bin: hadolint, docker-compose, ...
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
@@ -621,8 +623,8 @@ def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     for container in (front, edge):
         settings = Settings.from_env({**config, **_literal_env(container)})
-        assert (settings.edge, settings.edge_socket) == ("external", EDGE_SOCKET)
-        assert settings.http_port == HTTP_PORT and settings.grpc_port == GRPC_PORT
+        assert (settings.edge.mode, settings.edge.socket) == ("external", EDGE_SOCKET)
+        assert settings.server.http_port == HTTP_PORT and settings.server.grpc_port == GRPC_PORT
     # The same hardening (checked for every container above) and no secret in the edge.
     assert edge["securityContext"] == front["securityContext"]
     assert not [e for e in edge.get("env", []) if "valueFrom" in e]

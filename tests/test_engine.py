@@ -12,6 +12,8 @@ from app.imaging import ImageTooLarge, InvalidImage, decode_image
 from app.vocabulary import OcrParams
 from tests.conftest import PHOTOTEST, WORD_EN
 
+pytestmark = pytest.mark.integration
+
 
 def _decode(path):
     return decode_image(path.read_bytes(), 60_000_000)

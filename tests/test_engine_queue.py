@@ -21,6 +21,8 @@ from app.vocabulary import EngineTimeout
 from tests.conftest import CORPUS, SHORT, WORD_CH, WORD_EN
 from tests.helpers import metric_sum
 
+pytestmark = pytest.mark.integration
+
 BIG = (CORPUS / "paddleocr_en_img_12.png").read_bytes()  # 1680 x 1048, detected at 2400+
 
 
@@ -81,12 +83,11 @@ def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
             assert time.monotonic() < deadline, "the engine is still busy with dropped work"
 
 
-@pytest.mark.parametrize("dispatch", [True, False], ids=["global-queue", "worker-queue"])
-def test_a_full_queue_is_refused_in_every_protocol(make_app, dispatch):
-    """The global dispatch queue (its depth is ``ocr_dispatch_queue_depth``) and, with
-    DISPATCH_ENABLED=false, the worker's own engine queue are refused alike."""
-    gauge = "ocr_dispatch_queue_depth" if dispatch else "ocr_engine_queue_depth"
-    app = make_app(ocr_timeout_seconds=60.0, engine_queue_max=2, dispatch_enabled=dispatch)
+def test_a_full_queue_is_refused_in_every_protocol(make_app):
+    """The global miss queue (its depth is ``ocr_dispatch_queue_depth``) refuses alike in
+    every protocol (the worker's own queue, for calls made here: tests/test_cache_unit.py)."""
+    gauge = "ocr_dispatch_queue_depth"
+    app = make_app(ocr_timeout_seconds=60.0, engine_queue_max=2)
     cache = app.extensions["ocr"]["cache"]
     settings = app.extensions["ocr"]["settings"].with_overrides(host="127.0.0.1")
     server, port = grpc_server.start(cache, settings, port=0)

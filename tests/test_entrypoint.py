@@ -30,6 +30,8 @@ from app.embedded_redis import EmbeddedRedis, free_port
 from tests import dockerfile
 from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_EN
 
+pytestmark = pytest.mark.deploy
+
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 VENV_BIN = Path(sys.executable).parent

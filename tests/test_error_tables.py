@@ -7,6 +7,8 @@ import importlib
 import inspect
 import pkgutil
 
+import pytest
+
 import app
 from app.imaging import ImageTooLarge, InvalidImage
 from app.protocols import paddlex, pipeline, rest
@@ -20,6 +22,8 @@ from app.vocabulary import (
     OcrCacheError,
     UnsupportedParams,
 )
+
+pytestmark = pytest.mark.unit
 
 # Control flow private to a process of its own (the CLI client).
 OUTSIDE_THE_ROOT = {"app.cli.CliError"}

@@ -20,6 +20,8 @@ from app.embedded_redis import EmbeddedRedis
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import FlakyEngine, b64, entry_keys
 
+pytestmark = pytest.mark.integration
+
 # The longest a request may take while Redis misbehaves: a small image's engine call plus the
 # Redis timeouts, with room for a loaded 2-core machine; far below the faults' durations
 # (a 3 s pause, a 3 s DEBUG SLEEP), so passing means nobody waited for Redis to come back.
@@ -153,7 +155,7 @@ def test_unusable_entries_are_misses_and_overwritten(client, redis_client, kind)
     data, other = WORD_EN.read_bytes(), WORD_CH.read_bytes()
     good = client.post("/v1/ocr", json={"image": b64(data)}).get_json()["lines"]
     (key,) = entry_keys(redis_client)
-    codec, fp = Codec(0), client.application.extensions["ocr"]["cache"].engine.fingerprint
+    codec, fp = Codec(), client.application.extensions["ocr"]["cache"].engine.fingerprint
     bad = {
         "wrong_sha": codec.encode(
             {"width": 1, "height": 1, "lines": []}, digest_image(other).sha256, fp, 60, key.decode()

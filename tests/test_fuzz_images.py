@@ -11,11 +11,14 @@ import os
 from collections import Counter
 
 import grpc
+import pytest
 
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.helpers import b64
 from tests.image_fuzz import SEEDS, case, cases
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEED = int(os.environ.get("FUZZ_SEED", "1"))
 CASES = int(os.environ.get("FUZZ_CASES", "3000"))

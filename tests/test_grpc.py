@@ -12,6 +12,8 @@ from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import PHOTOTEST, WORD_CH, WORD_EN, run_stock_client
 from tests.helpers import metric_sum
 
+pytestmark = pytest.mark.integration
+
 
 def _stub(endpoint: str, **options: int):  # type: ignore[no-untyped-def]
     channel = grpc.insecure_channel(endpoint, options=list(options.items()))
@@ -88,7 +90,7 @@ def test_deadline_and_message_size(grpc_front):
 
 def test_default_message_limit_is_max_request_bytes(grpc_front, base_settings):
     """A message over MAX_REQUEST_BYTES is refused by gRPC itself (no +481 MB per call)."""
-    assert base_settings.grpc_message_limit() == base_settings.max_request_bytes
+    assert base_settings.grpc_message_limit() == base_settings.server.max_request_bytes
     _, endpoint = grpc_front(max_request_bytes=1 << 20)
     stub = _stub(endpoint)
     with pytest.raises(grpc.RpcError) as info:

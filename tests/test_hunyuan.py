@@ -38,6 +38,8 @@ from tests.conftest import CORPUS, PHOTOTEST
 from tests.fake_vllm import SPOTTING_10, FakeVllm
 from tests.helpers import b64
 
+pytestmark = pytest.mark.integration  # an OpenAI-protocol server (tests/fake_vllm.py)
+
 REVISION = "47644ecc4fc854efa4f505155158831f36773ee4"
 OTHER_REVISION = "449e7d471a8a1ef5bd5d652e4881183d7252cbc7"
 PASSPORT = CORPUS / "passporteye_pass_fin.png"
@@ -305,17 +307,18 @@ def test_a_listed_superset_whose_entry_expired_is_a_miss(front, fake, redis_clie
 
 
 def test_keys_separate_tasks_arguments_revisions_and_prompt_tables(base_settings, fake):
-    from app.cache.options import CacheOptions
-    from app.cache.region import OcrCache
+    from app.cache.keys import KeySpace
 
-    def cache(**overrides: object) -> OcrCache:
-        settings = hunyuan_settings(base_settings, fake, **overrides)
-        return OcrCache(
-            CacheOptions.from_settings(settings),
-            HunyuanEngine.from_settings(settings),
-            None,
-            lambda d: None,  # type: ignore[arg-type,return-value]
-        )
+    class Keys:  # the key space an engine's front door uses (its prefix and fingerprint)
+        def __init__(self, engine: HunyuanEngine) -> None:
+            self.engine = engine
+            self._keys = KeySpace("ocr", engine.fingerprint)
+
+        def key_for(self, digest, params):  # type: ignore[no-untyped-def]
+            return self._keys.entry(digest, self._keys.task(params))
+
+    def cache(**overrides: object) -> Keys:
+        return Keys(HunyuanEngine.from_settings(hunyuan_settings(base_settings, fake, **overrides)))
 
     digest = digest_image(PHOTOTEST.read_bytes())
     base = cache()
@@ -467,7 +470,7 @@ def test_wrong_model_name_or_key_fails_the_load(base_settings, fake, tmp_path):
         HunyuanEngine.from_settings(hunyuan_settings(base_settings, fake)).load()
     key_file = tmp_path / "key"
     key_file.write_text("s3cret\n")
-    from_file = Settings.from_env({"HUNYUAN_API_KEY_FILE": str(key_file)}).hunyuan_api_key
+    from_file = Settings.from_env({"HUNYUAN_API_KEY_FILE": str(key_file)}).hunyuan.api_key
     keyed = HunyuanEngine.from_settings(
         hunyuan_settings(base_settings, fake, hunyuan_api_key=from_file)
     )
@@ -603,10 +606,11 @@ def test_configuration_is_validated():
     settings = Settings.from_env(
         {**env, "HUNYUAN_MODEL_REVISION": REVISION.upper(), "HUNYUAN_API_KEY": "s3cret"}
     )
-    assert settings.hunyuan_base_url == "http://vllm:8000"
-    assert settings.hunyuan_model_revision == REVISION
+    assert settings.hunyuan.base_url == "http://vllm:8000"
+    assert settings.hunyuan.model_revision == REVISION
     assert settings.default_task() == "spotting" and Settings().default_task() == "ocr"
-    assert settings.is_secret("hunyuan_api_key") and "s3cret" not in repr(settings)
+    secrets = {var for var, _, secret in settings.variables() if secret}
+    assert "HUNYUAN_API_KEY" in secrets and "s3cret" not in repr(settings)
     with pytest.raises(ConfigError, match="cannot read"):
         Settings.from_env({**env, "HUNYUAN_API_KEY_FILE": "/nonexistent"})
 
@@ -688,7 +692,7 @@ def test_deployment_pins_one_revision_for_vllm_and_the_front():
     assert literals["HUNYUAN_MODEL_REVISION"] == revision
     assert literals["HUNYUAN_MODEL_GENERATION"] == front["environment"]["HUNYUAN_MODEL_GENERATION"]
     settings = Settings.from_env(literals)  # the overlay's values pass validation
-    assert settings.hunyuan_model_revision == revision
+    assert settings.hunyuan.model_revision == revision
     deployment = yaml.safe_load((overlay / "vllm-deployment.yaml").read_text())
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = container["args"]

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from app.cache.l1 import L1Cache, result_size
 from app.embedded_redis import EmbeddedRedis
 from app.vocabulary import OcrLine, OcrResult
 from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64
+
+pytestmark = pytest.mark.integration
 
 
 def ocr(client, data):  # type: ignore[no-untyped-def]

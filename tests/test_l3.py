@@ -32,6 +32,8 @@ from tests import s3_server
 from tests.conftest import ROOT, SHORT, WORD_EN
 from tests.test_cache_unit import IMAGES, WAIT, CountingEngine, make_cache
 
+pytestmark = pytest.mark.integration
+
 _names = itertools.count()
 BUCKET = "ocr-l3"
 
@@ -74,7 +76,7 @@ def bucket(s3: s3_server.SeaweedS3, s3_env: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture()
 def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
-    return base_settings.with_overrides(singleflight_lease_ms=2000, singleflight_wait_seconds=20.0)
+    return base_settings
 
 
 @pytest.fixture()
@@ -146,8 +148,8 @@ def test_a_bad_l3_url_names_the_variable(raw):
 
 def test_l3_settings_defaults_and_parsing():
     s = Settings.from_env({"CACHE_L3_URL": "s3://ocr-cache/prod/", "CACHE_L3_ADDRESSING": "path"})
-    assert s.cache_l3_url == "s3://ocr-cache/prod" and s.cache_l3_addressing == "path"
-    assert s.cache_l3_ttl_seconds == 30 * 86400 and s.cache_l3_queue_max == 1000
+    assert s.l3.url == "s3://ocr-cache/prod" and s.l3.addressing == "path"
+    assert s.l3.ttl_seconds == 30 * 86400 and s.l3.queue_max == 1000
     with pytest.raises(ConfigError, match="CACHE_L3_ADDRESSING"):
         Settings.from_env({"CACHE_L3_ADDRESSING": "sideways"})
 
@@ -184,7 +186,7 @@ def test_an_entry_evicted_from_redis_comes_back_from_l3(s3, bucket, settings, do
     assert recalled.result == computed.result and double.calls == 1
     assert sample("ocr_cache_tier_hits_total", tier="l3") == hits + 1
     # Refilled: L2 again, for at most CACHE_TTL_SECONDS.
-    assert 0 < redis_client.ttl(key) <= settings.cache_ttl_seconds
+    assert 0 < redis_client.ttl(key) <= settings.cache.ttl_seconds
     again = l3_cache(settings, double, bucket).get_or_compute(IMAGES[0])
     assert again.tier == "l2" and again.result == computed.result and double.calls == 1
     # no-store: answered from L3, nothing written back; a request's TTL bounds the refill.
@@ -275,18 +277,18 @@ def test_a_forged_or_foreign_object_is_a_miss(
     if kind == "garbage":
         body = b"OCR1j{not json"
     elif kind == "other_engine":
-        body = Codec(256).encode(result, sha, "anotherengine", 3600, key)
+        body = Codec().encode(result, sha, "anotherengine", 3600, key)
     elif kind == "other_image":  # a valid object of another image, copied over
-        body = Codec(256).encode(result, digest_image(other).sha256, "doublefingerprt", 3600, key)
+        body = Codec().encode(result, digest_image(other).sha256, "doublefingerprt", 3600, key)
     elif kind == "expired":  # written 8 days ago, CACHE_L3_TTL_SECONDS is 7 days
         written = time.time() - 8 * 86400
         with monkeypatch.context() as m:
             m.setattr(codec_module.time, "time", lambda: written)
-            body = Codec(256).encode(result, sha, "doublefingerprt", 3600, key)
+            body = Codec().encode(result, sha, "doublefingerprt", 3600, key)
     elif kind == "other_aes_key":
-        body = Codec(256, OTHER_KEY).encode(result, sha, "doublefingerprt", 3600, key)
+        body = Codec(OTHER_KEY).encode(result, sha, "doublefingerprt", 3600, key)
     else:  # plaintext while keys are configured: a writer without the key
-        body = Codec(256).encode(result, sha, "doublefingerprt", 3600, key)
+        body = Codec().encode(result, sha, "doublefingerprt", 3600, key)
     put_object(s3, bucket, cache, data, body)
     rejected = sample("ocr_l3_reads_total", result="rejected")
 
@@ -458,7 +460,7 @@ def test_the_documented_lifecycle_rule_is_accepted_by_the_store(s3, s3_env):
     doc = (ROOT / "docs" / "L3.md").read_text()
     assert json.loads(doc.split("```json\n", 1)[1].split("```", 1)[0]) == rules
     days = rules["Rules"][0]["Expiration"]["Days"]
-    assert days * 86400 > Settings().cache_l3_ttl_seconds
+    assert days * 86400 > Settings().l3.ttl_seconds
     client = s3_server.client(s3.endpoint)
     client.put_bucket_lifecycle_configuration(Bucket=BUCKET, LifecycleConfiguration=rules)
     stored = client.get_bucket_lifecycle_configuration(Bucket=BUCKET)["Rules"]

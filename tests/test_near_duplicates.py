@@ -20,13 +20,10 @@ from PIL import Image
 
 from app import metrics
 from app.cache import verify
-from app.cache.breaker import CircuitBreaker
 from app.cache.codec import Codec
 from app.cache.keys import digest_image
-from app.cache.options import CacheOptions
 from app.cache.pixel_index import pixel_digest
 from app.cache.region import OcrCache
-from app.cache.store import RedisStore
 from app.config import Settings
 from app.engines.base import OcrRequest
 from app.imaging import decode_image
@@ -43,6 +40,8 @@ from app.vocabulary import (
 from bench import near_variants as nv
 from tests.conftest import CORPUS, PHOTOTEST, SHORT
 from tests.helpers import b64, metric_sum
+
+pytestmark = pytest.mark.integration
 
 PAGE = PHOTOTEST.read_bytes()
 
@@ -96,16 +95,10 @@ def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
 
 
 def make_cache(settings: Settings, engine: object, **overrides: object) -> OcrCache:
-    settings = settings.with_overrides(**overrides)
-    store = RedisStore(
-        settings.redis_url, 1000, 1000, CircuitBreaker(3, settings.redis_breaker_cooldown_seconds)
-    )
-    return OcrCache(
-        CacheOptions.from_settings(settings),
-        engine,  # type: ignore[arg-type]
-        store,
-        lambda data: decode_image(data, settings.max_image_pixels),
-    )
+    from tests.test_cache_unit import make_cache as front_door
+
+    return front_door(settings, engine, redis_timeout_ms=1000, redis_connect_timeout_ms=1000,
+                      **overrides)  # fmt: skip
 
 
 @pytest.fixture()
@@ -160,8 +153,8 @@ def test_exif_orientation_is_applied_before_hashing(settings, double):
     tagged, upright = io.BytesIO(), io.BytesIO()
     img.save(tagged, "PNG", exif=exif)
     img.transpose(Image.Transpose.ROTATE_270).save(upright, "PNG")
-    a = decode_image(tagged.getvalue(), settings.max_image_pixels)
-    b = decode_image(upright.getvalue(), settings.max_image_pixels)
+    a = decode_image(tagged.getvalue(), settings.server.max_image_pixels)
+    b = decode_image(upright.getvalue(), settings.server.max_image_pixels)
     assert pixel_digest(a) == pixel_digest(b) and (a.width, a.height) == (img.height, img.width)
     cache = make_cache(settings, double)
     cache.get_or_compute(tagged.getvalue())
@@ -218,7 +211,7 @@ def test_with_encryption_a_pointer_to_another_images_entry_is_a_miss(
     cache.get_or_compute(PAGE)
     page_pointer = next(
         k for k in _keys(redis_client, ":pixel:") if _pointer_digest(k) == pixel_digest(
-            decode_image(PAGE, settings.max_image_pixels)
+            decode_image(PAGE, settings.server.max_image_pixels)
         )
     )  # fmt: skip
     other_entry = next(k for k in redis_client.keys("*") if k.endswith(
@@ -266,7 +259,7 @@ def test_purge_removes_the_index_keys(settings, double, redis_client):
 
 
 def test_similarity_tier_is_off_by_default(settings, double, redis_client):
-    assert settings.cache_similar is False
+    assert settings.similar.enabled is False
     cache = make_cache(settings, double)
     cache.get_or_compute(PAGE)
     assert cache.get_or_compute(nv.benign(PAGE, "jpeg95")).status is CacheStatus.MISS
@@ -282,7 +275,7 @@ def test_similarity_tier_hits_benign_and_says_so(settings, double):
     details = dict(hit.details)
     assert details["X-Cache-Similar-Source"] == digest_image(PAGE).sha256
     assert "block=" in details["X-Cache-Similarity"]
-    image = decode_image(data, settings.max_image_pixels)
+    image = decode_image(data, settings.server.max_image_pixels)
     assert (hit.result.width, hit.result.height) == (image.width, image.height)
     assert hit.result.lines[0].text == first.result.lines[0].text
     assert hit.result.lines[0].box[2] == (round(639 * 0.75), round(479 * 0.75))
@@ -312,12 +305,12 @@ def test_template_pairs_miss(settings, double):
 
 
 def test_similar_header_is_parsed_for_every_caller(settings):
-    assert controls_mod.parse({}, settings).similar is True
-    assert controls_mod.parse({"X-Cache-Similar": "off"}, settings).similar is False
-    untrusted = controls_mod.parse({"x-cache-similar": "OFF"}, settings, trusted=False)
+    assert controls_mod.parse({}, settings.controls).similar is True
+    assert controls_mod.parse({"X-Cache-Similar": "off"}, settings.controls).similar is False
+    untrusted = controls_mod.parse({"x-cache-similar": "OFF"}, settings.controls, trusted=False)
     assert untrusted.similar is False  # changes nothing shared: untrusted callers may use it
     with pytest.raises(BadRequest):
-        controls_mod.parse({"X-Cache-Similar": "maybe"}, settings)
+        controls_mod.parse({"X-Cache-Similar": "maybe"}, settings.controls)
 
 
 def test_verify_figures_catch_one_changed_character():
@@ -337,9 +330,9 @@ def test_verify_figures_catch_one_changed_character():
     assert same.block == 0 and same.line == 0
     defaults = Settings.from_env({})
     limits = verify.Thresholds(
-        defaults.cache_similar_max_aspect,
-        defaults.cache_similar_max_block,
-        defaults.cache_similar_max_line,
+        defaults.similar.max_aspect,
+        defaults.similar.max_block,
+        defaults.similar.max_line,
     )
     assert limits.accept(same) and not limits.accept(diff)
     assert diff.block > 3 * limits.block and diff.line > limits.line

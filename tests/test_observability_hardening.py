@@ -7,7 +7,11 @@ import logging
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, WORD_EN
+
+pytestmark = pytest.mark.integration
 
 FORGED = "10.0.0.1\n2026-11-30 00:00:00,000 WARNING app.admin: purge by admin\r\x1b[2J"
 

@@ -25,6 +25,8 @@ from werkzeug.serving import make_server
 
 from tests.conftest import CORPUS, PHOTOTEST, run_stock_client
 
+pytestmark = pytest.mark.integration
+
 IMAGES = [PHOTOTEST, CORPUS / "paddleocr_doc_11.jpg", CORPUS / "paddleocr_word_ch_4.jpg"]
 
 

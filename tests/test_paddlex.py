@@ -15,6 +15,8 @@ from PIL import Image, ImageChops, ImageStat
 from tests.conftest import PHOTOTEST, WORD_CH, WORD_EN
 from tests.helpers import entry_keys
 
+pytestmark = pytest.mark.integration
+
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()

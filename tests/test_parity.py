@@ -21,6 +21,8 @@ import requests
 from tests.conftest import CORPUS
 from tests.parity import comparable, differences, reference_server
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 # A text page, a word crop, a no-text crop, a rotated page, an EXIF-rotated photo, a
 # transparent PNG, a dense receipt, the 4961x7016 scan, Korean and vertical text.
 SUBSET = (
@@ -48,7 +50,7 @@ IMAGES = _corpus() if os.environ.get("PARITY_CORPUS") == "all" else list(SUBSET)
 @pytest.fixture(scope="session")
 def upstream(base_settings, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
     log = tmp_path_factory.mktemp("paddlex-reference") / "server.log"
-    with reference_server(base_settings.ocr_work_dir, log) as url:
+    with reference_server(base_settings.paddle.work_dir, log) as url:
         yield url
 
 

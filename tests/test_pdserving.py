@@ -1,7 +1,11 @@
 import ast
 
+import pytest
+
 from app.protocols import pdserving, pipeline, pipeline_http
 from app.vocabulary import OcrLine, OcrResult
+
+pytestmark = pytest.mark.unit
 
 
 def test_result_string_is_python_literal_with_float_coordinates():

@@ -5,8 +5,12 @@ from __future__ import annotations
 import ast
 import json
 
+import pytest
+
 from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
+
+pytestmark = pytest.mark.integration
 
 
 def post(client, body, path="/ocr/prediction", **kw):  # type: ignore[no-untyped-def]

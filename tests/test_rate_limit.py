@@ -27,6 +27,8 @@ from tests.conftest import WORD_CH, WORD_EN
 from tests.helpers import metric_sum
 from tests.test_cache_unit import CountingEngine, make_cache
 
+pytestmark = pytest.mark.unit
+
 PER_MINUTE = 1 / 60  # the slowest rate RATE_LIMIT takes: no refill within a test
 WAIT = 10.0  # a generous bound for something that happens within a fraction of a second
 
@@ -149,7 +151,6 @@ def test_caching_off_counts_in_the_process():
 def grpc_settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
     return base_settings.with_overrides(
         host="127.0.0.1", redis_timeout_ms=2000, redis_connect_timeout_ms=2000,
-        dispatch_enabled=False,
     )  # fmt: skip
 
 
@@ -193,7 +194,7 @@ def test_two_grpc_workers_share_a_client_budget(grpc_settings):
 
 
 def test_grpc_without_rate_limit_is_unlimited(grpc_settings, redis_client):
-    assert grpc_settings.rate_limit is None
+    assert grpc_settings.edge.rate_limit is None
     _, servers, endpoints = _serve_two(grpc_settings)
     try:
         stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoints[0]))

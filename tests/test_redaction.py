@@ -31,6 +31,8 @@ from app.redaction import (
 from tests.conftest import ROOT
 from tests.helpers import b64
 
+pytestmark = pytest.mark.unit
+
 ALL = tuple(BUILTIN)
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 
@@ -123,8 +125,8 @@ def test_policy_configuration() -> None:
     assert parse_names(" Phone , email,phone") == ("phone", "email")
     with pytest.raises(ConfigError, match="^CACHE_REDACT: unknown type 'passport'"):
         Settings.from_env({"CACHE_REDACT": "phone,passport"})
-    assert Settings.from_env({"CACHE_REDACT": "all"}).cache_redact == ALL
-    assert Settings.from_env({}).cache_redact == ()
+    assert Settings.from_env({"CACHE_REDACT": "all"}).redaction.types == ALL
+    assert Settings.from_env({}).redaction.types == ()
     assert build_policy((), "") is None
 
 
@@ -132,7 +134,7 @@ def test_custom_patterns_file(tmp_path: Path) -> None:
     good = tmp_path / "patterns.txt"
     good.write_text("# employee numbers and plates\nemployee = EMP-\\d{6}\nplate = 京[A-Z]\\w{5}\n")
     settings = Settings.from_env({"CACHE_REDACT_PATTERNS_FILE": str(good)})
-    policy = build_policy(settings.cache_redact, settings.cache_redact_patterns_file)
+    policy = build_policy(settings.redaction.types, settings.redaction.patterns_file)
     assert policy.names == ("employee", "plate")
     assert policy.redact("by EMP-123456 in 京A12345") == "by ***-****** in *******"
     for bad, message in (
@@ -228,6 +230,7 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
+@pytest.mark.integration
 def test_every_protocol_answers_masked_text_and_nothing_raw_is_stored_or_logged(
     make_app, grpc_front, redis_client, card_png, caplog
 ):  # type: ignore[no-untyped-def]
@@ -274,6 +277,7 @@ def test_every_protocol_answers_masked_text_and_nothing_raw_is_stored_or_logged(
     assert not _leaks(logged)
 
 
+@pytest.mark.integration
 def test_the_policy_is_part_of_the_key(make_app, redis_client, card_png):  # type: ignore[no-untyped-def]
     masked_app = make_app(cache_redact=ALL).test_client()
     masked = masked_app.post("/v1/ocr", json={"image": b64(card_png)})
@@ -340,6 +344,7 @@ def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis
         fake.stop()
 
 
+@pytest.mark.integration
 def test_word_boxes_are_masked_like_their_line(make_app, card_png):  # type: ignore[no-untyped-def]
     """PaddleX ``returnWordBox``: a card number comes back as four-digit words, none of which
     matches a pattern alone; each word takes its slice of the masked line."""

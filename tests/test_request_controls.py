@@ -18,6 +18,8 @@ from app.protocols import controls
 from app.protocols.errors import BadRequest
 from tests.conftest import WORD_EN
 
+pytestmark = pytest.mark.integration
+
 IMAGE = base64.b64encode(WORD_EN.read_bytes()).decode()
 SETTINGS = Settings.from_env({}).with_overrides(cache_tenant_header="X-Tenant")
 FUZZ = settings(
@@ -44,7 +46,7 @@ header_text = st.text(st.characters(max_codepoint=0x2FF), max_size=24) | st.samp
 def test_controls_accept_only_exact_forms(ttl: str, tenant: str, cache_control: str) -> None:
     headers = {"X-Cache-TTL": ttl, "X-Tenant": tenant, "Cache-Control": cache_control}
     try:
-        parsed = controls.parse(headers, SETTINGS)
+        parsed = controls.parse(headers, SETTINGS.controls)
     except BadRequest as exc:
         assert exc.code in {"invalid_ttl", "invalid_tenant"}
         return
@@ -52,7 +54,7 @@ def test_controls_accept_only_exact_forms(ttl: str, tenant: str, cache_control: 
         assert parsed.ttl is None
     else:
         assert re.fullmatch(r"[0-9]{1,10}", ttl.strip(" \t"))
-        assert parsed.ttl == int(ttl) and 1 <= parsed.ttl <= SETTINGS.cache_ttl_max_seconds
+        assert parsed.ttl == int(ttl) and 1 <= parsed.ttl <= SETTINGS.controls.ttl_max_seconds
     if tenant == "":
         assert parsed.namespace == ""
     else:

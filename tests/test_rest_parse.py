@@ -14,6 +14,8 @@ from app.protocols import rest
 from app.protocols.b64 import decode_base64
 from app.protocols.errors import BadRequest
 
+pytestmark = pytest.mark.unit
+
 IMAGE = bytes(range(256)) * 3
 B64 = base64.b64encode(IMAGE).decode()
 

@@ -11,6 +11,8 @@ import pytest
 from app.engines.retry import RetryPolicy, Transient
 from app.vocabulary import EngineError, EngineTimeout
 
+pytestmark = pytest.mark.unit
+
 log = logging.getLogger("test")
 
 

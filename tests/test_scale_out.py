@@ -19,6 +19,8 @@ from app.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import CORPUS, ROOT
 from tests.helpers import b64, metric_sum
 
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
 SMALL = [
     "paddleocr_word_en_1.png", "paddleocr_word_ch_4.jpg", "paddleocr_word_ar_1.jpg",
     "paddleocr_word_ko_1.jpg", "paddleocr_word_ja_1.jpg", "paddleocr_word_ru_1.jpg",
@@ -36,7 +38,7 @@ class Instance:
             WEB_CONCURRENCY=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
             OCR_WORK_DIR=str(tmp / "models"),
             PROMETHEUS_MULTIPROC_DIR=str(tmp / f"metrics-{self.port}"),
-            SINGLEFLIGHT_LEASE_MS="3000", LOG_LEVEL="warning",
+            DISPATCH_CLAIM_MS="3000", LOG_LEVEL="warning",
             # 2 shared cores run 4-5 workers and 32 client threads here: a Redis answer can
             # take longer than the 50 ms default without Redis being down.
             REDIS_TIMEOUT_MS="250", **env,

@@ -31,6 +31,8 @@ from schemathesis.specs.openapi.checks import (
 from app.routes.ops import OPENAPI
 from tests.conftest import WORD_EN
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 MAX_EXAMPLES = 250  # fuzzing phase, per operation; examples and coverage cases come on top
 CHECKS = [
     not_a_server_error,

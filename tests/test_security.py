@@ -28,6 +28,8 @@ from app.embedded_redis import EmbeddedRedis
 from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, entry_keys
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "admin-token-0123456789abcdef"
 
 
@@ -144,11 +146,11 @@ def test_acl_user_limited_to_the_prefix_with_password_file(make_app, acl_redis, 
     settings = Settings.from_env(
         {"REDIS_USERNAME": "ocr", "REDIS_PASSWORD_FILE": str(secret)}
     )  # the *_FILE form, as from a Kubernetes Secret
-    assert settings.redis_password == "ocr-secret-pw"
+    assert settings.redis.password == "ocr-secret-pw"
     assert "ocr-secret-pw" not in repr(settings)
     with caplog.at_level(logging.DEBUG):
         app = make_app(
-            redis_url=server.url, redis_username="ocr", redis_password=settings.redis_password
+            redis_url=server.url, redis_username="ocr", redis_password=settings.redis.password
         )
         assert app.extensions["ocr"]["cache"].dispatch_ready(30)  # the queue's keys allowed too
         client = app.test_client()

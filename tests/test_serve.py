@@ -12,12 +12,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import requests
 
 from app.embedded_redis import free_port
 from app.engines.paddle import PaddleOcrEngine
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
+
+pytestmark = pytest.mark.deploy
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -20,6 +20,8 @@ from app.web import create_app
 from tests.conftest import PHOTOTEST, ROOT, WORD_EN, run_stock_client
 from tests.helpers import b64, metric_sum
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):  # type: ignore[no-untyped-def]

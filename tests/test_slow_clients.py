@@ -26,6 +26,8 @@ from tests.conftest import WORD_EN
 from tests.helpers import b64
 from tests.test_serve import serving
 
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
 SLOW = 64  # per kind: headers trickled, body trickled
 HITS = 20  # normal requests made while they trickle
 DEADLINE = 8.0  # HTTP_HEADER_TIMEOUT_SECONDS and HTTP_BODY_TIMEOUT_SECONDS of the service

@@ -15,6 +15,8 @@ from app.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import CORPUS
 from tests.helpers import b64
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 IMAGES = ["paddleocr_word_en_1.png", "rapidocr_short.png", "paddleocr_word_ru_1.jpg"]
 
 

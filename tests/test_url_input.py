@@ -21,6 +21,8 @@ from app.protocols import fetch
 from app.protocols.errors import BadRequest
 from tests.conftest import WORD_EN
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 IMAGE = WORD_EN.read_bytes()
 
 

@@ -19,6 +19,8 @@ from PIL import Image
 from tests.conftest import PHOTOTEST, ROOT, WORD_EN
 from tests.live_server import live_service  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.deploy
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", ROOT / "test-artifacts"))
 ARGS = [

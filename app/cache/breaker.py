@@ -18,10 +18,12 @@ class CircuitBreaker:
         failure_threshold: int,
         cooldown_seconds: float,
         on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_change(is_open)`` is called on each transition (a gauge for alerting), not on
         every call, so the hot path pays nothing for it."""
         self._on_change = on_change
+        self._clock = clock
         self._threshold = failure_threshold
         self._cooldown = cooldown_seconds
         self._failures = 0
@@ -34,7 +36,7 @@ class CircuitBreaker:
         with self._lock:
             if self._opened_at is None:
                 return True
-            if self._probing or time.monotonic() - self._opened_at < self._cooldown:
+            if self._probing or self._clock() - self._opened_at < self._cooldown:
                 return False
             self._probing = True  # exactly one probe per cool-down
             return True
@@ -54,7 +56,7 @@ class CircuitBreaker:
             self._failures += 1
             self._probing = False
             if self._failures >= self._threshold:
-                self._opened_at = time.monotonic()
+                self._opened_at = self._clock()
             opened = not was_open and self._opened_at is not None
         if opened and self._on_change is not None:
             self._on_change(True)

@@ -62,17 +62,12 @@ class Entry:
 
 class Codec:
     def __init__(
-        self,
-        compress_min_bytes: int = 0,
-        keys: tuple[tuple[str, bytes], ...] = (),
-        dictionary: int | None = None,
+        self, keys: tuple[tuple[str, bytes], ...] = (), dictionary: int | None = None
     ) -> None:
         """``keys``: (key id, AES key) pairs; the first encrypts, all decrypt (rotation).
         ``dictionary``: the id of the shipped zstd dictionary to write with (default: the
-        newest; 0: none); entries written with any shipped dictionary are read.
-        ``compress_min_bytes`` is kept for the settings' sake: every version 2 entry is
-        compressed (with a dictionary, even a one-line result shrinks)."""
-        self._compress_min_bytes = compress_min_bytes
+        newest; 0: none); entries written with any shipped dictionary are read. Every entry
+        is compressed (with a dictionary, even a one-line result shrinks)."""
         self._ciphers = {kid: AESGCM(key) for kid, key in keys}
         self._primary = keys[0][0] if keys else None
         self._keys_by_id = dict(keys)

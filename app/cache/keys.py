@@ -2,7 +2,7 @@
 
 MD5 is what the design card asks for; it is not collision-resistant, so every entry also
 stores the SHA-256 of its input and reads compare it (see ``codec``). The MD5 segment is a
-Redis Cluster hash tag, so an entry and its companions (its single-flight lease) share a
+Redis Cluster hash tag, so an entry and its companions (its error markers) share a
 slot and every variant of one image lives on one node.
 """
 
@@ -49,11 +49,6 @@ def build_key(prefix: str, engine_fingerprint: str, task: str, digest: ImageDige
     return f"{prefix}:{KEY_SCHEMA}:{engine_fingerprint}:{task}:{{{digest.md5}}}"
 
 
-def lease_key(key: str) -> str:
-    """The single-flight lease of ``key`` (same hash tag, same slot)."""
-    return f"{key}:lease"
-
-
 def done_channel(prefix: str, key: str) -> str:
     """Pub/sub channel announcing that ``key``'s computation ended."""
     return f"{prefix}:done:{key}"
@@ -66,7 +61,8 @@ def purge_channel(prefix: str) -> str:
 
 class KeySpace:
     """Every name this service gives Redis for one engine, in one place: the entry key, its
-    L1 key, its lease and done channel, a tenant's prefix, the purge pattern and channel.
+    L1 key, its done channel, a tenant's prefix, the purge pattern and channel, the miss
+    queue's keys.
 
     ``{prefix}`` is ``CACHE_KEY_PREFIX``, or ``CACHE_KEY_PREFIX.{tenant}`` for a tenant; the
     pub/sub channels always use the base prefix (one channel space per deployment).
@@ -94,10 +90,6 @@ class KeySpace:
 
     def l1_for(self, sha256: str, task: str, namespace: str = "") -> tuple[str, ...]:
         return (self.prefix(namespace), self.fingerprint, task, sha256)
-
-    @staticmethod
-    def lease(entry: str) -> str:
-        return lease_key(entry)
 
     def done(self, entry: str) -> str:
         return done_channel(self.base_prefix, entry)
@@ -158,9 +150,15 @@ class KeySpace:
         return f"{tag}:jobs", f"{tag}:engines"
 
     @staticmethod
-    def job_error(entry: str, token: str) -> str:
-        """A short-lived marker: the job of lease ``token`` failed (never a cached result)."""
-        return f"{entry}:error:{token}"
+    def job_marker(stream: str, entry: str) -> str:
+        """Which job of the queue ``stream`` computes ``entry`` (its id), while one does: in
+        the queue's slot (its hash tag comes first), so one script reads both."""
+        return f"{stream.rsplit(':', 1)[0]}:job:{entry}"
+
+    @staticmethod
+    def job_error(entry: str, job_id: str) -> str:
+        """A short-lived marker: job ``job_id`` failed (never a cached result)."""
+        return f"{entry}:error:{job_id}"
 
     def object(self, digest: ImageDigest, task: str, namespace: str = "") -> str:
         """The entry's name in the cold tier (L3), below its bucket prefix:

@@ -25,17 +25,19 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from app import metrics
 from app.cache.breaker import CircuitBreaker
 from app.cache.codec import Codec
-from app.engines.base import options_from
+from app.cache.keys import KeySpace
+from app.cache.l2 import sealed
+from app.cache.tier import ENGINE, Probe, Tier
 from app.vocabulary import OcrResult
 
 log = logging.getLogger(__name__)
@@ -59,58 +61,39 @@ class Recalled:
     remaining_seconds: float
 
 
-@dataclass(frozen=True)
-class L3Options:
-    """What the cold tier reads from ``Settings`` (fields named as there)."""
-
-    cache_l3_url: str
-    cache_l3_ttl_seconds: int
-    cache_l3_timeout_ms: int
-    cache_l3_connect_timeout_ms: int
-    cache_l3_retries: int
-    cache_l3_addressing: str
-    cache_l3_queue_max: int
-    cache_l3_breaker_failures: int
-    cache_l3_breaker_cooldown_seconds: float
-    engine_callers: int  # derived (``Settings.engine_callers``): sizes the connection pool
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> L3Options:
-        return options_from(cls, settings, engine_callers=settings.engine_callers())
+if TYPE_CHECKING:
+    from app.config import L3Settings
 
 
 class ColdTier:
+    """The object store client: recall, archive (write-behind), purge."""
+
     def __init__(
         self,
-        settings: L3Options,
+        settings: L3Settings,
         codec: Codec,
+        pool_size: int = 10,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
-        """``client_factory``: a boto3 S3 client maker (default: from ``settings`` and the
+        """``pool_size``: connections (every HTTP and gRPC thread of a worker may read);
+        ``client_factory``: a boto3 S3 client maker (default: from ``settings`` and the
         standard AWS environment); called once per process (clients do not survive fork)."""
-        self.bucket, self.prefix = parse_url(settings.cache_l3_url)
-        self._options = settings
+        self.bucket, self.prefix = parse_url(settings.url)
         self._codec = codec
-        self._ttl = settings.cache_l3_ttl_seconds
-        self._factory = client_factory or partial_client(settings)
+        self._ttl = settings.ttl_seconds
+        self._factory = client_factory or partial_client(settings, pool_size)
         self._breaker = CircuitBreaker(
-            settings.cache_l3_breaker_failures,
-            settings.cache_l3_breaker_cooldown_seconds,
+            settings.breaker_failures,
+            settings.breaker_cooldown_seconds,
             on_change=metrics.L3_BREAKER_OPEN.set,
         )
-        self._queue: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(
-            settings.cache_l3_queue_max
-        )
+        self._queue: queue.Queue[tuple[str, bytes, float] | None] = queue.Queue(settings.queue_max)
         self._lock = threading.Lock()
         self._pid = 0
         self._client: Any = None
         self._writer: threading.Thread | None = None
         self._writer_pid = 0
         self._purges: list[tuple[str, float]] = []
-
-    @classmethod
-    def from_options(cls, options: L3Options, codec: Codec) -> ColdTier | None:
-        return cls(options, codec) if options.cache_l3_url else None
 
     @property
     def breaker_state(self) -> str:
@@ -284,7 +267,7 @@ class ColdTier:
         return True, value
 
 
-def partial_client(settings: L3Options) -> Callable[[], Any]:
+def partial_client(settings: L3Settings, pool_size: int) -> Callable[[], Any]:
     """A maker of the boto3 S3 client: short connect/read timeouts, limited retries,
     addressing style from ``CACHE_L3_ADDRESSING``; endpoint and credentials from the
     standard AWS environment (boto3's own chain)."""
@@ -294,11 +277,11 @@ def partial_client(settings: L3Options) -> Callable[[], Any]:
         from botocore.config import Config
 
         config = Config(
-            connect_timeout=settings.cache_l3_connect_timeout_ms / 1000,
-            read_timeout=settings.cache_l3_timeout_ms / 1000,
-            retries={"total_max_attempts": 1 + settings.cache_l3_retries, "mode": "standard"},
-            max_pool_connections=max(10, settings.engine_callers + 2),
-            s3={"addressing_style": settings.cache_l3_addressing},
+            connect_timeout=settings.connect_timeout_ms / 1000,
+            read_timeout=settings.timeout_ms / 1000,
+            retries={"total_max_attempts": 1 + settings.retries, "mode": "standard"},
+            max_pool_connections=max(10, pool_size + 2),
+            s3={"addressing_style": settings.addressing},
             # Checksums only where the API requires them: S3-compatible stores (older MinIO,
             # Ceph RGW) refuse the newer default trailing checksums.
             request_checksum_calculation="when_required",
@@ -310,3 +293,42 @@ def partial_client(settings: L3Options) -> Callable[[], Any]:
         )
 
     return make
+
+
+class L3Tier(Tier):
+    """The cold tier in the chain: an L3 hit refills L2 (a fresh envelope for the rest of
+    its L3 retention, at most ``CACHE_TTL_SECONDS`` or the request's own TTL) and L1; a
+    computed result is archived (write-behind) unless its caller chose its own TTL."""
+
+    name = "l3"
+
+    def __init__(self, cold: ColdTier, keys: KeySpace, codec: Codec, refill_ttl: int) -> None:
+        self.cold = cold
+        self._keys = keys
+        self._codec = codec
+        self._refill_ttl = refill_ttl
+
+    def _object(self, probe: Probe) -> str:
+        return self._keys.object(probe.digest, probe.task, probe.controls.namespace)
+
+    def lookup(self, probes: Sequence[Probe]) -> None:
+        for probe in probes:  # one GET per image (the front door's single-flight)
+            if not probe.key:
+                probe.key = self._keys.entry(probe.digest, probe.task, probe.controls.namespace)
+            found = self.cold.recall(
+                self._object(probe), probe.key, probe.digest.sha256, self._keys.fingerprint
+            )
+            if found is not None:
+                bound = probe.controls.ttl or self._refill_ttl
+                probe.answer(
+                    found.result, self.name, max(1, int(min(found.remaining_seconds, bound)))
+                )
+
+    def record(self, probe: Probe, result: OcrResult, ttl: float, source: str) -> bool:
+        if source == ENGINE and not probe.controls.ttl:  # a caller's own TTL stays off L3
+            value = sealed(probe, result, max(1, int(ttl)), self._codec, self._keys)
+            self.cold.archive(self._object(probe), value)  # write-behind, never blocks
+        return True
+
+    def purge(self, namespace: str, md5: str | None) -> int:
+        return self.cold.purge(self._keys.object_prefix(namespace, md5)) or 0

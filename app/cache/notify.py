@@ -30,7 +30,7 @@ class Notifier:
         self._purge_channel = keys.purge_channel()
         self._on_purge = on_purge
         self._lock = threading.Lock()
-        self._waiters: dict[str, list[threading.Event]] = {}
+        self._waiters: dict[str, list[Wakeup]] = {}
         self._subscribed = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
+from collections.abc import Callable, Sequence
 
 from app.cache.codec import Codec, Entry
 from app.cache.keys import KeySpace
 from app.cache.store import RedisStore
+from app.cache.tier import ENGINE, Probe, Tier
 from app.imaging import DecodedImage
 from app.vocabulary import OcrResult
 
@@ -32,7 +35,7 @@ def pixel_digest(image: DecodedImage) -> str:
     """SHA-256 over the dimensions, the mode and the raw RGB bytes: what the engine sees."""
     pixels = image.pixels
     h = hashlib.sha256(f"{image.width}x{image.height}:RGB8:".encode())
-    h.update(memoryview(pixels if pixels.flags.c_contiguous else pixels.copy()).cast("B"))
+    h.update((pixels if pixels.flags.c_contiguous else pixels.copy()).data.cast("B"))
     return h.hexdigest()
 
 
@@ -92,3 +95,30 @@ def read_entry(
     except (KeyError, TypeError, ValueError):
         log.info("pixel tier: entry %s is unusable", entry_key)
         return None
+
+
+class PixelTier(Tier):
+    """The pixel index in the chain: after the exact tiers, for engines that read the decoded
+    pixels; it indexes every computed result."""
+
+    name = "pixel"
+
+    def __init__(self, index: PixelIndex, clock: Callable[[], float] = time.time) -> None:
+        self._index = index
+        self._clock = clock
+
+    def lookup(self, probes: Sequence[Probe]) -> None:
+        for probe in probes:
+            digest = pixel_digest(probe.image)
+            found = self._index.find(digest, probe.task, probe.controls.namespace)
+            if found is not None:
+                result, entry = found
+                probe.answer(result, self.name, entry.expires_at - self._clock())
+
+    def record(self, probe: Probe, result: OcrResult, ttl: float, source: str) -> bool:
+        if source == ENGINE:
+            self._index.record(
+                pixel_digest(probe.image), probe.task, probe.controls.namespace,
+                probe.key, probe.digest.sha256, max(1, int(ttl)),
+            )  # fmt: skip
+        return True

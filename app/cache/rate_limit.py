@@ -78,14 +78,14 @@ class RateLimiter:
 
     def check(self, client: str) -> Decision:
         if isinstance(self._store, RedisStore):
-            decision = self._check_redis(client)
+            decision = self._check_redis(self._store, client)
         else:
             decision = self._check_local(client)
         if not decision.allowed:
             metrics.RATE_LIMITED.labels(protocol=self._protocol).inc()
         return decision
 
-    def _check_redis(self, client: str) -> Decision:
+    def _check_redis(self, store: RedisStore, client: str) -> Decision:
         key = self._keys.rate_limit(client)
 
         def run(redis: Any) -> Any:
@@ -93,7 +93,7 @@ class RateLimiter:
                 self._script = redis.register_script(_GCRA)
             return self._script(keys=[key], args=self._args, client=redis)
 
-        ok, answer = self._store.run("rate_limit", run)
+        ok, answer = store.run("rate_limit", run)
         if not ok:
             return ALLOWED  # fail open; the store counted the failure
         allowed, wait_ms = answer

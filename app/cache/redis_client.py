@@ -59,7 +59,7 @@ def connect(
         secured = tls if url.startswith("rediss://") else {}
         auth_kw = {k: v for k, v in (("username", username), ("password", password)) if v}
         return redis.Redis.from_url(url, health_check_interval=30, **auth_kw, **secured, **common)
-    auth = {
+    auth: dict[str, Any] = {
         "username": endpoint.username or username or None,
         "password": endpoint.password or password or None,
     }

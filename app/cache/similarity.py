@@ -17,21 +17,26 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import orjson
 
+from app import metrics
 from app.cache import verify
 from app.cache.codec import Codec
 from app.cache.keys import KeySpace
 from app.cache.pixel_index import read_entry
 from app.cache.store import RedisStore
+from app.cache.tier import ENGINE, Probe, Tier
 from app.imaging import DecodedImage
 from app.vocabulary import OcrResult
 
 log = logging.getLogger(__name__)
 
+SOURCE_HEADER = "X-Cache-Similar-Source"  # the SHA-256 of the cached image that answered
+FIGURES_HEADER = "X-Cache-Similarity"  # the verification figures and the hash distance
 HASH_SIZE = 16  # 16 x 16 = 256 bits
 BANDS = 8
 KEEP = 16  # entries per band list
@@ -200,3 +205,34 @@ def _candidate(member: bytes) -> Candidate | None:
     except (ValueError, TypeError):
         return None
     return cand if cand.width > 0 and cand.height > 0 and len(cand.sha256) == 64 else None
+
+
+class SimilarTier(Tier):
+    """The similarity index in the chain (``CACHE_SIMILAR=on``): last, and only for requests
+    that did not say ``X-Cache-Similar: off``; its answers are kept by no other tier."""
+
+    name = "similar"
+
+    def __init__(self, index: SimilarityIndex) -> None:
+        self._index = index
+
+    def lookup(self, probes: Sequence[Probe]) -> None:
+        for probe in probes:
+            if not probe.controls.similar:
+                continue
+            hit = self._index.find(probe.image, probe.task, probe.controls.namespace)
+            metrics.SIMILAR_CHECKS.labels(outcome="hit" if hit else "miss").inc()
+            if hit is not None:
+                details = (
+                    (SOURCE_HEADER, hit.source_sha256),
+                    (FIGURES_HEADER, f"{hit.figures.header()}; distance={hit.distance}"),
+                )
+                probe.answer(hit.result, self.name, 0.0, details)
+
+    def record(self, probe: Probe, result: OcrResult, ttl: float, source: str) -> bool:
+        if source == ENGINE:
+            self._index.record(
+                probe.image, result, probe.task, probe.controls.namespace,
+                probe.key, probe.digest.sha256, max(1, int(ttl)),
+            )  # fmt: skip
+        return True

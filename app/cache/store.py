@@ -1,7 +1,8 @@
-"""The Redis tier (L2): short timeouts, one retry, a circuit breaker, never an exception.
+"""Redis, as the tiers and the miss queue reach it: short timeouts, one retry, a circuit
+breaker, never an exception.
 
 Every method answers even when Redis is down: reads report a miss, writes are dropped and
-lease operations say "unavailable", so a Redis outage costs cache hits, not requests.
+scripts report failure, so a Redis outage costs cache hits, not requests.
 """
 
 from __future__ import annotations
@@ -30,23 +31,6 @@ def _describe(exc: BaseException) -> str:
     return exc.__class__.__name__
 
 
-# Take the lease if free; a holder that never expires is given one lease period.
-_ACQUIRE = """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('pttl', KEYS[1]) == -1 then redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-# Owner-only lease operations: compare the random token, then act (atomic in Redis).
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-
 class RedisStore:
     enabled = True  # a real tier (``NullStore`` is the one that is not)
 
@@ -57,7 +41,7 @@ class RedisStore:
         connect_timeout_ms: int,
         breaker: CircuitBreaker,
         client: Any = None,
-        **options: str,
+        **options: Any,
     ) -> None:
         """``options``: username, password and TLS files for ``redis_client.connect``."""
         self._breaker = breaker
@@ -70,9 +54,6 @@ class RedisStore:
         pool = getattr(self._client, "connection_pool", None)
         self._own_connections = type(pool) is redis.ConnectionPool
         self._thread = threading.local()
-        self._acquire = self._client.register_script(_ACQUIRE)
-        self._release = self._client.register_script(_RELEASE)
-        self._renew = self._client.register_script(_RENEW)
 
     @property
     def breaker_state(self) -> str:
@@ -126,25 +107,6 @@ class RedisStore:
         ok, _ = self._call("set", lambda: self._client.set(key, value, ex=ttl_seconds))
         return ok
 
-    def acquire_lease(self, key: str, token: str, ttl_ms: int) -> bool | None:
-        """True: ours; False: someone else holds it; None: Redis unavailable. A lease key
-        without a TTL (written by something else, of any type) gets one lease period: it is
-        stale after that, instead of stalling its image until the waiters give up."""
-        ok, got = self._call("lease", lambda: self._acquire(keys=[key], args=[token, ttl_ms]))
-        return bool(got) if ok else None
-
-    def renew_lease(self, key: str, token: str, ttl_ms: int) -> bool | None:
-        """True: extended; False: the lease is no longer ours; None: Redis did not answer."""
-        ok, renewed = self._call("lease", lambda: self._renew(keys=[key], args=[token, ttl_ms]))
-        return bool(renewed) if ok else None
-
-    def release_lease(self, key: str, token: str) -> None:
-        self._call("lease", lambda: self._release(keys=[key], args=[token]))
-
-    def exists(self, key: str) -> bool | None:
-        ok, count = self._call("lease", lambda: self._client.exists(key))
-        return bool(count) if ok else None
-
     def publish(self, channel: str, message: str) -> None:
         self._call("publish", lambda: self._client.publish(channel, message))
 
@@ -152,7 +114,9 @@ class RedisStore:
         """A client for a long-lived subscription or blocking reads (no short timeout);
         ``dedicated``: one connection of its own (a single node only), whose blocking reads
         another client can end (CLIENT UNBLOCK)."""
-        extra = {"single_connection_client": True} if dedicated and not self._cluster else {}
+        extra: dict[str, Any] = {}
+        if dedicated and not self._cluster:
+            extra["single_connection_client"] = True
         if "sentinel" in self._url.split("://", 1)[0]:
             extra = {}
         return redis_client.connect(
@@ -204,14 +168,14 @@ class RedisStore:
         return {k: info[k] for k in wanted if k in info}
 
     def key_count(self) -> int | None:
-        """DBSIZE (summed over primaries on a cluster): entries plus leases; None when down."""
+        """DBSIZE (summed over primaries on a cluster): entries and companions; None when down."""
         ok, value = self._call("dbsize", self._client.dbsize)
         return int(value) if ok and value is not None else None
 
-    def members(self, key: str) -> tuple[bool, set[bytes]]:
+    def members(self, key: str) -> tuple[bool, frozenset[bytes]]:
         """(ok, the members of set ``key``); on failure (False, empty set)."""
         ok, value = self._call("smembers", lambda: self._client.smembers(key))
-        return (True, set(value)) if ok else (False, set())
+        return (True, frozenset(value)) if ok else (False, frozenset())
 
     def add_member(self, key: str, member: str, ttl_seconds: int) -> bool:
         """SADD and EXPIRE in one round trip, so a set lives as long as its entries (no MULTI:

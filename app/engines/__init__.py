@@ -11,16 +11,16 @@ if TYPE_CHECKING:
 
 def build_engine(settings: Settings) -> Engine:
     """The engine named by ``OCR_ENGINE``; models are located now, loaded by ``load()``."""
-    if settings.ocr_engine == "paddle":
+    if settings.engine.kind == "paddle":
         from app.engines.paddle import PaddleOcrEngine
 
         return PaddleOcrEngine.from_settings(settings)
-    if settings.ocr_engine == "serving":
+    if settings.engine.kind == "serving":
         from app.engines.serving import ServingEngine
 
         return ServingEngine.from_settings(settings)
-    if settings.ocr_engine == "hunyuan":
+    if settings.engine.kind == "hunyuan":
         from app.engines.hunyuan import HunyuanEngine
 
         return HunyuanEngine.from_settings(settings)
-    raise ValueError(f"unknown engine {settings.ocr_engine!r}")
+    raise ValueError(f"unknown engine {settings.engine.kind!r}")

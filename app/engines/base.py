@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from app.imaging import DecodedImage
 from app.vocabulary import OcrParams, OcrResult
@@ -21,17 +21,6 @@ class OcrRequest:
     params: OcrParams
 
 
-Options = TypeVar("Options")
-
-
-def options_from(cls: type[Options], settings: Any, **derived: Any) -> Options:
-    """An engine's options object, filled from ``Settings``: each field is read by its name
-    (one environment variable each), ``derived`` gives the computed ones. The engine itself
-    never sees the whole ``Settings``."""
-    names = {f.name for f in fields(cls)} - derived.keys()  # type: ignore[arg-type]
-    return cls(**{name: getattr(settings, name) for name in names}, **derived)
-
-
 def fingerprint_of(identity: dict[str, Any]) -> str:
     """16 hex digits of SHA-256 over the canonical JSON of what shapes an engine's output."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
@@ -41,14 +30,8 @@ class EngineBase:
     """What every engine shares: ``__init__`` sets ``_fingerprint`` and ``_default_params``."""
 
     kind: str
-    options_type: type  # the engine's options class (``from_settings`` fills it)
     _fingerprint: str
     _default_params: OcrParams
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> Any:
-        """The engine as ``OCR_ENGINE`` configures it (the wiring's and the tests' way in)."""
-        return cls(cls.options_type.from_settings(settings))  # type: ignore[call-arg]
 
     @property
     def fingerprint(self) -> str:

@@ -23,15 +23,15 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import openai
 from PIL import Image
 
 from app.engines import hunyuan_output as output
-from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of
 from app.engines.retry import RetryPolicy, Transient
 from app.engines.tasks import (
     EXTRACTION,
@@ -122,35 +122,22 @@ _RETRY_STATUS = frozenset({429, 503})
 _MAX_BACKOFF_SECONDS = 4.0
 
 
-@dataclass(frozen=True)
-class HunyuanOptions:
-    """What the HunyuanOCR engine reads from ``Settings`` (fields named as there)."""
-
-    hunyuan_base_url: str
-    hunyuan_model: str
-    hunyuan_model_revision: str
-    hunyuan_model_generation: str
-    # HUNYUAN_API_KEY, or the file named by HUNYUAN_API_KEY_FILE (read by Settings).
-    hunyuan_api_key: str = field(repr=False)
-    hunyuan_timeout_seconds: float
-    hunyuan_connect_timeout_seconds: float
-    hunyuan_retries: int
-    hunyuan_max_tokens: int
-    hunyuan_startup_wait_seconds: float
-    engine_callers: int  # HTTP and gRPC threads of a worker may all be waiting on the model
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> HunyuanOptions:
-        return options_from(cls, settings, engine_callers=settings.engine_callers())
+if TYPE_CHECKING:
+    from app.config import HunyuanSettings, Settings
 
 
 class HunyuanEngine(EngineBase):
     kind = "hunyuan"
-    options_type = HunyuanOptions
 
-    def __init__(self, options: HunyuanOptions) -> None:
-        self._options = options
-        generation = options.hunyuan_model_generation
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HunyuanEngine:
+        """As ``OCR_ENGINE=hunyuan`` configures it; every HTTP and gRPC thread of a worker
+        may be waiting on the model at once (the connection pool's size)."""
+        return cls(settings.hunyuan, pool_size=settings.engine_callers())
+
+    def __init__(self, section: HunyuanSettings, pool_size: int) -> None:
+        self._options = section
+        generation = section.model_generation
         self._prompts = PROMPTS[generation]
         self._sampling = SAMPLING[generation]
         table = json.dumps([self._prompts, self._sampling], sort_keys=True, ensure_ascii=False)
@@ -158,20 +145,20 @@ class HunyuanEngine(EngineBase):
         identity = {
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
-            "model": options.hunyuan_model,
-            "revision": options.hunyuan_model_revision,
+            "model": section.model,
+            "revision": section.model_revision,
             "prompt_table": self._prompt_table,
             "prompt_table_digest": hashlib.sha256(table.encode()).hexdigest(),
-            "max_tokens": options.hunyuan_max_tokens,
+            "max_tokens": section.max_tokens,
         }
         self._fingerprint = fingerprint_of(identity)
         # Spotting: what the line protocols (pdserving, PaddleX, gRPC) render.
         self._default_params = OcrParams(task=SPOTTING)
-        self._api_key = options.hunyuan_api_key or "EMPTY"  # vLLM without --api-key: any key
-        self.pool_size = options.engine_callers
+        self._api_key = section.api_key or "EMPTY"  # vLLM without --api-key: any key
+        self.pool_size = pool_size
         # Transport errors, 429 and 503: 250 ms, doubling, jittered, Retry-After honoured.
         self._retry = RetryPolicy(
-            options.hunyuan_retries, 0.25, _MAX_BACKOFF_SECONDS, jitter=0.25,
+            section.retries, 0.25, _MAX_BACKOFF_SECONDS, jitter=0.25,
             what="vLLM unavailable",
         )  # fmt: skip
         self._client: openai.OpenAI | None = None
@@ -196,11 +183,11 @@ class HunyuanEngine(EngineBase):
         return {
             "kind": self.kind,
             "fingerprint": self._fingerprint,
-            "model": s.hunyuan_model,
-            "revision": s.hunyuan_model_revision,
+            "model": s.model,
+            "revision": s.model_revision,
             "prompt_table": self._prompt_table,
-            "url": s.hunyuan_base_url,
-            "max_tokens": s.hunyuan_max_tokens,
+            "url": s.base_url,
+            "max_tokens": s.max_tokens,
             "tasks": list(TASKS),
         }
 
@@ -215,7 +202,7 @@ class HunyuanEngine(EngineBase):
         client = self._ensure_client()
         if self._model_checked:
             return
-        deadline = time.monotonic() + self._options.hunyuan_startup_wait_seconds
+        deadline = time.monotonic() + self._options.startup_wait_seconds
         while True:
             try:
                 served = [m.id for m in client.models.list()]
@@ -229,24 +216,20 @@ class HunyuanEngine(EngineBase):
                 time.sleep(max(0.01, min(2.0, deadline - time.monotonic())))
             except openai.APIStatusError as exc:
                 raise EngineError(f"vLLM refused /v1/models: HTTP {exc.status_code}") from None
-        if self._options.hunyuan_model not in served:
-            raise EngineError(
-                f"vLLM serves {served}, not HUNYUAN_MODEL={self._options.hunyuan_model!r}"
-            )
+        if self._options.model not in served:
+            raise EngineError(f"vLLM serves {served}, not HUNYUAN_MODEL={self._options.model!r}")
         self._model_checked = True
 
     def _ensure_client(self) -> openai.OpenAI:
         with self._lock:
             if self._client is None:
                 s = self._options
-                timeout = openai.Timeout(
-                    s.hunyuan_timeout_seconds, connect=s.hunyuan_connect_timeout_seconds
-                )
+                timeout = openai.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds)
                 limits = httpx2.Limits(
                     max_connections=self.pool_size, max_keepalive_connections=self.pool_size
                 )
                 self._client = openai.OpenAI(
-                    base_url=f"{s.hunyuan_base_url}/v1",
+                    base_url=f"{s.base_url}/v1",
                     api_key=self._api_key,
                     timeout=timeout,
                     max_retries=0,  # see the module docstring
@@ -265,7 +248,7 @@ class HunyuanEngine(EngineBase):
 
     def recognize(self, request: OcrRequest) -> OcrResult:
         params = request.params
-        messages = [
+        messages: list[dict[str, Any]] = [
             {"role": "system", "content": ""},
             {
                 "role": "user",
@@ -298,9 +281,9 @@ class HunyuanEngine(EngineBase):
     def _call(self, client: openai.OpenAI, messages: list[dict[str, Any]]) -> str:
         try:
             response = client.chat.completions.create(
-                model=self._options.hunyuan_model,
+                model=self._options.model,
                 messages=messages,  # type: ignore[arg-type]
-                max_tokens=self._options.hunyuan_max_tokens,
+                max_tokens=self._options.max_tokens,
                 **self._sampling,
             )
         except openai.APITimeoutError:

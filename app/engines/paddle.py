@@ -12,13 +12,12 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.engines import paddle_models, tasks
-from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of
 from app.imaging import DecodedImage
 from app.vocabulary import (
     DETECTION_PARAMS,
@@ -39,41 +38,32 @@ def _version(dist: str) -> str:
         return "absent"
 
 
-@dataclass(frozen=True)
-class PaddleOptions:
-    """What the in-process engine reads from ``Settings`` (fields named as there)."""
-
-    ocr_model_dir: str
-    ocr_work_dir: str
-    ocr_device: str
-    ocr_cpu_threads: int
-    default_params: OcrParams
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> PaddleOptions:
-        return options_from(cls, settings, default_params=settings.default_params())
+if TYPE_CHECKING:
+    from app.config import PaddleSettings, Settings
 
 
 class PaddleOcrEngine(EngineBase):
     """One PaddleOCR pipeline per worker process; calls are serialized (not thread-safe)."""
 
     kind = "paddle"
-    options_type = PaddleOptions
     max_concurrency = 1  # calls are serialized on one thread: queue them in the cache's runner
     reads_decoded_pixels = True  # recognizes DecodedImage.pixels: the pixel tier is exact
 
-    def __init__(self, options: PaddleOptions) -> None:
-        self._options = options
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PaddleOcrEngine:
+        """As ``OCR_ENGINE=paddle`` configures it (the wiring's and the tests' way in)."""
+        return cls(settings.paddle, settings.ocr.params())
+
+    def __init__(self, section: PaddleSettings, default_params: OcrParams) -> None:
+        self._options = section
         # The orientation model is always loaded so requests may switch it on.
-        self._models = paddle_models.resolve(
-            options.ocr_model_dir, options.ocr_work_dir, with_cls=True
-        )
-        self._default_params = options.default_params
-        paddle_dist = "paddlepaddle-gpu" if options.ocr_device == "gpu" else "paddlepaddle"
+        self._models = paddle_models.resolve(section.model_dir, section.work_dir, with_cls=True)
+        self._default_params = default_params
+        paddle_dist = "paddlepaddle-gpu" if section.device == "gpu" else "paddlepaddle"
         self._runtime = {
             "runtime": "paddle_inference",
-            "device": options.ocr_device,
-            "cpu_threads": options.ocr_cpu_threads,
+            "device": section.device,
+            "cpu_threads": section.cpu_threads,
             "paddle": _version(paddle_dist),
             "paddleocr": _version("paddleocr"),
             "paddlex": _version("paddlex"),
@@ -203,16 +193,17 @@ def _result(image: Any, raw: Any, p: OcrParams) -> OcrResult:
     return OcrResult(width=image.width, height=image.height, lines=tuple(lines))
 
 
-def pipeline_kwargs(options: PaddleOptions, models: paddle_models.ModelSet) -> dict[str, Any]:
+def pipeline_kwargs(options: PaddleSettings, models: paddle_models.ModelSet) -> dict[str, Any]:
     """``PaddleOCR(**kwargs)`` for our models and engine settings (also the parity oracle's)."""
-    if options.ocr_device == "gpu":
+    engine_config: dict[str, Any]
+    if options.device == "gpu":
         device, engine_config = "gpu:0", {"run_mode": "paddle"}
     else:
         device = "cpu"
         engine_config = {
             "run_mode": "mkldnn",
             "enable_new_ir": False,
-            "cpu_threads": options.ocr_cpu_threads,
+            "cpu_threads": options.cpu_threads,
             "mkldnn_cache_capacity": 10,
         }
     assert models.cls is not None

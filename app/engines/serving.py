@@ -14,13 +14,12 @@ import base64
 import json
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 from requests.adapters import HTTPAdapter
 
-from app.engines.base import EngineBase, OcrRequest, fingerprint_of, options_from
+from app.engines.base import EngineBase, OcrRequest, fingerprint_of
 from app.engines.retry import RetryPolicy, Transient
 from app.engines.tasks import require_ocr
 from app.protocols.pdserving import parse_result_string
@@ -36,49 +35,45 @@ from app.vocabulary import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ServingOptions:
-    """What the remote-pipeline engine reads from ``Settings`` (fields named as there)."""
-
-    serving_url: str
-    serving_service_name: str
-    serving_model_version: str
-    serving_retries: int
-    serving_timeout_seconds: float
-    web_threads: int  # the HTTP pool's size
-    grpc_message_limit: int
-    default_params: OcrParams
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> ServingOptions:
-        return options_from(
-            cls, settings,
-            grpc_message_limit=settings.grpc_message_limit(),
-            default_params=settings.default_params(),
-        )  # fmt: skip
+if TYPE_CHECKING:
+    from app.config import ServingSettings, Settings
 
 
 class ServingEngine(EngineBase):
     kind = "serving"
-    options_type = ServingOptions
 
-    def __init__(self, options: ServingOptions) -> None:
-        self._options = options
-        self._url = options.serving_url
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServingEngine:
+        """As ``OCR_ENGINE=serving`` configures it (the wiring's and the tests' way in)."""
+        return cls(
+            settings.serving, settings.ocr.params(),
+            message_limit=settings.grpc_message_limit(), pool_size=settings.server.web_threads,
+        )  # fmt: skip
+
+    def __init__(
+        self,
+        section: ServingSettings,
+        default_params: OcrParams,
+        message_limit: int,
+        pool_size: int,
+    ) -> None:
+        """``message_limit``: the gRPC message size both ways; ``pool_size``: HTTP connections."""
+        self._options = section
+        self._message_limit = message_limit
+        self._pool_size = pool_size
+        self._url = section.url
         self._grpc = self._url.startswith("grpc://")
         identity = {
             "kind": self.kind,
             "schema": RESULT_SCHEMA_VERSION,
             "url": self._url,
-            "service": options.serving_service_name,
-            "model_version": options.serving_model_version,
+            "service": section.service_name,
+            "model_version": section.model_version,
         }
         self._fingerprint = fingerprint_of(identity)
-        self._default_params = options.default_params
+        self._default_params = default_params
         # Connection refused/reset and UNAVAILABLE only: 50 ms, doubling, at most 1 s apart.
-        self._retry = RetryPolicy(
-            options.serving_retries, 0.05, 1.0, what="serving backend unreachable"
-        )
+        self._retry = RetryPolicy(section.retries, 0.05, 1.0, what="serving backend unreachable")
         self._lock = threading.Lock()
         self._stub: Any = None
         self._session: requests.Session | None = None
@@ -96,8 +91,8 @@ class ServingEngine(EngineBase):
             "kind": self.kind,
             "fingerprint": self._fingerprint,
             "url": self._url,
-            "service": self._options.serving_service_name,
-            "model_version": self._options.serving_model_version,
+            "service": self._options.service_name,
+            "model_version": self._options.model_version,
         }
 
     def load(self) -> None:
@@ -108,7 +103,7 @@ class ServingEngine(EngineBase):
 
                 from app.protocols.pipeline_stubs import message_size_options, pb2_grpc
 
-                size = self._options.grpc_message_limit
+                size = self._message_limit
                 channel = grpc.insecure_channel(
                     self._url.removeprefix("grpc://"),
                     options=message_size_options(size),
@@ -116,7 +111,7 @@ class ServingEngine(EngineBase):
                 self._stub = pb2_grpc.PipelineServiceStub(channel)
             elif not self._grpc and self._session is None:
                 session = requests.Session()
-                adapter = HTTPAdapter(pool_maxsize=self._options.web_threads, max_retries=0)
+                adapter = HTTPAdapter(pool_maxsize=self._pool_size, max_retries=0)
                 session.mount("http://", adapter)
                 session.mount("https://", adapter)
                 self._session = session
@@ -141,7 +136,7 @@ class ServingEngine(EngineBase):
 
         message = pb2.Request(key=["image"], value=[payload])
         try:
-            reply = self._stub.inference(message, timeout=self._options.serving_timeout_seconds)
+            reply = self._stub.inference(message, timeout=self._options.timeout_seconds)
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -153,10 +148,10 @@ class ServingEngine(EngineBase):
 
     def _call_http(self, payload: str) -> tuple[str, str]:
         assert self._session is not None
-        url = f"{self._url}/{self._options.serving_service_name}/prediction"
+        url = f"{self._url}/{self._options.service_name}/prediction"
         body = json.dumps({"key": ["image"], "value": [payload]})
         try:
-            resp = self._session.post(url, data=body, timeout=self._options.serving_timeout_seconds)
+            resp = self._session.post(url, data=body, timeout=self._options.timeout_seconds)
         except requests.ConnectionError as exc:
             if isinstance(exc, requests.ReadTimeout):
                 raise EngineTimeout("serving backend timed out") from None

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from app.config import Settings
 from app.protocols.errors import BadRequest
 from app.vocabulary import TENANT_NAME, CacheControls
 
@@ -24,8 +24,15 @@ SIMILAR_HEADER = "X-Cache-Similar"
 _SECONDS = re.compile(r"[0-9]{1,10}")
 
 
+if TYPE_CHECKING:
+    from app.config import ControlSettings
+
+
 def parse(
-    headers: Mapping[str, str], settings: Settings, bypass: bool = False, trusted: bool = True
+    headers: Mapping[str, str],
+    settings: ControlSettings,
+    bypass: bool = False,
+    trusted: bool = True,
 ) -> CacheControls:
     """``headers`` is case-insensitive for HTTP; gRPC metadata keys are lower-case.
     Untrusted callers (app/protocols/trust.py): no-cache and X-Cache-TTL are ignored, a
@@ -39,9 +46,9 @@ def parse(
     raw_ttl = get(TTL_HEADER) if trusted else None
     if raw_ttl is not None:
         digits = raw_ttl.strip(" \t")  # HTTP's optional whitespace, nothing else
-        if not _SECONDS.fullmatch(digits) or not 1 <= int(digits) <= settings.cache_ttl_max_seconds:
+        if not _SECONDS.fullmatch(digits) or not 1 <= int(digits) <= settings.ttl_max_seconds:
             raise BadRequest(
-                f"{TTL_HEADER} must be whole seconds in 1..{settings.cache_ttl_max_seconds}",
+                f"{TTL_HEADER} must be whole seconds in 1..{settings.ttl_max_seconds}",
                 "invalid_ttl",
             )
         ttl = int(digits)
@@ -49,17 +56,17 @@ def parse(
     if similar not in ("on", "off"):
         raise BadRequest(f"{SIMILAR_HEADER} must be on or off", "invalid_similar")
     namespace = ""
-    if settings.cache_tenant_header:
-        tenant = get(settings.cache_tenant_header)
+    if settings.tenant_header:
+        tenant = get(settings.tenant_header)
         if tenant is not None:
             if not trusted:
                 raise BadRequest(
-                    f"{settings.cache_tenant_header} is accepted from trusted callers only",
+                    f"{settings.tenant_header} is accepted from trusted callers only",
                     "untrusted_control",
                 )
             if not TENANT_NAME.fullmatch(tenant):
                 raise BadRequest(
-                    f"{settings.cache_tenant_header} must be 1-64 of [A-Za-z0-9_-]",
+                    f"{settings.tenant_header} must be 1-64 of [A-Za-z0-9_-]",
                     "invalid_tenant",
                 )
             namespace = tenant

@@ -9,6 +9,7 @@ from typing import TypeVar
 from app.vocabulary import ClientError
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 class BadRequest(ClientError):
@@ -24,7 +25,7 @@ def error_envelope(code: str, message: str) -> dict[str, dict[str, str]]:
     return {"error": {"code": code, "message": message}}
 
 
-def lookup(table: Mapping[type[BaseException], T], exc: BaseException) -> T | None:
+def lookup(table: Mapping[type[E], T], exc: BaseException) -> T | None:
     """A protocol's answer to ``exc`` from its error table (exception class -> answer): the
     entry of the nearest class in ``exc``'s MRO, so a subclass may have its own row (PaddleX's
     ``ImageTooLarge`` before ``InvalidImage``) and otherwise answers as its parent."""

@@ -5,11 +5,10 @@ the images the cache sees, and the ``ocrResults``/``dataInfo`` of the answer, on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from app.config import Settings
 from app.imaging import InvalidImage, decode_image
 from app.pdf import render_pages, renderer
 from app.protocols import fetch, paddlex_images
@@ -18,9 +17,13 @@ from app.protocols.errors import BadRequest
 from app.protocols.paddlex import InferRequest, pruned_result, shown_lines
 from app.vocabulary import OcrResult, Outcome
 
+if TYPE_CHECKING:
+    from app.config import ProtocolSettings
 
-def load(req: InferRequest, settings: Settings) -> tuple[bytes, bool]:
-    """The file a PaddleX request names (fetched or decoded), and whether it is a PDF."""
+
+def load(req: InferRequest, settings: ProtocolSettings, max_bytes: int) -> tuple[bytes, bool]:
+    """The file a PaddleX request names (fetched, at most ``max_bytes``, or decoded), and
+    whether it is a PDF."""
     file_type = req.file_type
     if fetch.is_url(req.file):
         if file_type is None:
@@ -29,7 +32,7 @@ def load(req: InferRequest, settings: Settings) -> tuple[bytes, bool]:
         data = fetch.fetch(
             req.file,
             settings.url_hosts(),
-            settings.max_request_bytes,
+            max_bytes,
             settings.url_input_timeout_seconds,
         )
     else:
@@ -42,14 +45,12 @@ def load(req: InferRequest, settings: Settings) -> tuple[bytes, bool]:
     return data, file_type == 0
 
 
-def render(data: bytes, settings: Settings) -> list[bytes]:
+def render(data: bytes, settings: ProtocolSettings, max_pixels: int) -> list[bytes]:
     """A PDF's pages as the images the cache sees."""
-    return render_pages(
-        data, settings.pdf_max_pages, settings.pdf_render_scale, settings.max_image_pixels
-    )
+    return render_pages(data, settings.pdf_max_pages, settings.pdf_render_scale, max_pixels)
 
 
-def document_spec(settings: Settings) -> str:
+def document_spec(settings: ProtocolSettings) -> str:
     """What a PDF's page images depend on besides its bytes (the document tier's key)."""
     return f"{renderer()}-x{settings.pdf_render_scale:g}-p{settings.pdf_max_pages}"
 

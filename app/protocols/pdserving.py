@@ -53,5 +53,5 @@ def parse_result_string(text: str, key: str) -> list[OcrLine]:
         if not isinstance(text, str) or len(points) != 4:
             raise ValueError("malformed result line")
         # float32 digits (as printed) back to the float32 value an in-process engine gives
-        lines.append(OcrLine(text, float(np.float32(score)), points))  # type: ignore[arg-type]
+        lines.append(OcrLine(text, float(np.float32(score)), points))
     return lines

@@ -61,7 +61,7 @@ CALL_ERRORS: dict[type[Exception], tuple[int, str]] = {
     EngineTimeout: (TIMEOUT, "process"),
     EngineError: (UNKNOWN_ERROR, "process"),
 }
-_CALL_FAILURES = (PipelineError, *CALL_ERRORS)
+_CALL_FAILURES: tuple[type[Exception], ...] = (PipelineError, *CALL_ERRORS)
 
 
 class Lookup(Protocol):

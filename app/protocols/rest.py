@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pybase64
-from flask import Request
+from werkzeug.wrappers import Request
 
 from app.engines.tasks import EXTRACTION, task_params
 from app.protocols.b64 import decode_base64

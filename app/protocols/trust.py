@@ -15,18 +15,20 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from app.config import Settings
+if TYPE_CHECKING:
+    from app.config import ControlSettings
 
 TOKEN_HEADER = "X-Cache-Control-Token"
 
 
-def is_trusted(address: str, headers: Mapping[str, str], settings: Settings) -> bool:
-    if not settings.trusted_networks and not settings.cache_control_token:
+def is_trusted(address: str, headers: Mapping[str, str], settings: ControlSettings) -> bool:
+    if not settings.trusted_networks and not settings.token:
         return True
-    if settings.cache_control_token:
+    if settings.token:
         given = headers.get(TOKEN_HEADER) or headers.get(TOKEN_HEADER.lower()) or ""
-        if hmac.compare_digest(given.encode(), settings.cache_control_token.encode()):
+        if hmac.compare_digest(given.encode(), settings.token.encode()):
             return True
     try:
         ip = ipaddress.ip_address(address)
@@ -35,8 +37,8 @@ def is_trusted(address: str, headers: Mapping[str, str], settings: Settings) -> 
     return any(ip in network for network in settings.trusted_networks)
 
 
-def shows_cache_status(trusted: bool, settings: Settings) -> bool:
-    return trusted or settings.cache_status_visible == "all"
+def shows_cache_status(trusted: bool, settings: ControlSettings) -> bool:
+    return trusted or settings.status_visible == "all"
 
 
 def http_client_address(environ: Mapping[str, object]) -> str:

@@ -8,13 +8,14 @@ import functools
 import re
 import secrets
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from werkzeug.wrappers import Request
 
 from app import metrics
-from app.cache import near_dup
+from app.cache import similarity
 from app.config import Settings
 from app.protocols import controls as cache_controls
 from app.protocols import trust
@@ -22,7 +23,7 @@ from app.vocabulary import CacheControls, EngineBusy
 
 JSON = "application/json"
 TIER_HEADER = "X-Cache-Tier"
-DETAIL_HEADERS = (near_dup.SOURCE_HEADER, near_dup.FIGURES_HEADER)  # "similar" hits
+DETAIL_HEADERS = (similarity.SOURCE_HEADER, similarity.FIGURES_HEADER)  # "similar" hits
 HIDDEN = ("X-Cache", TIER_HEADER, *DETAIL_HEADERS)  # from untrusted callers, with this setting
 REQUEST_ID = "X-Request-Id"
 # The cache status for the edge's access log (nginx drops it before the client sees it).
@@ -49,7 +50,7 @@ class Call:
         given = environ.get("HTTP_X_REQUEST_ID", "")
         request_id = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
         address = trust.http_client_address(environ)
-        trusted = trust.is_trusted(address, _EnvironHeaders(environ), settings)
+        trusted = trust.is_trusted(address, _EnvironHeaders(environ), settings.controls)
         return cls(request, settings, time.perf_counter(), request_id, trusted)
 
     @property
@@ -62,7 +63,7 @@ class Call:
         return _EnvironHeaders(self.request.environ)
 
 
-class _EnvironHeaders:
+class _EnvironHeaders(Mapping[str, str]):
     """Request headers read straight from the WSGI environ (``Cache-Control`` is
     ``HTTP_CACHE_CONTROL``): cheaper than building werkzeug's view for a few lookups."""
 
@@ -71,12 +72,26 @@ class _EnvironHeaders:
     def __init__(self, environ: dict[str, Any]) -> None:
         self._environ = environ
 
-    def get(self, name: str, default: str | None = None) -> str | None:
+    @staticmethod
+    def _key(name: str) -> str:
         key = name.upper().replace("-", "_")
-        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            key = f"HTTP_{key}"
-        value = self._environ.get(key)
+        return key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self._environ.get(self._key(name))
         return default if value is None else value
+
+    def __getitem__(self, name: str) -> str:
+        value = self._environ.get(self._key(name))
+        if value is None:
+            raise KeyError(name)
+        return str(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key[5:].replace("_", "-") for key in self._environ if key.startswith("HTTP_"))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @dataclass
@@ -90,7 +105,7 @@ class Answer:
 
 def controls(call: Call) -> CacheControls:
     """The request's cache controls (headers; trust decided in ``Call.begin``)."""
-    return cache_controls.parse(call.headers, call.settings, trusted=call.trusted)
+    return cache_controls.parse(call.headers, call.settings.controls, trusted=call.trusted)
 
 
 def observe(call: Call, protocol: str, status: int, cache_status: str) -> None:
@@ -139,7 +154,7 @@ def finish_headers(call: Call, headers: list[tuple[str, str]]) -> list[tuple[str
                 tier = value
         if status:
             headers.append((EDGE_CACHE, f"{status} {tier}".rstrip()))
-    if not trust.shows_cache_status(call.trusted, call.settings):
+    if not trust.shows_cache_status(call.trusted, call.settings.controls):
         headers = [(name, value) for name, value in headers if name not in HIDDEN]
     headers.append((REQUEST_ID, call.request_id))
     return headers

@@ -92,7 +92,7 @@ class _Request(Request):
             and self.mimetype != "multipart/form-data"
         ):
             self._cached_data = self.environ["wsgi.input"].read(length)
-        return super().get_data(cache, as_text, parse_form_data)  # type: ignore[call-overload,no-any-return]
+        return super().get_data(cache, as_text, parse_form_data)  # type: ignore[call-overload]
 
 
 class Endpoints:
@@ -105,8 +105,11 @@ class Endpoints:
         self._service = service
         self._next = next_app
         self._settings = service.settings
+        self._limit = service.settings.server.max_request_bytes
         self._exact = {"/v1/ocr": REST, "/ocr": PADDLEX}
-        self._flask_prefixes = frozenset(flask_prefixes - {service.settings.pipeline_service_name})
+        self._flask_prefixes = frozenset(
+            flask_prefixes - {service.settings.protocols.pipeline_service_name}
+        )
 
     def match(self, path: str) -> Endpoint | None:
         endpoint = self._exact.get(path)
@@ -122,16 +125,12 @@ class Endpoints:
         if endpoint is None:
             return self._next(environ, start_response)
         request = _Request(environ)
-        request.max_content_length = self._settings.max_request_bytes
+        request.max_content_length = self._limit
         call = Call.begin(request, self._settings)
         answer = self._answer(endpoint, call)
         length = call.request.content_length
-        if (
-            answer.status >= 400
-            and length is not None
-            and length <= self._settings.max_request_bytes
-        ):
-            _drain(environ)
+        if answer.status >= 400 and length is not None and length <= self._limit:
+            _drain(request)
         headers = common.finish_headers(call, answer.headers)
         headers.append(("Content-Length", str(len(answer.body))))
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
@@ -155,12 +154,12 @@ class Endpoints:
         """A chunked body (no Content-Length, so not refused up front) that reaches the
         limit is refused too (multipart parsing raises by itself)."""
         if request.content_length is None and request.mimetype != "multipart/form-data":
-            if len(request.get_data(cache=True)) >= self._settings.max_request_bytes:
+            if len(request.get_data(cache=True)) >= self._limit:
                 raise RequestEntityTooLarge()
 
     def _http_error(self, endpoint: Endpoint, exc: HTTPException, length: int | None) -> Answer:
         status = exc.code or 500
-        limit = self._settings.max_request_bytes
+        limit = self._limit
         if isinstance(exc, RequestEntityTooLarge):
             code, message = "too_large", f"request body over {limit} bytes"
             if length is not None and length <= limit:  # the body fits: one of its form fields
@@ -184,13 +183,16 @@ class Endpoints:
         return Answer(500, body, [("Content-Type", JSON)])
 
 
-def _drain(environ: dict[str, Any]) -> None:
+def _drain(request: Request) -> None:
     """Read what is left of a body within the limit before answering an error: a server
     that answers and closes with the body unread makes the proxy in front fail its write
-    (nginx: 502)."""
-    stream = environ.get("wsgi.input")
+    (nginx: 502). Through werkzeug's stream, which ends with the body (never a read that
+    waits for the client's next request)."""
+    if getattr(request, "_cached_data", None) is not None:
+        return  # read whole already
     try:
-        while stream is not None and stream.read(1 << 16):
+        stream = request.stream
+        while stream.read(1 << 16):
             pass
-    except (OSError, ValueError):
+    except (OSError, ValueError, HTTPException):
         pass

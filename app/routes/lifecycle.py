@@ -28,7 +28,9 @@ def register(app: Flask, settings: Settings) -> None:
         g.call = common.Call.begin(request, settings)
         # With the cache status hidden, the hit counters must be too: comparing them before
         # and after one's own request would tell whether an image was seen before.
-        if request.path in COUNTER_PATHS and not trust.shows_cache_status(g.call.trusted, settings):
+        if request.path in COUNTER_PATHS and not trust.shows_cache_status(
+            g.call.trusted, settings.controls
+        ):
             message = "metrics are for trusted callers (CACHE_STATUS_VISIBLE=trusted)"
             return Response(rest.error_body("forbidden", message), status=403, mimetype=common.JSON)
         return None

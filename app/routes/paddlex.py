@@ -24,27 +24,30 @@ PATHS = ("/ocr", "/health")  # its paths: werkzeug's own errors there answer in 
 
 def handle(service: OcrService, call: Call) -> Answer:
     settings = service.settings
+    max_pixels = settings.server.max_image_pixels
     log_id = paddlex.new_log_id()
     try:
         req = paddlex.parse(
-            call.request.get_data(), service.default_params, settings.paddlex_rec_score_thresh
+            call.request.get_data(),
+            service.default_params,
+            settings.protocols.paddlex_rec_score_thresh,
         )
         log_id = req.log_id
-        data, is_pdf = paddlex_files.load(req, settings)
-        visualize = settings.paddlex_visualize if req.visualize is None else req.visualize
+        data, is_pdf = paddlex_files.load(
+            req, settings.protocols, settings.server.max_request_bytes
+        )
+        visualize = settings.protocols.paddlex_visualize if req.visualize is None else req.visualize
         controls = common.controls(call)
         pages: list[bytes] | None = [data]
         if is_pdf:
             pages, outcomes = service.cache.get_or_compute_document(
-                data, paddlex_files.document_spec(settings),
-                lambda: paddlex_files.render(data, settings),
+                data, paddlex_files.document_spec(settings.protocols),
+                lambda: paddlex_files.render(data, settings.protocols, max_pixels),
                 req.params, controls, need_pages=visualize,
             )  # fmt: skip
         else:
             outcomes = service.cache.get_or_compute_many([data], req.params, controls)
-        result = paddlex_files.result(
-            req, pages, outcomes, is_pdf, visualize, settings.max_image_pixels
-        )
+        result = paddlex_files.result(req, pages, outcomes, is_pdf, visualize, max_pixels)
     except paddlex.CAUGHT as exc:
         status, message = lookup(paddlex.ERRORS, exc) or (500, None)
         if message is not None:

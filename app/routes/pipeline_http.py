@@ -19,7 +19,7 @@ log = logging.getLogger("app.web")  # the name its log lines have always carried
 def handle(service: OcrService, call: Call) -> Answer:
     settings = service.settings
     _, name, method = call.request.path.split("/", 2)
-    if name != settings.pipeline_service_name:
+    if name != settings.protocols.pipeline_service_name:
         answer = pipeline.service_name_error()
     else:
         try:
@@ -35,7 +35,7 @@ def handle(service: OcrService, call: Call) -> Answer:
             try:
                 answer = pipeline.answer(
                     service.cache, req, service.min_score,
-                    settings.max_images_per_request, cache_controls,
+                    settings.protocols.max_images_per_request, cache_controls,
                 )  # fmt: skip
             except EngineBusy as exc:
                 common.observe(call, "pipeline_http", 503, "none")

@@ -15,9 +15,9 @@ def handle(service: OcrService, call: Call) -> Answer:
     try:
         req = rest.parse(call.request, service.min_score)
         params = req.params(
-            service.default_params, service.default_task, settings.hunyuan_target_language
+            service.default_params, service.default_task, settings.hunyuan.target_language
         )
-        outcome = service.extractions.get_or_compute(req.data, params, common.controls(call))
+        outcome = service.cache.get_or_compute(req.data, params, common.controls(call))
     except rest.CAUGHT as exc:
         status = lookup(rest.ERRORS, exc) or 500
         common.observe(call, "rest", status, "none")
@@ -28,7 +28,7 @@ def handle(service: OcrService, call: Call) -> Answer:
         service.engine_description,
         req.min_score,
         params.task,
-        show_cache=trust.shows_cache_status(call.trusted, settings),
+        show_cache=trust.shows_cache_status(call.trusted, settings.controls),
     )
     headers = [("Content-Type", JSON), *common.cache_headers(outcome.status.value, outcome.tier)]
     return Answer(200, body, [*headers, *outcome.details])

@@ -1,0 +1,156 @@
+"""The one place the cache is put together from its settings: the tier chain in its fixed
+order, the miss path, the engine side and the global queue.
+
+The chain's order (docs/ARCHITECTURE.md, "The tier chain"), each tier present only when it
+can work:
+
+1. ``extraction`` subsets (extraction requests, with Redis): answered before the exact tiers,
+   as it always was (one SMEMBERS per extraction request);
+2. ``l1``, this process's LRU;
+3. ``l2``, Redis, shared by every process (one MGET for all the images of a request);
+4. ``l3``, object storage (``CACHE_L3_URL``, with Redis);
+5. ``pixel``, the same decoded pixels under other bytes (engines that read pixels, Redis);
+6. ``similar``, a verified near-duplicate (``CACHE_SIMILAR=on``, Redis).
+
+Adding a tier: one module with a ``tier.Tier`` and one line below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from app.cache import verify
+from app.cache.codec import Codec
+from app.cache.compute import Computer, Ttl
+from app.cache.documents import Documents
+from app.cache.engine_runner import EngineRunner
+from app.cache.extraction_index import ExtractionTier
+from app.cache.feeders import BLOCK_MS, Feeders
+from app.cache.jobs import JobQueue
+from app.cache.keys import KeySpace
+from app.cache.l1 import L1Cache, L1Tier
+from app.cache.l2 import L2Tier
+from app.cache.l3 import ColdTier, L3Tier
+from app.cache.misses import MissPath
+from app.cache.notify import Notifier
+from app.cache.pixel_index import PixelIndex, PixelTier
+from app.cache.region import Decoder, OcrCache
+from app.cache.similarity import SimilarityIndex, SimilarTier
+from app.cache.store import NullStore, RedisStore, Store
+from app.cache.tier import Chain, Tier
+from app.engines.base import Engine
+
+if TYPE_CHECKING:
+    from app.config import (
+        CacheSettings,
+        DispatchSettings,
+        EngineSettings,
+        L3Settings,
+        Settings,
+        SimilarSettings,
+    )
+
+
+def for_settings(
+    settings: Settings,
+    engine: Engine,
+    store: Store | None,
+    decode: Decoder,
+    wait_for_engine: Callable[[], None] = lambda: None,
+    on_engine_outcome: Callable[[bool], None] = lambda ok: None,
+) -> OcrCache:
+    """``build`` with each section taken from the service's ``Settings`` (the wiring's way in,
+    and the benchmarks' and tests')."""
+    return build(
+        cache=settings.cache,
+        engine_settings=settings.engine,
+        dispatch=settings.dispatch,
+        similar=settings.similar,
+        l3=settings.l3,
+        engine=engine,
+        store=store,
+        decode=decode,
+        callers=settings.engine_callers(),
+        queue_size=settings.engine.queue_max or settings.server.web_threads,
+        wait_for_engine=wait_for_engine,
+        on_engine_outcome=on_engine_outcome,
+    )
+
+
+def build(
+    *,
+    cache: CacheSettings,
+    engine_settings: EngineSettings,
+    dispatch: DispatchSettings,
+    similar: SimilarSettings,
+    l3: L3Settings,
+    engine: Engine,
+    store: Store | None,
+    decode: Decoder,
+    callers: int,
+    queue_size: int,
+    wait_for_engine: Callable[[], None] = lambda: None,
+    on_engine_outcome: Callable[[bool], None] = lambda ok: None,
+) -> OcrCache:
+    """``callers``: threads of a worker that may call the engine at once (HTTP and gRPC):
+    a remote engine serves them concurrently, an in-process one says how many it takes;
+    ``queue_size``: engine calls that may wait here to start (``ENGINE_QUEUE_MAX``)."""
+    store = store if store is not None and cache.enabled else NullStore()
+    keys = KeySpace(cache.key_prefix, engine.fingerprint)
+    codec = Codec(cache.encryption_keys)
+    l1 = L1Cache(cache.l1_bytes if cache.enabled else 0, cache.l1_max_age_seconds)
+    redis = store if isinstance(store, RedisStore) else None
+    cold = ColdTier(l3, codec, callers) if l3.url and redis else None
+
+    l1_tier, l2_tier = L1Tier(l1, keys), L2Tier(store, keys, codec)
+    tiers: list[Tier | None] = [
+        ExtractionTier(redis, keys, (l1_tier, l2_tier), cache.ttl_seconds) if redis else None,
+        l1_tier,
+        l2_tier,
+        L3Tier(cold, keys, codec, cache.ttl_seconds) if cold else None,
+        PixelTier(PixelIndex(redis, keys, codec))
+        if redis and getattr(engine, "reads_decoded_pixels", False)
+        else None,
+        SimilarTier(SimilarityIndex(redis, keys, codec, _thresholds(similar), similar.max_distance))
+        if redis and similar.enabled
+        else None,
+    ]
+    chain = Chain([tier for tier in tiers if tier is not None])
+
+    slots = getattr(engine, "max_concurrency", None) or callers
+    runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds)
+    computer = Computer(
+        engine, runner, chain, keys, Ttl(cache.ttl_seconds, cache.ttl_jitter), decode,
+        wait_for_engine, on_engine_outcome,
+    )  # fmt: skip
+    queue, feeders = None, None
+    if redis is not None:
+        notifier = Notifier(redis, keys, on_purge=l1.clear)
+        queue = JobQueue(
+            redis, keys, notifier,
+            per_engine_max=dispatch.queue_max or queue_size,
+            live_ms=max(dispatch.claim_ms, 3 * BLOCK_MS),
+            poll_seconds=0.5,
+            mean_seconds=lambda: runner.mean_seconds,
+            writer=codec.writer,
+        )  # fmt: skip
+        feeders = Feeders(
+            redis, keys, queue, slots=slots, claim_ms=dispatch.claim_ms,
+            max_deliveries=dispatch.max_deliveries, batch_max=engine_settings.batch_max,
+        )  # fmt: skip
+        feeders.start(wait_for_engine, lambda jobs: computer.serve(feeders, jobs),
+                      healthy=lambda: not computer.failing)  # fmt: skip
+    misses = MissPath(
+        computer, queue, store, keys, codec, engine_settings.timeout_seconds,
+        keep=lambda probe, result, ttl: chain.write_back(probe, result, ttl, "l2"),
+    )  # fmt: skip
+    return OcrCache(
+        engine=engine, store=store, keys=keys, chain=chain, misses=misses, computer=computer,
+        documents=Documents(store, keys, codec), decode=decode, l1=l1, l3=cold,
+        feeders=feeders,
+    )  # fmt: skip
+
+
+def _thresholds(similar: SimilarSettings) -> verify.Thresholds:
+    return verify.Thresholds(similar.max_aspect, similar.max_block, similar.max_line)

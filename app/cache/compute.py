@@ -1,0 +1,212 @@
+"""The engine side of a miss: an engine call in this process (bounded, timed, counted) and
+the result stored in every tier; and the jobs this process's feeders took from the global
+queue, computed and stored the same way, their requesters told (``feeders.Feeders``).
+
+Only the engine's own errors mark it failing (readiness, the feeders' pause): a request that
+stopped waiting (``EngineTimeout``) or a full queue (``EngineBusy``) is load, not a broken
+engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from app import metrics
+from app.cache.engine_runner import EngineRunner
+from app.cache.feeders import Feeders
+from app.cache.jobs import Job
+from app.cache.keys import KeySpace, digest_image
+from app.cache.tier import Chain, Probe
+from app.engines.base import Engine, OcrRequest
+from app.imaging import DecodedImage
+from app.vocabulary import (
+    TENANT_NAME,
+    CacheControls,
+    ClientError,
+    EngineBusy,
+    EngineError,
+    EngineTimeout,
+    OcrParams,
+    OcrResult,
+)
+
+log = logging.getLogger("app.cache.region")  # the name its log lines have always carried
+
+
+class Ttl:
+    """``CACHE_TTL_SECONDS``, shortened by up to ``CACHE_TTL_JITTER`` at random (entries
+    written together do not expire together)."""
+
+    def __init__(self, seconds: int, jitter: float) -> None:
+        self.seconds = seconds
+        self._jitter = int(seconds * jitter)
+
+    def __call__(self) -> int:
+        if not self._jitter:
+            return self.seconds
+        return max(1, self.seconds - random.randint(0, self._jitter))
+
+
+class Computer:
+    def __init__(
+        self,
+        engine: Engine,
+        runner: EngineRunner,
+        chain: Chain,
+        keys: KeySpace,
+        ttl: Ttl,
+        decode: Callable[[bytes], DecodedImage],
+        wait_for_engine: Callable[[], None] = lambda: None,
+        on_engine_outcome: Callable[[bool], None] = lambda ok: None,
+    ) -> None:
+        self._engine = engine
+        self.runner = runner
+        self._chain = chain
+        self._keys = keys
+        self.ttl = ttl
+        self._decode = decode
+        self._wait_for_engine = wait_for_engine
+        self._on_engine_outcome = on_engine_outcome
+        self.failing = False  # the engine's last call failed (the feeders slow down)
+
+    def _outcome(self, ok: bool) -> None:
+        self.failing = not ok
+        self._on_engine_outcome(ok)
+
+    def compute(self, probe: Probe, timeout: float | None = None) -> OcrResult:
+        """One engine call here, for ``probe`` (its image decoded first)."""
+        self._wait_for_engine()
+        kind, spent = self._engine.kind, list[float]()
+        request = OcrRequest(probe.data, probe.image, probe.params)
+        try:
+            result = self.runner.run(
+                self._engine.recognize, request, timeout=timeout, elapsed=spent
+            )
+        except EngineBusy:
+            metrics.ENGINE_CALLS.labels(engine=kind, outcome="busy").inc()
+            raise  # load, not an engine failure: readiness is unchanged
+        except EngineTimeout:
+            metrics.ENGINE_CALLS.labels(engine=kind, outcome="timeout").inc()
+            raise  # the request stopped waiting: not the engine's failure
+        except EngineError:
+            metrics.ENGINE_CALLS.labels(engine=kind, outcome="error").inc()
+            self._outcome(False)
+            raise
+        self._outcome(True)
+        metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
+        # The engine's own time (a call that waited in the worker queue is not slower).
+        metrics.ENGINE_SECONDS.labels(engine=kind).observe(sum(spent))
+        return result
+
+    def compute_and_store(self, probe: Probe) -> OcrResult:
+        result = self.compute(probe)
+        self._chain.record(probe, result, probe.controls.ttl or self.ttl())
+        return result
+
+    def _many(self, probes: list[Probe], timeout: float) -> list[OcrResult | Exception]:
+        """Probes with one set of parameters: one engine call where the engine takes a list
+        (``recognize_many``); a failed batch is retried image by image, so one bad image
+        fails only itself."""
+        many = getattr(self._engine, "recognize_many", None)
+        if len(probes) > 1 and many is not None:
+            self._wait_for_engine()
+            spent: list[float] = []
+            requests = [OcrRequest(p.data, p.image, p.params) for p in probes]
+            try:
+                results = self.runner.run(many, requests, timeout=timeout, elapsed=spent)
+            except EngineError:
+                pass
+            else:
+                self._outcome(True)
+                kind, share = self._engine.kind, sum(spent) / len(probes)
+                for _ in results:
+                    metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
+                    metrics.ENGINE_SECONDS.labels(engine=kind).observe(share)
+                return list(results)
+        answers: list[OcrResult | Exception] = []
+        for probe in probes:
+            try:
+                answers.append(self.compute(probe, timeout))
+            except EngineError as exc:
+                answers.append(exc)
+        return answers
+
+    # The jobs of the global queue (``Feeders``' ``serve``) --------------------------------
+
+    def serve(self, feeders: Feeders, jobs: Sequence[Job]) -> None:
+        """Compute jobs, store each result in every tier and tell its requesters; a failed
+        job gets an error marker instead (never an entry)."""
+        groups: dict[OcrParams, list[tuple[Job, Probe]]] = {}
+        for job in jobs:
+            if not self._is_genuine(job):
+                # Only a writer to Redis could queue this (a key that is not the one its image,
+                # params and tenant name): refused, so no entry can be stored under it.
+                log.warning("dispatch: job %s does not match its key; refused", job.id)
+                feeders.fail(job, "error:a queued job that does not match its key")
+                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+                continue
+            probe = self._probe(job)
+            try:
+                probe.image  # noqa: B018 - decoded now: a bad image fails only its job
+            except ClientError as exc:  # cannot happen for a job its requester decoded
+                feeders.fail(job, f"error:{exc}")
+                continue
+            groups.setdefault(job.params, []).append((job, probe))
+        for members in groups.values():
+            answered: set[str] = set()
+            try:
+                # The requester's deadline bounds the call, not this process's own timeout.
+                left = min(job.deadline for job, _ in members) - time.time()
+                answers = self._many([probe for _, probe in members], left)
+                for (job, probe), answer in zip(members, answers, strict=True):
+                    self._answer(feeders, job, probe, answer)
+                    answered.add(job.id)
+            except Exception as exc:  # a bug: the requesters hear of it now, not at their timeout
+                log.exception("dispatch: serving %d jobs failed", len(members))
+                self.failing = True  # this process's feeders slow down (readiness unchanged)
+                for job, _ in members:
+                    if job.id not in answered:
+                        feeders.fail(job, f"bug:{exc.__class__.__name__}")
+                        metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+
+    def _is_genuine(self, job: Job) -> bool:
+        """A job's key is what its own bytes, params and tenant make (and its SHA-256 theirs)."""
+        if job.namespace and not TENANT_NAME.fullmatch(job.namespace):
+            return False
+        try:
+            self._engine.check_params(job.params)
+        except ClientError:
+            return False
+        digest = digest_image(job.data)
+        return digest.sha256 == job.sha256 and job.key == self._keys.entry(
+            digest, self._keys.task(job.params), job.namespace
+        )
+
+    def _probe(self, job: Job) -> Probe:
+        """A queued job as the front door that queued it saw it (to store its result)."""
+        controls = CacheControls(namespace=job.namespace, ttl=None if job.archive else job.ttl)
+        return Probe(
+            job.data, job.params, digest_image(job.data), self._keys.task(job.params),
+            controls, key=job.key, decode=self._decode,
+        )  # fmt: skip
+
+    def _answer(
+        self, feeders: Feeders, job: Job, probe: Probe, answer: OcrResult | Exception
+    ) -> None:
+        if isinstance(answer, EngineBusy):
+            feeders.fail(job, f"busy:{answer.retry_after}:{answer}")
+        elif isinstance(answer, EngineTimeout):
+            feeders.fail(job, f"timeout:{answer}")
+        elif isinstance(answer, Exception):
+            feeders.fail(job, f"error:{answer}")
+        else:
+            metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
+            if self._chain.record(probe, answer, job.ttl):
+                feeders.succeeded(job)
+            else:  # the requesters compute for themselves rather than wait in vain
+                feeders.fail(job, "lost")
+            return
+        metrics.DISPATCH_JOBS.labels(outcome="failed").inc()

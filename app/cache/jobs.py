@@ -1,0 +1,279 @@
+"""The global miss queue, the requester's side: one Redis stream per engine fingerprint (and
+sealing key) that every free engine of every worker and replica pulls from
+(``feeders.py``), so no engine idles while a miss waits anywhere.
+
+Submitting is idempotent per key: a job already queued or running for the same entry key (a
+marker beside the stream names it) makes the caller a waiter on it, so one image is computed
+once across processes and replicas, without a lease. A waiter blocks on the entry's done
+notification (``notify.py``) and checks on its job between notifications: an entry that
+appears is its answer; an error marker is its error; a job that vanished (finished without an
+entry, dropped, or taken by the LRU with the stream or its marker) is submitted again. Every
+key here may be evicted under ``allkeys-lru``: that costs a resubmission or one local engine
+call, never a wait to the deadline.
+
+- **Bounded**: a new job is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX`` jobs per
+  live engine are already waiting; live engines are the feeders that reported lately.
+- **Deadlines**: a waiter stops at its own (``OCR_TIMEOUT_SECONDS``); the job's creator then
+  deletes it if no engine has started it.
+- **Redis down**, or no live engine: the caller computes with its own engine (``None``).
+
+Jobs carry the image bytes, the parameters, the tenant namespace, the entry key, the SHA-256,
+the TTL and a wall-clock deadline; fields are plain strings and JSON (nothing is unpickled).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from app import metrics
+from app.cache.keys import KeySpace
+from app.cache.notify import Notifier
+from app.cache.store import RedisStore
+from app.vocabulary import (
+    EngineBusy,
+    EngineError,
+    EngineTimeout,
+    OcrCacheError,
+    OcrParams,
+    OcrResult,
+)
+
+GROUP = "engines"
+ERROR_TTL_S = 60  # an error marker outlives any waiter that could still read it
+
+# Join the job queued or running for this key, else add one (bounded): {id, waiting, engines};
+# waiting -1: joined; id "" when full, "none" without a live engine.
+_SUBMIT = """
+local current = redis.call('GET', KEYS[3])
+if current and #redis.call('XRANGE', KEYS[1], current, current) > 0 then
+  return {current, -1, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+local engines = redis.call('ZCARD', KEYS[2])
+local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
+if not ok then
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+  pending = {0}
+end
+local waiting = redis.call('XLEN', KEYS[1]) - pending[1]
+if engines == 0 then return {'none', waiting, engines} end
+if waiting >= tonumber(ARGV[2]) * engines then return {'', waiting, engines} end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
+return {id, waiting + 1, engines}
+"""
+# Is the job still queued or running (its marker names it, its entry is in the stream)?
+_ALIVE = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+return #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+"""
+# Delete a job no consumer has read yet (1), else leave it (0): it runs or has run.
+_CANCEL = """
+local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if ok and #p > 0 then return 0 end
+if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
+return redis.call('XDEL', KEYS[1], ARGV[2])
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What an engine anywhere needs to compute one miss and store it under its key."""
+
+    key: str
+    sha256: str
+    params: OcrParams
+    namespace: str
+    ttl: int
+    deadline: float  # wall clock (time.time()): hosts' clocks are assumed roughly in sync
+    data: bytes = field(repr=False)
+    archive: bool = True  # may go to the cold tier (not when the caller chose its own TTL)
+    id: str = ""
+    deliveries: int = 1
+
+    def fields(self) -> list[str | bytes]:
+        params = json.dumps(asdict(self.params), separators=(",", ":"))
+        return ["key", self.key, "sha256", self.sha256, "params", params,
+                "ns", self.namespace, "ttl", str(self.ttl), "deadline", repr(self.deadline),
+                "data", self.data, "archive", "1" if self.archive else "0"]  # fmt: skip
+
+    @classmethod
+    def from_fields(cls, job_id: str, raw: dict[bytes, bytes], deliveries: int = 1) -> Job:
+        text = {k.decode(): v for k, v in raw.items()}
+        params = json.loads(text["params"])
+        params["task_args"] = tuple(tuple(pair) for pair in params.get("task_args", ()))
+        return cls(
+            key=text["key"].decode(), sha256=text["sha256"].decode(),
+            params=OcrParams(**params), namespace=text["ns"].decode(), ttl=int(text["ttl"]),
+            deadline=float(text["deadline"]), data=text["data"], id=job_id,
+            archive=text.get("archive", b"1") == b"1", deliveries=deliveries,
+        )  # fmt: skip
+
+
+class JobFailed(EngineError):
+    """A consumer's engine failed on this job (raised in the requester)."""
+
+
+class EngineCrashed(OcrCacheError):
+    """A consumer's engine call ended in an unexpected exception (a bug, not an engine
+    failure): the requester answers it as the last resort does (500, logged, counted)."""
+
+
+def failure(marker: str) -> OcrCacheError:
+    """The requester's exception for a consumer's marker ``kind:detail``."""
+    kind, _, detail = marker.partition(":")
+    if kind == "bug":
+        return EngineCrashed(f"unexpected error in the engine: {detail}")
+    if kind == "timeout":
+        return EngineTimeout(detail or "OCR timed out")
+    if kind == "busy":
+        seconds, _, message = detail.partition(":")
+        return EngineBusy(message or "the engine queue is full", max(1, int(seconds or 1)))
+    return JobFailed(detail or "the engine failed")
+
+
+Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
+
+
+class JobQueue:
+    """One per front door (per process): submits its misses and waits for their entries."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        keys: KeySpace,
+        notifier: Notifier,
+        *,
+        per_engine_max: int,
+        live_ms: int,
+        poll_seconds: float,
+        mean_seconds: Callable[[], float],
+        writer: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._notifier = notifier
+        self.stream, self.engines = keys.dispatch(writer)
+        self._per_engine_max = per_engine_max
+        self._live_ms = live_ms
+        self._poll_seconds = poll_seconds
+        self._mean_seconds = mean_seconds
+        self._clock = clock
+
+    def marker(self, key: str) -> str:
+        return self._keys.job_marker(self.stream, key)
+
+    def request(self, job: Job, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
+        """(``job``'s result once an engine stored it, whether it joined a job another
+        request had queued); None: compute it here instead (Redis down, no live engine, or
+        the job ended without an entry to read). ``read(job id)`` answers (Redis ok, the
+        entry's result, the job's error marker)."""
+        channel = self._keys.done(job.key)
+        event = self._notifier.register(channel)  # before submitting: no message is missed
+        deadline = self._clock() + timeout
+        try:
+            while True:
+                submitted = self._submit(job, deadline)
+                if submitted is None:
+                    return None, False
+                job_id, created = submitted
+                again, result = self._wait(job, job_id, created, event, read, deadline)
+                if not again:
+                    return result, not created
+        finally:
+            self._notifier.unregister(channel, event)
+
+    def _submit(self, job: Job, deadline: float) -> tuple[str, bool] | None:
+        """(job id, created by us), or None: no queue to use."""
+        marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
+
+        def run(client: Any) -> Any:
+            keys = (self.stream, self.engines, self.marker(job.key))
+            limits = (self._per_engine_max, self._live_ms, marker_ttl)
+            return client.eval(_SUBMIT, 3, *keys, GROUP, *limits, *job.fields())
+
+        ok, answer = self._store.run("dispatch", run)
+        if not ok:
+            return None
+        raw_id, waiting, engines = answer
+        job_id = _text(raw_id)
+        if int(waiting) >= 0:
+            metrics.DISPATCH_QUEUE_DEPTH.set(int(waiting))
+        if job_id == "none":
+            return None  # no engine reported in: this process computes (or waits to load)
+        if not job_id:
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
+            retry = max(1, math.ceil(self._mean_seconds() * int(waiting) / max(1, int(engines))))
+            raise EngineBusy(
+                f"the engine queue is full ({waiting} waiting for {engines} engines); retry later",
+                retry,
+            )
+        return job_id, int(waiting) >= 0
+
+    def _wait(
+        self, job: Job, job_id: str, created: bool, event: Any, read: Read, deadline: float
+    ) -> tuple[bool, OcrResult | None]:
+        """(submit again, the result); a result None: compute here."""
+        seen = 0
+        while True:
+            for message in event.messages[seen:]:
+                if message == f"lost:{job_id}":
+                    return False, None
+                if message.startswith(f"error:{job_id}:"):
+                    self._forget(job.key, job_id)
+                    raise failure(message.split(":", 2)[2])
+            finished = f"ok:{job_id}" in event.messages[seen:]
+            seen = len(event.messages)
+            ok, result, error = read(job_id)
+            if result is not None:
+                return False, result
+            if error is not None:
+                self._forget(job.key, job_id)
+                raise failure(error)
+            if not ok:  # Redis stopped answering: this process's own engine
+                self._give_up(job_id, job.key, created)
+                return False, None
+            if finished:  # done, and its entry is already gone (evicted): one call here
+                return False, None
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                self._give_up(job_id, job.key, created)
+                raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({job_id})")
+            if not self._alive(job_id, job.key):
+                return True, None  # dropped, or its marker or stream evicted: resubmit
+            event.wait(min(remaining, self._poll_seconds))
+            event.clear()
+
+    def _forget(self, key: str, job_id: str) -> None:
+        """The error reached a requester: its marker has served (the job's other waiters
+        were told on the done channel), so nothing stays behind."""
+        self._store.run("dispatch", lambda c: c.delete(self._keys.job_error(key, job_id)))
+
+    def _alive(self, job_id: str, key: str) -> bool:
+        ok, alive = self._store.run(
+            "dispatch", lambda c: c.eval(_ALIVE, 2, self.stream, self.marker(key), job_id)
+        )
+        return not ok or bool(alive)  # Redis unsure: the next read tells
+
+    def _give_up(self, job_id: str, key: str, created: bool) -> None:
+        """Stop waiting: a job this caller created is deleted if no engine started it."""
+        if not created:
+            return
+        ok, deleted = self._store.run(
+            "dispatch",
+            lambda c: c.eval(_CANCEL, 2, self.stream, self.marker(key), GROUP, job_id),
+        )
+        if ok and deleted:
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,103 @@
+"""Who computes a miss: the one place that decides.
+
+1. In this process, the threads that miss the same image share one flight
+   (``SingleFlight``): one of them goes on, the others wait for its outcome (COALESCED).
+2. Across processes and replicas, that one submits the miss to the global queue
+   (``jobs.JobQueue``): submitting is idempotent per key, so a miss already queued or
+   running anywhere makes it a waiter on that job; the next free engine of any worker
+   computes it and stores it in every tier (``compute.Computer.serve``).
+3. It computes with its own engine (``Computer.compute_and_store``) when there is no queue
+   to use: caching off or Redis down (the queue answers nothing), no engine reported in yet,
+   a request that recomputes (``no-cache``) or stores nothing (``no-store``: its result has
+   no way back through Redis), or a job that ended without an entry to read.
+
+A waiting request never waits past its deadline (``OCR_TIMEOUT_SECONDS``) and is never
+answered with another input's result: flights are keyed by the entry key, the image's
+SHA-256 and whether it accepts similar answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from app.cache.codec import Codec
+from app.cache.compute import Computer
+from app.cache.jobs import Job, JobQueue
+from app.cache.keys import KeySpace
+from app.cache.singleflight import SingleFlight
+from app.cache.store import Store
+from app.cache.tier import Probe
+from app.vocabulary import CacheStatus, OcrResult, Outcome
+
+
+class MissPath:
+    def __init__(
+        self,
+        computer: Computer,
+        queue: JobQueue | None,
+        store: Store,
+        keys: KeySpace,
+        codec: Codec,
+        timeout_seconds: float,
+        keep: Callable[[Probe, OcrResult, float], None] = lambda probe, result, ttl: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``keep``: a result another process stored, read from L2, for the tiers before it
+        (L1)."""
+        self._computer = computer
+        self._queue = queue
+        self._store = store
+        self._keys = keys
+        self._codec = codec
+        self._timeout = timeout_seconds
+        self._keep = keep
+        self._clock = clock
+        self._flights: SingleFlight[Outcome] = SingleFlight()
+
+    def resolve(self, probe: Probe, look_again: Callable[[Probe], None]) -> Outcome:
+        """The probe's outcome: another thread's (COALESCED), a tier's found on a second
+        look once this thread's turn came (``look_again``: another computation may have
+        finished meanwhile), or a computation (MISS)."""
+        flight = f"{probe.key}#{probe.digest.sha256}#{int(probe.controls.similar)}"
+        outcome, shared = self._flights.do(flight, lambda: self._miss(probe, look_again))
+        if shared:
+            return Outcome(outcome.result, CacheStatus.COALESCED, outcome.tier, outcome.details)
+        return outcome
+
+    def _miss(self, probe: Probe, look_again: Callable[[Probe], None]) -> Outcome:
+        controls = probe.controls
+        if not controls.no_cache:
+            look_again(probe)
+            if probe.outcome is not None:
+                return probe.outcome
+        probe.image  # noqa: B018 - an invalid image is the client's error, before any queue
+        if self._queue is not None and not controls.no_cache and not controls.no_store:
+            job = self._job(probe)
+            result, joined = self._queue.request(job, self._reader(probe), self._timeout)
+            if result is not None:
+                self._keep(probe, result, job.ttl)
+                return Outcome(result, CacheStatus.COALESCED if joined else CacheStatus.MISS)
+        return Outcome(self._computer.compute_and_store(probe), CacheStatus.MISS)
+
+    def _job(self, probe: Probe) -> Job:
+        controls = probe.controls
+        return Job(
+            key=probe.key, sha256=probe.digest.sha256, params=probe.params,
+            namespace=controls.namespace, ttl=controls.ttl or self._computer.ttl(),
+            deadline=self._clock() + self._timeout, data=probe.data,
+            archive=not controls.ttl,
+        )  # fmt: skip
+
+    def _reader(self, probe: Probe) -> Callable[[str], tuple[bool, OcrResult | None, str | None]]:
+        """(Redis ok, the entry's result, the job's error marker), in one round trip."""
+
+        def read(job_id: str) -> tuple[bool, OcrResult | None, str | None]:
+            error_key = self._keys.job_error(probe.key, job_id)
+            ok, (value, error) = self._store.get_many([probe.key, error_key])
+            entry = self._codec.decode(
+                value, probe.digest.sha256, self._keys.fingerprint, probe.key
+            )
+            return ok, entry.result if entry else None, error.decode() if error else None
+
+        return read
