@@ -149,10 +149,10 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
     assert keys.purge_pattern("", md5) == f"ocr:*{{{md5}}}*"
     assert keys.l1(digest_image(data), keys.task(OcrParams()))[-1] == digest_image(data).sha256
     stream, engines = keys.dispatch()
-    assert (stream, engines) == ("{ocr:dispatch:doublefingerprt}:jobs",
-                                 "{ocr:dispatch:doublefingerprt}:engines")  # fmt: skip
+    assert (stream, engines) == ("{ocr:dispatch:v2:doublefingerprt}:jobs",
+                                 "{ocr:dispatch:v2:doublefingerprt}:engines")  # fmt: skip
     # A job marker lives in the queue's slot (its hash tag comes first), whatever the entry's.
-    assert keys.job_marker(stream, key) == "{ocr:dispatch:doublefingerprt}:job:" + key
+    assert keys.job_marker(stream, key) == "{ocr:dispatch:v2:doublefingerprt}:job:" + key
 
 
 # The front door ----------------------------------------------------------------------

@@ -175,3 +175,40 @@ def test_architecture_layout_lists_every_module():
     paths = sorted(str(p.relative_to(ROOT)) for p in MODULES.values())
     missing = [path for path in paths if f"`{path}`" not in layout]
     assert not missing, f"docs/ARCHITECTURE.md Layout lacks {missing}"
+
+
+def _declared() -> set[str]:
+    """Distribution names pinned in requirements.txt, normalized (PEP 503)."""
+    names = set()
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(_normal(line.split("==", 1)[0].split("[", 1)[0]))
+    return names
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def test_every_third_party_module_app_imports_is_declared():
+    """An import that only works because an unrelated package pulled it in breaks the day
+    that package drops it (``cryptography`` once arrived that way): each is pinned itself."""
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    declared = _declared()
+    undeclared = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops = {node.module.split(".")[0]}
+            else:
+                continue
+            for top in tops - set(sys.stdlib_module_names) - {"app"}:
+                dists = {_normal(d) for d in providers.get(top, [top])}
+                if not dists & declared:
+                    undeclared.setdefault(top, name)
+    assert not undeclared, f"imported by app/ but not in requirements.txt: {undeclared}"

@@ -20,9 +20,8 @@ from PIL import Image
 
 from app import metrics
 from app.cache import verify
-from app.cache.codec import Codec
 from app.cache.keys import digest_image
-from app.cache.pixel_index import pixel_digest
+from app.cache.pixel_index import BUCKET_HEX, pixel_digest
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.engines.base import OcrRequest
@@ -180,22 +179,26 @@ def test_pixel_tier_is_off_for_engines_sent_the_original_bytes(settings, redis_c
     cache = make_cache(settings, engine)
     cache.get_or_compute(PAGE)
     assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
-    assert _keys(redis_client, ":pixel:") == [] and engine.calls == 2
+    assert _keys(redis_client, ":px2:") == [] and engine.calls == 2
 
 
-def _pointer_digest(pointer_key: bytes) -> str:
-    return pointer_key.decode().rsplit(":", 1)[1]
+def _pointer(cache: OcrCache, data: bytes, namespace: str = "") -> tuple[str, bytes]:
+    """The bucket key and field of ``data``'s pixels in the pixel index."""
+    digest = pixel_digest(decode_image(data, 60_000_000))
+    task = cache.keys.task(OcrParams())
+    key = cache.keys.pixel_bucket(digest[:BUCKET_HEX], task, namespace)
+    return key, bytes.fromhex(digest[BUCKET_HEX : BUCKET_HEX + 32])
 
 
-def test_a_forged_pointer_outside_the_scope_is_ignored(settings, double, redis_client):
+def test_a_pointer_names_an_image_only_within_its_own_scope(settings, double, redis_client):
+    """A pointer holds an image's digests, not a key: the entry it leads to is always in the
+    scope it was found in. A pointer copied into another namespace's index leads to that
+    namespace's entry of the image, which does not exist: a miss."""
     cache = make_cache(settings, double)
-    cache.get_or_compute(PAGE)
-    (pointer_key,) = _keys(redis_client, ":pixel:")
-    codec, digest, fp = Codec(), _pointer_digest(pointer_key), double.fingerprint
-    pointer = codec.decode_blob(redis_client.get(pointer_key), digest, fp, pointer_key.decode())
-    entry_key, sha = pointer.decode().split(" ")  # type: ignore[union-attr]
-    forged = f"{entry_key.replace('ocr:', 'ocr.acme:', 1)} {sha}".encode()
-    redis_client.set(pointer_key, codec.encode_blob(forged, digest, fp, 60, pointer_key.decode()))
+    cache.get_or_compute(PAGE, controls=CacheControls(namespace="acme"))
+    acme_key, field = _pointer(cache, PAGE, "acme")
+    key, _ = _pointer(cache, PAGE)
+    redis_client.hset(key, field, redis_client.hget(acme_key, field))
     assert cache.get_or_compute(nv.benign(PAGE, "bmp")).status is CacheStatus.MISS
 
 
@@ -203,30 +206,74 @@ def test_with_encryption_a_pointer_to_another_images_entry_is_a_miss(
     settings, double, redis_client
 ):
     """A Redis writer without the key points PAGE's pixels at another image's genuine entry
-    (same scope): the pointer is sealed, so the forgery is a miss, never the other text."""
+    (same scope): the pointer is authenticated, so the forgery is a miss, never the other
+    text — whether it carries no MAC, a made-up one, or another pointer's."""
     keys = (("k1", b"\x07" * 32),)
     cache = make_cache(settings, double, cache_encryption_keys=keys)
     other = SHORT.read_bytes()
     cache.get_or_compute(other)
     cache.get_or_compute(PAGE)
-    page_pointer = next(
-        k for k in _keys(redis_client, ":pixel:") if _pointer_digest(k) == pixel_digest(
-            decode_image(PAGE, settings.server.max_image_pixels)
-        )
-    )  # fmt: skip
-    other_entry = next(k for k in redis_client.keys("*") if k.endswith(
-        ("{" + digest_image(other).md5 + "}").encode()
-    ))  # fmt: skip
-    forged = f"{other_entry.decode()} {digest_image(other).sha256}".encode()
-    for codec, variant in ((Codec(), "bmp"), (None, "tiff")):  # a plaintext blob; raw text
-        value = (
-            codec.encode_blob(forged, _pointer_digest(page_pointer), double.fingerprint, 60,
-                              page_pointer.decode())
-            if codec else forged
-        )  # fmt: skip
-        redis_client.set(page_pointer, value)
+    key, field = _pointer(cache, PAGE)
+    other_key, other_field = _pointer(cache, other)
+    payload = bytes.fromhex(digest_image(other).md5) + bytes.fromhex(digest_image(other).sha256)
+    genuine_elsewhere = redis_client.hget(other_key, other_field)
+    for forged, variant in (
+        (payload, "bmp"),
+        (payload + b"\0" * 16, "tiff"),
+        (genuine_elsewhere, "png_resave"),
+    ):
+        redis_client.hset(key, field, forged)
         answer = cache.get_or_compute(nv.benign(PAGE, variant))
-        assert answer.status is CacheStatus.MISS, answer.tier
+        assert answer.status is CacheStatus.MISS, (variant, answer.tier)
+
+
+def test_the_pixel_index_costs_a_small_fraction_of_an_entry(settings, double, redis_client):
+    """Redis bytes (MEMORY USAGE) of the pointers against the entries', for 64 images: while
+    the buckets are sparse a pointer costs about a small key."""
+    cache = make_cache(settings, double)
+    rng = np.random.default_rng(7)
+    for i in range(64):
+        pixels = rng.integers(0, 256, (24, 32 + i, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "PNG")
+        cache.get_or_compute(buf.getvalue())
+    usage = {k: redis_client.memory_usage(k) or 0 for k in redis_client.keys("*")}
+    pointers = sum(n for k, n in usage.items() if b":px2:" in k)
+    entries = sum(n for k, n in usage.items() if b":px2:" not in k)
+    assert pointers and entries
+    print(f"sparse: pixel pointers {pointers / 64:.0f} B each, {pointers / entries:.2f} of entries")
+    assert pointers / 64 < 200  # a key of its own with a sealed blob was about 390 B
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+def test_full_buckets_hold_pointers_compactly_and_bounded(settings, redis_client, encrypted):
+    """Filled buckets (16 of them here, 65,536 in service): under 100 B a pointer, at most
+    BUCKET_FIELDS pointers a bucket, and the newest pointer always kept."""
+    from app.cache.codec import Codec
+    from app.cache.pixel_index import BUCKET_FIELDS, PixelIndex
+
+    keys = (("k1", b"\x07" * 32),) if encrypted else ()
+    cache = make_cache(settings, PixelEngine(), cache_encryption_keys=keys)
+    index = PixelIndex(cache.store, cache.keys, Codec(keys), bucket_hex=1)
+    rng = np.random.default_rng(3)
+    digests = [rng.bytes(32).hex() for _ in range(16 * BUCKET_FIELDS + 400)]
+    for d in digests:
+        entry = digest_image(d.encode())
+        index.record(d, "t", "", entry, 600)
+        assert redis_client.hexists(*_place(cache, d, "t", 1))  # the newest is never dropped
+    buckets = redis_client.keys("*:px2:*")
+    assert len(buckets) == 16
+    assert all(redis_client.hlen(b) <= BUCKET_FIELDS for b in buckets)
+    assert all(0 < redis_client.ttl(b) <= 600 for b in buckets)
+    held = sum(redis_client.hlen(b) for b in buckets)
+    per_pointer = sum(redis_client.memory_usage(b) or 0 for b in buckets) / held
+    print(f"full buckets: {per_pointer:.0f} B a pointer ({held} held, encrypted={encrypted})")
+    assert per_pointer < 100 + (16 if encrypted else 0)
+
+
+def _place(cache: OcrCache, digest: str, task: str, bucket_hex: int) -> tuple[str, bytes]:
+    key = cache.keys.pixel_bucket(digest[:bucket_hex], task, "")
+    return key, bytes.fromhex(digest[bucket_hex : bucket_hex + 32])
 
 
 def test_errors_write_no_index_keys(settings, double, redis_client):
@@ -242,10 +289,10 @@ def test_purge_removes_the_index_keys(settings, double, redis_client):
     cache = make_cache(settings, double, cache_similar=True)
     cache.get_or_compute(PAGE)
     cache.get_or_compute(PAGE, controls=CacheControls(namespace="acme"))
-    for part in (":pixel:", ":simband:", ":simref"):
+    for part in (":px2:", ":simband:", ":simref"):
         assert len(_keys(redis_client, part)) >= 2, part
     cache.purge("acme")
-    for part in (":pixel:", ":simband:", ":simref"):
+    for part in (":px2:", ":simband:", ":simref"):
         assert not [k for k in _keys(redis_client, part) if k.startswith(b"ocr.acme:")]
     # One image's purge removes its entry and reference; the pointers left lead nowhere.
     cache.purge("", digest_image(PAGE).md5)

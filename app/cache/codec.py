@@ -27,6 +27,7 @@ ever unpickled or evaluated.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import struct
 import threading
@@ -69,10 +70,29 @@ class Codec:
         newest; 0: none); entries written with any shipped dictionary are read. Every entry
         is compressed (with a dictionary, even a one-line result shrinks)."""
         self._ciphers = {kid: AESGCM(key) for kid, key in keys}
+        # Small pointers are authenticated, not sealed: a MAC key derived from each key.
+        self._macs = [hashlib.sha256(b"ocr-cache pointer\0" + key).digest() for _, key in keys]
         self._primary = keys[0][0] if keys else None
         self._keys_by_id = dict(keys)
         self._dict_id = dictionaries.current_id() if dictionary is None else dictionary
         self._local = threading.local()  # zstd contexts are not thread-safe: one per thread
+
+    def tag(self, *parts: bytes) -> bytes:
+        """16 bytes authenticating ``parts`` with the primary key (none without keys)."""
+        if not self._macs:
+            return b""
+        return hmac.new(self._macs[0], b"\0".join(parts), hashlib.sha256).digest()[:16]
+
+    def verify_tag(self, tag: bytes, *parts: bytes) -> bool:
+        """``tag`` is ``parts``' under one of the keys (any key: rotation); without keys,
+        there is no tag to check."""
+        if not self._macs:
+            return tag == b""
+        message = b"\0".join(parts)
+        return any(
+            hmac.compare_digest(tag, hmac.new(mac, message, hashlib.sha256).digest()[:16])
+            for mac in self._macs
+        )
 
     @property
     def writer(self) -> str:

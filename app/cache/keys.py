@@ -15,6 +15,7 @@ from app.vocabulary import OcrParams
 
 # Bump when the key layout or the entry envelope changes.
 KEY_SCHEMA = "v1"
+DISPATCH_SCHEMA = "v2"  # the global miss queue's format (jobs.py, feeders.py)
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,11 @@ class KeySpace:
         """What the notifier subscribes to: every entry's done channel."""
         return done_channel(self.base_prefix, "*")
 
-    def pixel(self, pixel_digest: str, task: str, namespace: str = "") -> str:
-        """The pixel tier's index key: canonical pixels -> the entry that answered them."""
-        return f"{self._scope(task, namespace)}:pixel:{pixel_digest}"
+    def pixel_bucket(self, bucket: str, task: str, namespace: str = "") -> str:
+        """One bucket of the pixel tier's index (a hash: canonical pixels -> the entry that
+        answered them); ``px2``: the second format (the first, ``pixel:{digest}`` strings,
+        is neither read nor written any more)."""
+        return f"{self._scope(task, namespace)}:px2:{bucket}"
 
     def similar_band(self, band: int, value: str, task: str, namespace: str = "") -> str:
         """One band of a perceptual hash -> the recent entries whose hash has that band."""
@@ -144,9 +147,11 @@ class KeySpace:
         sorted set): one hash tag, one slot. Per fingerprint: a job is computed only by an
         engine whose results it may store. Per ``writer`` (``Codec.writer``: which key seals
         new entries, "" for none): only by a process whose entries the requester can read,
-        so fronts amid a key rotation never wait for an entry they cannot open."""
+        so fronts amid a key rotation never wait for an entry they cannot open. ``v2``: the
+        queue with job markers (issue 24); replicas of the release before it keep their own
+        queue during a rolling upgrade, neither side reads the other's jobs."""
         scope = f"{self.fingerprint}:{writer}" if writer else self.fingerprint
-        tag = f"{{{self.base_prefix}:dispatch:{scope}}}"
+        tag = f"{{{self.base_prefix}:dispatch:{DISPATCH_SCHEMA}:{scope}}}"
         return f"{tag}:jobs", f"{tag}:engines"
 
     @staticmethod

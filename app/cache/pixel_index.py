@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from app.cache.codec import Codec, Entry
-from app.cache.keys import KeySpace
+from app.cache.keys import ImageDigest, KeySpace, known_digest
 from app.cache.store import RedisStore
 from app.cache.tier import ENGINE, Probe, Tier
 from app.imaging import DecodedImage
@@ -39,38 +39,72 @@ def pixel_digest(image: DecodedImage) -> str:
     return h.hexdigest()
 
 
-class PixelIndex:
-    """Pixel digest -> ``"{entry key} {sha256 of its bytes}"`` (a codec blob bound to the
-    digest and its key, sealed like the entries), expiring with the entry."""
+# Pointers live in hashes, per engine, task and namespace: a Redis key of its own costs
+# about 180 bytes beside a pointer's 48, a field in a small hash (listpack) under 100 in all.
+# 65,536 buckets of at most 128 fields hold 8 million pointers a scope; a small cache pays
+# about one key per pointer, as before, until the buckets fill.
+BUCKET_HEX = 4
+BUCKET_FIELDS = 128  # Redis's default hash-max-listpack-entries: kept compact
+_EVICT = 16  # fields dropped at random when a bucket is full (its entries may be long gone)
 
-    def __init__(self, store: RedisStore, keys: KeySpace, codec: Codec) -> None:
+# Set a pointer, keep the bucket at most ARGV[4] fields (random ones go, never this one) and
+# alive at least as long as its newest pointer.
+_RECORD = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
+  for _, field in ipairs(redis.call('HRANDFIELD', KEYS[1], tonumber(ARGV[5]))) do
+    if field ~= ARGV[1] then redis.call('HDEL', KEYS[1], field) end
+  end
+end
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
+"""
+
+
+class PixelIndex:
+    """Pixel digest -> the MD5 and SHA-256 of the bytes whose entry answered those pixels:
+    48 raw bytes in a field of a bucket hash, plus a 16-byte MAC with the entries' keys when
+    ``CACHE_ENCRYPTION_KEYS`` is set (a pointer forged by a Redis writer without the key is a
+    miss). The entry it names is read and verified as an L2 read is."""
+
+    def __init__(
+        self, store: RedisStore, keys: KeySpace, codec: Codec, bucket_hex: int = BUCKET_HEX
+    ) -> None:
         self._store = store
         self._keys = keys
         self._codec = codec
+        self._bucket_hex = bucket_hex
+
+    def _place(self, digest: str, task: str, namespace: str) -> tuple[str, bytes]:
+        """The bucket (the digest's first hex digits) and the field (the next 128 bits)."""
+        n = self._bucket_hex
+        key = self._keys.pixel_bucket(digest[:n], task, namespace)
+        return key, bytes.fromhex(digest[n : n + 32])
 
     def find(self, digest: str, task: str, namespace: str) -> tuple[OcrResult, Entry] | None:
         """The verified entry these pixels point at, or None (two reads; any doubt is a
         miss)."""
-        key = self._keys.pixel(digest, task, namespace)
-        ok, (value,) = self._store.get_many([key])
-        if not ok or value is None:
+        key, field = self._place(digest, task, namespace)
+        ok, value = self._store.run("get", lambda c: c.hget(key, field))
+        if not ok or not value or len(value) < 48:
             return None
-        # Bound to these pixels and this key, and sealed with the entries (CACHE_ENCRYPTION_KEYS):
-        # a pointer forged by a Redis writer without the key is a miss.
-        pointer = self._codec.decode_blob(value, digest, self._keys.fingerprint, key)
-        if pointer is None:
+        payload, tag = value[:48], value[48:]
+        if not self._codec.verify_tag(tag, key.encode(), field, digest.encode(), payload):
             return None
+        entry_digest = known_digest(payload[:16].hex(), payload[16:].hex())
+        entry_key = self._keys.entry(entry_digest, task, namespace)
         return read_entry(
-            self._store, self._codec, self._keys, pointer, self._keys.entry_scope(task, namespace)
-        )
+            self._store, self._codec, self._keys, f"{entry_key} {entry_digest.sha256}".encode(),
+            self._keys.entry_scope(task, namespace),
+        )  # fmt: skip
 
-    def record(
-        self, digest: str, task: str, namespace: str, entry_key: str, sha256: str, ttl: int
-    ) -> None:
-        key = self._keys.pixel(digest, task, namespace)
-        pointer = f"{entry_key} {sha256}".encode()
-        self._store.set(
-            key, self._codec.encode_blob(pointer, digest, self._keys.fingerprint, ttl, key), ttl
+    def record(self, digest: str, task: str, namespace: str, entry: ImageDigest, ttl: int) -> None:
+        key, field = self._place(digest, task, namespace)
+        payload = bytes.fromhex(entry.md5) + bytes.fromhex(entry.sha256)
+        value = payload + self._codec.tag(key.encode(), field, digest.encode(), payload)
+        self._store.run(
+            "set",
+            lambda c: c.eval(_RECORD, 1, key, field, value, ttl * 1000, BUCKET_FIELDS, _EVICT),
         )
 
 
@@ -119,6 +153,6 @@ class PixelTier(Tier):
         if source == ENGINE:
             self._index.record(
                 pixel_digest(probe.image), probe.task, probe.controls.namespace,
-                probe.key, probe.digest.sha256, max(1, int(ttl)),
+                probe.digest, max(1, int(ttl)),
             )  # fmt: skip
         return True
