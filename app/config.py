@@ -137,6 +137,12 @@ class EdgeSettings(Section):
         60.0,
         "each read of a body, and each write of an answer, within this",
     )
+    real_ip_from: tuple[Any, ...] = env(
+        "EDGE_REAL_IP_FROM",
+        e.networks,
+        (),
+        "CIDRs of your proxies in front of the edge (an Ingress, a load balancer): from them, the client address is taken from `X-Forwarded-For` (nginx's `real_ip`), for `RATE_LIMIT`, `TRUSTED_NETWORKS` and the access log; unset: the TCP peer, so behind a proxy every client is that proxy",
+    )
     rate_limit: RateLimit | None = env(
         "RATE_LIMIT",
         e.rate_limit,
@@ -574,7 +580,7 @@ class ProtocolSettings(Section):
     TITLE = "Protocols and input limits"
 
     pipeline_service_name: str = env(
-        "PIPELINE_SERVICE_NAME", e.prefix, "ocr", "the `{name}` of `/{name}/{method}`"
+        "PIPELINE_SERVICE_NAME", e.path_segment, "ocr", "the `{name}` of `/{name}/{method}`"
     )
     max_images_per_request: int = env(
         "MAX_IMAGES_PER_REQUEST",

@@ -156,6 +156,7 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
         max_body_bytes=settings.server.max_request_bytes,
         body_buffer_bytes=min(BODY_BUFFER_BYTES, settings.server.max_request_bytes),
         access_log=settings.edge.access_log,
+        real_ip_from=[str(network) for network in settings.edge.real_ip_from],
         rate=_nginx_rate(limit.rate) if limit else "",
         rate_setting=str(limit) if limit else "",
         burst=limit.burst if limit else 0,

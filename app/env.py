@@ -14,6 +14,7 @@ import binascii
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Self, cast
@@ -146,6 +147,16 @@ def prefix(name: str, raw: str) -> str:
     value = raw.strip()
     if not value or any(c.isspace() for c in value) or len(value) > 64:
         raise ConfigError(f"{name}: expected 1..64 characters without spaces, got {raw!r}")
+    return value
+
+
+@accepts("1..64 letters, digits, `.`, `_` or `-`")
+def path_segment(name: str, raw: str) -> str:
+    """A name that becomes a URL path segment and an nginx ``location``: nothing nginx or a
+    URL would read as syntax."""
+    value = raw.strip()
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value) or value in (".", ".."):
+        raise ConfigError(f"{name}: expected 1..64 letters, digits, '.', '_' or '-', got {raw!r}")
     return value
 
 

@@ -73,8 +73,8 @@ ENGINE_QUEUE_DROPPED = Counter(
     "Engine calls never run: queue full (refused) or caller gone (timed out while queued)",
     ["reason"],
 )
-# Global miss dispatch (app/cache/dispatch.py): one queue for the whole fleet, so each worker
-# reports the depth it last read from Redis and /metrics shows the most recent report.
+# The global miss queue (app/cache/jobs.py, feeders.py): one queue for the whole fleet, so
+# each worker reports the depth it last read from Redis and /metrics shows the most recent.
 DISPATCH_QUEUE_DEPTH = Gauge(
     "ocr_dispatch_queue_depth",
     "Jobs waiting to start in the global dispatch queue (one value for the whole fleet)",
@@ -83,7 +83,7 @@ DISPATCH_QUEUE_DEPTH = Gauge(
 DISPATCH_JOBS = Counter(
     "ocr_dispatch_jobs_total",
     "Dispatched jobs by what became of them at a consumer (computed, failed, caller_gone, "
-    "reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES)",
+    "already_stored, reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES)",
     ["outcome"],
 )
 # The cold tier (L3, app/cache/l3.py).
@@ -145,7 +145,8 @@ def initialise(engine_kind: str) -> None:
         SIMILAR_CHECKS.labels(outcome=outcome)
     for reason in ("full", "caller_gone"):
         ENGINE_QUEUE_DROPPED.labels(reason=reason)
-    for outcome in ("computed", "failed", "caller_gone", "reclaimed", "abandoned"):
+    outcomes = ("computed", "failed", "caller_gone", "already_stored", "reclaimed", "abandoned")
+    for outcome in outcomes:
         DISPATCH_JOBS.labels(outcome=outcome)
     for result in ("hit", "miss", "rejected", "error", "circuit_open"):
         L3_READS.labels(result=result)

@@ -16,6 +16,7 @@ import redis
 
 from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
+from app.cache.jobs import Job
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
@@ -26,6 +27,7 @@ from app.vocabulary import (
     CacheControls,
     CacheStatus,
     EngineError,
+    EngineTimeout,
     OcrLine,
     OcrParams,
     OcrResult,
@@ -152,7 +154,9 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
     assert (stream, engines) == ("{ocr:dispatch:v2:doublefingerprt}:jobs",
                                  "{ocr:dispatch:v2:doublefingerprt}:engines")  # fmt: skip
     # A job marker lives in the queue's slot (its hash tag comes first), whatever the entry's.
-    assert keys.job_marker(stream, key) == "{ocr:dispatch:v2:doublefingerprt}:job:" + key
+    sha = digest_image(data).sha256
+    marker = keys.job_marker(stream, key, sha)
+    assert marker == f"{{ocr:dispatch:v2:doublefingerprt}}:job:{key}:{sha}"
 
 
 # The front door ----------------------------------------------------------------------
@@ -309,7 +313,7 @@ def test_a_second_process_joins_the_queued_job(settings, double, redis_client):
     first, second = make_cache(settings, double), make_cache(settings, double)
     key = first.key_for(digest_image(IMAGES[0]), OcrParams())
     stream, _ = first.keys.dispatch()
-    marker = first.keys.job_marker(stream, key)
+    marker = first.keys.job_marker(stream, key, digest_image(IMAGES[0]).sha256)
     double.hold()
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(first.get_or_compute, IMAGES[0])
@@ -376,11 +380,86 @@ def test_evicted_queue_keys_cost_a_resubmission_not_the_deadline(
     with ThreadPoolExecutor(1) as pool:
         asked = pool.submit(cache.get_or_compute, IMAGES[0])
         assert busy.entered.wait(WAIT)
-        redis_client.delete(cache.keys.job_marker(stream, key) if evicted == "marker" else stream)
+        marker = cache.keys.job_marker(stream, key, digest_image(IMAGES[0]).sha256)
+        redis_client.delete(marker if evicted == "marker" else stream)
         busy.release.set()
         outcome = asked.result(WAIT)
     assert outcome.status is CacheStatus.MISS
     assert outcome.result.lines[0].text == hashlib.sha256(IMAGES[0]).hexdigest()[:8]
+
+
+def test_a_joiner_outlives_the_creators_deadline(settings, double, redis_client):
+    """A job runs on its creator's deadline; a waiter that joined it with more time left is
+    not failed by that deadline: it submits again and is answered."""
+    first = make_cache(settings, double, ocr_timeout_seconds=1.0)
+    second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
+    second_joined = joined(second)
+    double.hold()
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(first.get_or_compute, IMAGES[0])
+        assert double.entered.wait(WAIT)
+        b = pool.submit(second.get_or_compute, IMAGES[0])
+        assert second_joined.wait(WAIT)
+        with pytest.raises(EngineTimeout):
+            a.result(WAIT)  # the creator, at its own deadline
+        wait_for(lambda: double.calls == 2, "the joiner never submitted again")
+        double.release.set()
+        outcome = b.result(WAIT)
+    assert outcome.result.lines[0].text == hashlib.sha256(IMAGES[0]).hexdigest()[:8]
+
+
+def test_images_with_one_md5_never_share_a_job(settings, redis_client):
+    """Two files with one MD5 share an entry key but are two jobs: the second is not made a
+    waiter on the first's computation (whose result or error is not its own)."""
+    from tests.conftest import CORPUS
+    from tests.md5_collisions import colliding_jpegs
+
+    a, b = colliding_jpegs((CORPUS / "mmocr_rec_1036169.jpg").read_bytes(),
+                           (CORPUS / "paddleocr_word_ru_1.jpg").read_bytes(), b"unit")  # fmt: skip
+    assert digest_image(a).md5 == digest_image(b).md5
+    engine = CountingEngine()
+    make_cache(settings, engine)  # the engines' process
+    first, second = make_cache(settings, engine), make_cache(settings, engine)
+    first.close(), second.close()  # requesters only
+    engine.hold()
+    with ThreadPoolExecutor(2) as pool:
+        x = pool.submit(first.get_or_compute, a)
+        assert engine.entered.wait(WAIT)
+        y = pool.submit(second.get_or_compute, b)
+        wait_for(lambda: engine.calls == 2, "the second image joined the first's job")
+        engine.release.set()
+        answers = [f.result(WAIT).result.lines[0].text for f in (x, y)]
+    assert answers == [hashlib.sha256(d).hexdigest()[:8] for d in (a, b)]
+
+
+def test_a_job_made_redundant_by_a_stored_entry_is_withdrawn(settings, double, redis_client):
+    """The entry appeared between the second look and the submission (another process
+    stored it): the job just queued is deleted before any engine computes it again."""
+    cache = make_cache(settings, double)
+    cache.close()  # its engine stays registered as live, and takes no job
+    queue = cache._misses._queue
+    assert queue is not None
+    probe_key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
+    job = Job(probe_key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60,
+              time.time() + 60, IMAGES[0])  # fmt: skip
+    stored = OcrResult(1, 1, ())
+    result, joined_other = queue.request(job, lambda job_id: (True, stored, None), 60)
+    assert result is stored and joined_other  # another job computed it: COALESCED
+    assert redis_client.xlen(queue.stream) == 0 and not redis_client.exists(queue.marker(job))
+
+
+def test_a_feeder_survives_redis_failing_while_it_checks_its_jobs(settings, double):
+    """The check of who still waits is a Redis read: when it fails, the feeder computes the
+    jobs still in time instead of dying (which would leave its engine out of the queue)."""
+    cache = make_cache(settings, double)
+    feeders = cache._feeders
+    assert feeders is not None
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    job = Job("k", "s", OcrParams(), "", 60, time.time() + 60, IMAGES[0], id="1-0")
+    late = Job("k2", "s", OcrParams(), "", 60, time.time() - 1, IMAGES[1], id="2-0")
+    served: list[list[Job]] = []
+    feeders._run(dead, "consumer", [job, late], served.append)
+    assert served == [[job]]
 
 
 def test_no_live_engine_computes_here(settings, double, redis_client):
@@ -435,7 +514,7 @@ def test_a_foreign_job_marker_costs_nothing(settings, double, redis_client, plan
     cache = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     stream, _ = cache.keys.dispatch()
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
-    plant(redis_client, cache.keys.job_marker(stream, key))
+    plant(redis_client, cache.keys.job_marker(stream, key, digest_image(IMAGES[0]).sha256))
     with ThreadPoolExecutor(1) as pool:
         outcome = pool.submit(cache.get_or_compute, IMAGES[0]).result(WAIT)
     assert outcome.status is CacheStatus.MISS and double.calls == 1

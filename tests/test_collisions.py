@@ -1,7 +1,7 @@
 """A result never crosses inputs, also under concurrency (issue 11 §1).
 
 Two different images with one MD5 share a Redis key, but nothing may share a *result* across
-them: not the in-process single-flight, not the cross-process lease wait, not L1. Each round
+them: not the in-process single-flight, not the cross-process queue, not L1. Each round
 builds a fresh colliding pair from two real corpus JPEGs with different text
 (``tests/md5_collisions.py``), sends both images several times at once over one protocol,
 and checks every answer against the one the plain source image gets.
@@ -137,8 +137,8 @@ def test_concurrent_colliding_pairs_never_cross_with_l1(make_app):
 
 def test_colliding_pairs_never_cross_between_caches_sharing_redis(make_app):
     """Two app instances share only Redis (like two workers or replicas); each sends one
-    image of the pair, so the only sharing path is the lease wait, whose reader must not
-    take the other image's result."""
+    image of the pair, so the only sharing path is the global queue (a job per key and
+    SHA-256) and the entry its waiter reads, which must not be the other image's."""
     clients = [make_app(cache_l1_bytes=1 << 20).test_client() for _ in range(2)]
     assert crossed([_rest(clients[0]), _rest(clients[1])], tag="two") == 0
 

@@ -650,7 +650,7 @@ def test_front_pod_probes_and_graceful_stop(overlay: str) -> None:
     assert "readinessProbe" not in front
     assert "/opt/ocr/docker/healthcheck.py" in (DOCKER / "Dockerfile").read_text()
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
-    timeout = Settings.from_env({**config, **_literal_env(front)}).request_timeout_seconds
+    timeout = Settings.from_env({**config, **_literal_env(front)}).server.request_timeout_seconds
     edge_stop, front_stop = _pre_stop_seconds(edge), _pre_stop_seconds(front)
     assert 0 < edge_stop < front_stop
     grace = pod["terminationGracePeriodSeconds"]

@@ -91,12 +91,14 @@ def test_a_free_engine_in_another_process_takes_the_next_miss(settings):
     assert b.get_or_compute(IMAGES[1]).status is CacheStatus.HIT
 
 
-def test_one_computation_per_distinct_image_over_three_processes(settings):
+def test_one_computation_per_distinct_image_over_three_processes(settings, redis_client):
     engines = [SerialEngine() for _ in range(3)]
     caches = [make_cache(settings, e) for e in engines]
     trace = [IMAGES[i % 4] for i in range(24)]
     with ThreadPoolExecutor(12) as pool:
         outcomes = list(pool.map(lambda i: caches[i % 3].get_or_compute(trace[i]), range(24)))
+    stream, _ = caches[0].keys.dispatch()
+    wait_for(lambda: redis_client.xlen(stream) == 0, "jobs left in the queue")  # none runs late
     assert sum(e.calls for e in engines) == 4
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in trace]
     assert sum(o.status is CacheStatus.MISS for o in outcomes) == 4
@@ -178,13 +180,31 @@ def test_a_superseded_job_is_dropped_by_its_consumer(settings, redis_client):
     orphan = Job(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                  IMAGES[0])  # fmt: skip
     fields = orphan.fields()
-    marker = cache.keys.job_marker(stream, key)
+    marker = cache.keys.job_marker(stream, key, orphan.sha256)
     redis_client.set(marker, "9999999999999-0", px=60_000)  # the newer job
     redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
     wait_for(lambda: redis_client.xlen(stream) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
     redis_client.delete(marker)
     assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
+
+
+def test_a_job_whose_entry_is_already_stored_is_not_computed(settings, redis_client):
+    """Queued in the instant another job of the image finished: the engine's side looks in
+    L2 first and answers its waiters from the entry."""
+    engine = SerialEngine()
+    cache = make_cache(settings, engine)
+    assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS and engine.calls == 1
+    stream, _ = cache.keys.dispatch()
+    stored = counter("ocr_dispatch_jobs_total", outcome="already_stored")
+    key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
+    late = Job(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
+               IMAGES[0])  # fmt: skip
+    fields = late.fields()
+    redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the late job was never taken")
+    assert engine.calls == 1
+    assert counter("ocr_dispatch_jobs_total", outcome="already_stored") == stored + 1
 
 
 @pytest.mark.parametrize("forgery", ["other_image", "other_params", "other_tenant"])

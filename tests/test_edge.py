@@ -50,6 +50,7 @@ needs_nginx = pytest.mark.skipif(
 
 TOKEN = "edge-test-token-0123456789"  # CACHE_CONTROL_TOKEN
 TRUSTED_SOURCE = "127.0.0.3"  # in the edge service's TRUSTED_NETWORKS, with 10.0.0.0/8
+PROXY_SOURCE = "127.0.0.9"  # EDGE_REAL_IP_FROM: a proxy in front of the edge (an Ingress)
 MAX_BODY = 4 * 1024 * 1024  # MAX_REQUEST_BYTES: a 2.1 MB image's base64 fits, 4 MB does not
 SLOW_IMAGE = CORPUS / "sroie_282.jpg"  # a receipt: seconds of engine on this machine
 NGINX_REQUEST_ID = re.compile(r"[0-9a-f]{32}")  # nginx's $request_id
@@ -147,6 +148,10 @@ MATRIX = {
         ["client_header_timeout 500ms;", "client_body_timeout 2s;"],
     ),
     "pipeline name": ({"PIPELINE_SERVICE_NAME": "receipts"}, ["location /receipts/ {"]),
+    "behind a proxy": (
+        {"EDGE_REAL_IP_FROM": "10.0.0.0/8,fd00::/8"},
+        ["set_real_ip_from 10.0.0.0/8;", "set_real_ip_from fd00::/8;", "real_ip_recursive on;"],
+    ),
     "everything": (
         {
             "RATE_LIMIT": "5:1",
@@ -310,7 +315,8 @@ def _common_env(tmp: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """The service with the real engine behind nginx, its own private Redis (REDIS_URL
-    unset), RATE_LIMIT=1:2, TRUSTED_NETWORKS and a control token, 4 MB bodies. The last test
+    unset), RATE_LIMIT=1:2, TRUSTED_NETWORKS, a proxy in EDGE_REAL_IP_FROM and a control
+    token, 4 MB bodies. The last test
     of this file stops it (a graceful stop with a request in flight)."""
     if NGINX is None:
         pytest.skip("no nginx binary (Debian's nginx-light): the edge cannot be checked")
@@ -318,6 +324,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     env = _common_env(
         tmp, GRPC_PORT=str(free_port()), RATE_LIMIT="1:2", CACHE_CONTROL_TOKEN=TOKEN,
         TRUSTED_NETWORKS=f"10.0.0.0/8,{TRUSTED_SOURCE}/32", MAX_REQUEST_BYTES=str(MAX_BODY),
+        EDGE_REAL_IP_FROM=f"{PROXY_SOURCE}/32",
     )  # fmt: skip
     env["REDIS_URL"] = ""  # the private Redis `serve` starts
     service = Service(env)
@@ -429,6 +436,29 @@ def test_the_app_sees_the_real_client_address(edge):
         f"{edge.base}/v1/ocr", json=body, headers={"Cache-Control": "no-cache"}, timeout=120
     )
     assert trusted.status_code == 200 and trusted.headers["X-Cache"] == "MISS"  # recomputed
+
+
+def test_behind_a_declared_proxy_the_client_is_its_forwarded_address(edge):
+    """EDGE_REAL_IP_FROM names the proxy in front of the edge: from it, X-Forwarded-For is
+    the client, for TRUSTED_NETWORKS (10.0.0.0/8), RATE_LIMIT (a budget per forwarded
+    client, not one for the proxy) and the access log; the proxy's own entries are skipped."""
+    body = _image_body(WORD_EN)
+    assert client().post(f"{edge.base}/v1/ocr", json=body, timeout=120).status_code == 200
+    proxy = client(PROXY_SOURCE)
+    forwarded = {"X-Forwarded-For": f"10.7.7.7, {PROXY_SOURCE}", "Cache-Control": "no-cache"}
+    answer = proxy.post(f"{edge.base}/v1/ocr", json=body, headers=forwarded, timeout=120)
+    assert answer.status_code == 200 and answer.headers["X-Cache"] == "MISS"  # trusted
+    assert edge.wait_log(request_id=answer.headers["X-Request-Id"])["client"] == "10.7.7.7"
+    outside = {"X-Forwarded-For": "198.51.100.7", "Cache-Control": "no-cache"}
+    answer = proxy.post(f"{edge.base}/v1/ocr", json=body, headers=outside, timeout=120)
+    assert answer.status_code == 200 and answer.headers["X-Cache"] == "HIT"  # not trusted
+    statuses = []
+    while len(statuses) < 20 and 429 not in statuses:  # one forwarded client's budget
+        headers = {"X-Forwarded-For": "198.51.100.8"}
+        statuses.append(proxy.post(f"{edge.base}/v1/ocr", json={}, headers=headers).status_code)
+    assert statuses[-1] == 429, statuses
+    other = proxy.post(f"{edge.base}/v1/ocr", json={}, headers={"X-Forwarded-For": "198.51.100.9"})
+    assert other.status_code == 400  # another client behind the same proxy: its own budget
 
 
 def _raw_post(base: str, path: str, length: int, source: str) -> tuple[int, dict, bytes]:

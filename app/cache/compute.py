@@ -101,8 +101,8 @@ class Computer:
         metrics.ENGINE_SECONDS.labels(engine=kind).observe(sum(spent))
         return result
 
-    def compute_and_store(self, probe: Probe) -> OcrResult:
-        result = self.compute(probe)
+    def compute_and_store(self, probe: Probe, timeout: float | None = None) -> OcrResult:
+        result = self.compute(probe, timeout)
         self._chain.record(probe, result, probe.controls.ttl or self.ttl())
         return result
 
@@ -138,8 +138,9 @@ class Computer:
 
     def serve(self, feeders: Feeders, jobs: Sequence[Job]) -> None:
         """Compute jobs, store each result in every tier and tell its requesters; a failed
-        job gets an error marker instead (never an entry)."""
-        groups: dict[OcrParams, list[tuple[Job, Probe]]] = {}
+        job gets an error marker instead (never an entry). A job whose entry is already in
+        L2 (queued in the instant another job of that image finished) is not computed."""
+        genuine: list[tuple[Job, Probe]] = []
         for job in jobs:
             if not self._is_genuine(job):
                 # Only a writer to Redis could queue this (a key that is not the one its image,
@@ -148,7 +149,15 @@ class Computer:
                 feeders.fail(job, "error:a queued job that does not match its key")
                 metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
                 continue
-            probe = self._probe(job)
+            genuine.append((job, self._probe(job)))
+        l2 = self._chain.index("l2")
+        self._chain.lookup([probe for _, probe in genuine], start=l2, stop=l2 + 1)
+        groups: dict[OcrParams, list[tuple[Job, Probe]]] = {}
+        for job, probe in genuine:
+            if probe.outcome is not None:
+                metrics.DISPATCH_JOBS.labels(outcome="already_stored").inc()
+                feeders.succeeded(job)
+                continue
             try:
                 probe.image  # noqa: B018 - decoded now: a bad image fails only its job
             except ClientError as exc:  # cannot happen for a job its requester decoded

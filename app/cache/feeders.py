@@ -223,7 +223,10 @@ class Feeders:
         return jobs
 
     def _run(self, client: Any, consumer: str, jobs: list[Job], serve: Serve) -> None:
-        wanted = self._wanted(client, jobs)
+        try:
+            wanted = self._wanted(client, jobs)
+        except _REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
+            wanted = [job for job in jobs if job.deadline > time.time()]
         stop = threading.Event()
         toucher = threading.Thread(
             target=self._touch, args=(consumer, [j.id for j in wanted], stop),
@@ -249,7 +252,7 @@ class Feeders:
         now = time.time()
         pipe = client.pipeline(transaction=False)
         for job in jobs:
-            pipe.get(self._queue.marker(job.key))
+            pipe.get(self._queue.marker(job))
         markers = pipe.execute()
         wanted = []
         for job, marker in zip(jobs, markers, strict=True):
@@ -272,7 +275,7 @@ class Feeders:
             self._store.run("dispatch", run)
 
     def _finish(self, client: Any, jobs: list[Job]) -> None:
-        markers = [self._queue.marker(job.key) for job in jobs]
+        markers = [self._queue.marker(job) for job in jobs]
         client.eval(_FINISH, 1 + len(jobs), self._stream, *markers, GROUP,
                     *[job.id for job in jobs])  # fmt: skip
 

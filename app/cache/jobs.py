@@ -168,8 +168,8 @@ class JobQueue:
         self._mean_seconds = mean_seconds
         self._clock = clock
 
-    def marker(self, key: str) -> str:
-        return self._keys.job_marker(self.stream, key)
+    def marker(self, job: Job) -> str:
+        return self._keys.job_marker(self.stream, job.key, job.sha256)
 
     def request(self, job: Job, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
         """(``job``'s result once an engine stored it, whether it joined a job another
@@ -185,9 +185,9 @@ class JobQueue:
                 if submitted is None:
                     return None, False
                 job_id, created = submitted
-                again, result = self._wait(job, job_id, created, event, read, deadline)
+                again, result, joined = self._wait(job, job_id, created, event, read, deadline)
                 if not again:
-                    return result, not created
+                    return result, joined
         finally:
             self._notifier.unregister(channel, event)
 
@@ -196,7 +196,7 @@ class JobQueue:
         marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
 
         def run(client: Any) -> Any:
-            keys = (self.stream, self.engines, self.marker(job.key))
+            keys = (self.stream, self.engines, self.marker(job))
             limits = (self._per_engine_max, self._live_ms, marker_ttl)
             return client.eval(_SUBMIT, 3, *keys, GROUP, *limits, *job.fields())
 
@@ -220,59 +220,78 @@ class JobQueue:
 
     def _wait(
         self, job: Job, job_id: str, created: bool, event: Any, read: Read, deadline: float
-    ) -> tuple[bool, OcrResult | None]:
-        """(submit again, the result); a result None: compute here."""
+    ) -> tuple[bool, OcrResult | None, bool]:
+        """(submit again, the result, whether another job computed it); a result None:
+        compute here."""
         seen = 0
         while True:
-            for message in event.messages[seen:]:
+            messages = event.messages[seen:]  # one snapshot: nothing appended is skipped
+            seen += len(messages)
+            for message in messages:
                 if message == f"lost:{job_id}":
-                    return False, None
+                    return False, None, False
                 if message.startswith(f"error:{job_id}:"):
+                    if self._outlives(message.split(":", 2)[2], created, deadline):
+                        return True, None, False
                     self._forget(job.key, job_id)
                     raise failure(message.split(":", 2)[2])
-            finished = f"ok:{job_id}" in event.messages[seen:]
-            seen = len(event.messages)
+            finished = f"ok:{job_id}" in messages
             ok, result, error = read(job_id)
             if result is not None:
-                return False, result
+                # Ours, or another job's stored meanwhile: then ours is withdrawn unstarted.
+                return False, result, not created or self._give_up(job_id, job, created, "")
             if error is not None:
+                if self._outlives(error, created, deadline):
+                    return True, None, False
                 self._forget(job.key, job_id)
                 raise failure(error)
             if not ok:  # Redis stopped answering: this process's own engine
-                self._give_up(job_id, job.key, created)
-                return False, None
+                self._give_up(job_id, job, created)
+                return False, None, False
             if finished:  # done, and its entry is already gone (evicted): one call here
-                return False, None
+                return False, None, False
             remaining = deadline - self._clock()
             if remaining <= 0:
-                self._give_up(job_id, job.key, created)
+                self._give_up(job_id, job, created)
                 raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({job_id})")
-            if not self._alive(job_id, job.key):
-                return True, None  # dropped, or its marker or stream evicted: resubmit
+            if not self._alive(job_id, job):
+                # Finished since the read (its entry is stored before it leaves the queue),
+                # or dropped, or its marker or stream evicted: then submit again.
+                ok, result, _ = read(job_id)
+                if result is not None:
+                    return False, result, not created or self._give_up(job_id, job, created, "")
+                return True, None, False
             event.wait(min(remaining, self._poll_seconds))
             event.clear()
+
+    def _outlives(self, error: str, created: bool, deadline: float) -> bool:
+        """A joined job ran out of its creator's time (the job's deadline), not ours: this
+        waiter submits again rather than fail before its own deadline."""
+        return not created and error.startswith("timeout:") and self._clock() < deadline
 
     def _forget(self, key: str, job_id: str) -> None:
         """The error reached a requester: its marker has served (the job's other waiters
         were told on the done channel), so nothing stays behind."""
         self._store.run("dispatch", lambda c: c.delete(self._keys.job_error(key, job_id)))
 
-    def _alive(self, job_id: str, key: str) -> bool:
+    def _alive(self, job_id: str, job: Job) -> bool:
         ok, alive = self._store.run(
-            "dispatch", lambda c: c.eval(_ALIVE, 2, self.stream, self.marker(key), job_id)
+            "dispatch", lambda c: c.eval(_ALIVE, 2, self.stream, self.marker(job), job_id)
         )
         return not ok or bool(alive)  # Redis unsure: the next read tells
 
-    def _give_up(self, job_id: str, key: str, created: bool) -> None:
-        """Stop waiting: a job this caller created is deleted if no engine started it."""
+    def _give_up(self, job_id: str, job: Job, created: bool, reason: str = "caller_gone") -> bool:
+        """Stop waiting: a job this caller created is deleted if no engine started it
+        (whether it was; counted as dropped for ``reason``)."""
         if not created:
-            return
+            return False
         ok, deleted = self._store.run(
             "dispatch",
-            lambda c: c.eval(_CANCEL, 2, self.stream, self.marker(key), GROUP, job_id),
+            lambda c: c.eval(_CANCEL, 2, self.stream, self.marker(job), GROUP, job_id),
         )
-        if ok and deleted:
-            metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+        if ok and deleted and reason:
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason=reason).inc()
+        return bool(ok and deleted)
 
 
 def _text(value: bytes | str) -> str:

@@ -155,10 +155,11 @@ class KeySpace:
         return f"{tag}:jobs", f"{tag}:engines"
 
     @staticmethod
-    def job_marker(stream: str, entry: str) -> str:
-        """Which job of the queue ``stream`` computes ``entry`` (its id), while one does: in
-        the queue's slot (its hash tag comes first), so one script reads both."""
-        return f"{stream.rsplit(':', 1)[0]}:job:{entry}"
+    def job_marker(stream: str, entry: str, sha256: str) -> str:
+        """Which job of the queue ``stream`` computes ``entry`` for the image ``sha256`` (its
+        id), while one does: in the queue's slot (its hash tag comes first), so one script
+        reads both. Per SHA-256: two images with one MD5 share a key, never a job."""
+        return f"{stream.rsplit(':', 1)[0]}:job:{entry}:{sha256}"
 
     @staticmethod
     def job_error(entry: str, job_id: str) -> str:

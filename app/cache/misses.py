@@ -13,7 +13,7 @@
 
 A waiting request never waits past its deadline (``OCR_TIMEOUT_SECONDS``) and is never
 answered with another input's result: flights are keyed by the entry key, the image's
-SHA-256 and whether it accepts similar answers.
+SHA-256, whether it accepts similar answers and whether it recomputes (`no-cache`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class MissPath:
         """The probe's outcome: another thread's (COALESCED), a tier's found on a second
         look once this thread's turn came (``look_again``: another computation may have
         finished meanwhile), or a computation (MISS)."""
-        flight = f"{probe.key}#{probe.digest.sha256}#{int(probe.controls.similar)}"
+        choices = f"{int(probe.controls.similar)}{int(probe.controls.no_cache)}"
+        flight = f"{probe.key}#{probe.digest.sha256}#{choices}"
         outcome, shared = self._flights.do(flight, lambda: self._miss(probe, look_again))
         if shared:
             return Outcome(outcome.result, CacheStatus.COALESCED, outcome.tier, outcome.details)
@@ -72,13 +73,15 @@ class MissPath:
             if probe.outcome is not None:
                 return probe.outcome
         probe.image  # noqa: B018 - an invalid image is the client's error, before any queue
+        timeout = None  # the engine call's own (OCR_TIMEOUT_SECONDS)
         if self._queue is not None and not controls.no_cache and not controls.no_store:
-            job = self._job(probe)
-            result, joined = self._queue.request(job, self._reader(probe), self._timeout)
+            job, expires = self._job(probe), [0.0]
+            result, joined = self._queue.request(job, self._reader(probe, expires), self._timeout)
             if result is not None:
-                self._keep(probe, result, job.ttl)
+                self._keep(probe, result, expires[0] - self._clock())
                 return Outcome(result, CacheStatus.COALESCED if joined else CacheStatus.MISS)
-        return Outcome(self._computer.compute_and_store(probe), CacheStatus.MISS)
+            timeout = max(0.001, job.deadline - self._clock())  # what is left of the deadline
+        return Outcome(self._computer.compute_and_store(probe, timeout), CacheStatus.MISS)
 
     def _job(self, probe: Probe) -> Job:
         controls = probe.controls
@@ -89,8 +92,11 @@ class MissPath:
             archive=not controls.ttl,
         )  # fmt: skip
 
-    def _reader(self, probe: Probe) -> Callable[[str], tuple[bool, OcrResult | None, str | None]]:
-        """(Redis ok, the entry's result, the job's error marker), in one round trip."""
+    def _reader(
+        self, probe: Probe, expires: list[float]
+    ) -> Callable[[str], tuple[bool, OcrResult | None, str | None]]:
+        """(Redis ok, the entry's result, the job's error marker), in one round trip; the
+        entry's expiry goes to ``expires`` (what L1 may keep it for)."""
 
         def read(job_id: str) -> tuple[bool, OcrResult | None, str | None]:
             error_key = self._keys.job_error(probe.key, job_id)
@@ -98,6 +104,9 @@ class MissPath:
             entry = self._codec.decode(
                 value, probe.digest.sha256, self._keys.fingerprint, probe.key
             )
-            return ok, entry.result if entry else None, error.decode() if error else None
+            if entry is None:
+                return ok, None, error.decode() if error else None
+            expires[0] = entry.expires_at
+            return ok, entry.result, None
 
         return read

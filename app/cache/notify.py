@@ -3,8 +3,9 @@
 One listener thread per process holds one pattern subscription (``{prefix}:done:*``) and
 wakes the local threads waiting on a key, so a waiter blocks on an Event instead of
 polling Redis; a message on ``{prefix}:purge`` drops this process's L1. If Redis is
-unreachable the listener retries in the background and waiters simply run into their
-(bounded) timeout.
+unreachable the listener retries in the background; waiters also poll between messages
+(``jobs.JobQueue``), so a lost message costs a poll, and a Redis error sends them to their
+own engine.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ class Notifier:
 
 
 class Wakeup(threading.Event):
-    """A waiter's event, with the messages that woke it (the dispatch queue's consumers
-    say ``error:<token>:...`` or ``lost:<token>`` there; the election only waits)."""
+    """A waiter's event, with the messages that woke it (the queue's feeders say
+    ``ok:<job>``, ``error:<job>:...`` or ``lost:<job>`` there)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -125,7 +125,7 @@ class RedisStore:
 
     def run(self, op: str, fn: Any) -> tuple[bool, Any]:
         """``fn(client)`` under the breaker, as the methods above: (ok, value), never raises
-        (the dispatch queue's commands, ``app/cache/dispatch.py``)."""
+        (the queue's commands: ``jobs.py``, ``feeders.py``, ``pixel_index.py``)."""
         return self._call(op, lambda: fn(self._client))
 
     def scan_unlink(self, pattern: str, batch: int = 500) -> int:
