@@ -108,7 +108,7 @@ class EdgeSettings(Section):
     )
     socket: str = env(
         "EDGE_SOCKET",
-        e.text,
+        e.absolute_path,
         "",
         "gunicorn's unix socket; unset: a private folder (`EDGE=nginx`); required with `EDGE=external`",
     )

@@ -150,6 +150,12 @@ def prefix(name: str, raw: str) -> str:
     return value
 
 
+@accepts("a path (made absolute: nginx and gunicorn run in different folders)")
+def absolute_path(name: str, raw: str) -> str:
+    value = raw.strip()
+    return os.path.abspath(value) if value else ""
+
+
 @accepts("1..64 letters, digits, `.`, `_` or `-`")
 def path_segment(name: str, raw: str) -> str:
     """A name that becomes a URL path segment and an nginx ``location``: nothing nginx or a

@@ -34,7 +34,6 @@ import http.client
 import json
 import os
 import platform
-import re
 import select
 import shutil
 import signal
@@ -228,36 +227,8 @@ def wait_ready(server: Server, check: Callable[[], bool]) -> None:
 
 
 def wrk(port: int, req: load.Request, concurrency: int, seconds: int) -> dict:
-    """bench/load.run_wrk's measurement, with wrk's socket errors and request count too (a
-    timed-out or reset request is no non-2xx answer, and must count as an error here)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        body = Path(tmp) / "body"
-        body.write_bytes(req.body)
-        script = Path(tmp) / "post.lua"
-        headers = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in req.headers.items())
-        script.write_text(
-            f'wrk.method = "POST"\nlocal f = io.open("{body}", "rb")\n'
-            f'wrk.body = f:read("*all")\nf:close()\n{headers}'
-        )
-        out = subprocess.run(
-            ["wrk", f"-t{WRK_THREADS}", f"-c{concurrency}", f"-d{seconds}s", "--latency",
-             "--timeout", WRK_TIMEOUT, "-s", str(script), f"http://127.0.0.1:{port}{req.path}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    total = re.search(r"(\d+) requests in", out)
-    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    socket_errors = sum(int(n) for n in sock.groups()) if sock else 0
-    return {
-        "per_second": float(rate.group(1)) if rate else 0.0,
-        "requests": int(total.group(1)) if total else 0,
-        "p50_ms": load._ms(re.search(r"50%\s+([\d.]+)(us|ms|s)", out)),
-        "p99_ms": load._ms(re.search(r"99%\s+([\d.]+)(us|ms|s)", out)),
-        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
-        "socket_errors": socket_errors,
-        "errors": (int(non_2xx.group(1)) if non_2xx else 0) + socket_errors,
-    }
+    """bench/load.run_wrk with a request timeout (a request that takes longer is an error)."""
+    return load.run_wrk(port, req, concurrency, seconds, WRK_TIMEOUT)
 
 
 def post(port: int, req: load.Request, timeout: float = 600) -> tuple[int, bytes]:

@@ -121,9 +121,12 @@ def wrk_available() -> bool:
     return shutil.which("wrk") is not None
 
 
-def run_wrk(port: int, req: Request, concurrency: int, seconds: float) -> dict:
+def run_wrk(
+    port: int, req: Request, concurrency: int, seconds: float, timeout: str | None = None
+) -> dict:
     """The same load with wrk (C, event loop): the client then costs far less CPU than the
-    service, so rates compare servers rather than Python clients. 2 client threads."""
+    service, so rates compare servers rather than Python clients. 2 client threads. Errors
+    are non-2xx answers and wrk's socket errors (a timed-out or reset request is no answer)."""
     with tempfile.TemporaryDirectory() as tmp:
         body = Path(tmp) / "body"
         body.write_bytes(req.body)
@@ -133,20 +136,25 @@ def run_wrk(port: int, req: Request, concurrency: int, seconds: float) -> dict:
             f'wrk.method = "POST"\nlocal f = io.open("{body}", "rb")\n'
             f'wrk.body = f:read("*all")\nf:close()\n{headers}'
         )
+        limit = ["--timeout", timeout] if timeout else []
         out = subprocess.run(
-            ["wrk", "-t2", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", "-s", str(script),
-             f"http://127.0.0.1:{port}{req.path}"],
+            ["wrk", "-t2", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", *limit,
+             "-s", str(script), f"http://127.0.0.1:{port}{req.path}"],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
-    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    total = re.search(r"(\d+) requests in", out)
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    socket_errors = sum(int(n) for n in sock.groups()) if sock else 0
     return {
-        "per_second": rate,
-        "errors": int(errors.group(1)) if errors else 0,
-        "p50_ms": _ms(p50),
-        "p99_ms": _ms(p99),
+        "per_second": float(rate.group(1)) if rate else 0.0,
+        "requests": int(total.group(1)) if total else 0,
+        "p50_ms": _ms(re.search(r"50%\s+([\d.]+)(us|ms|s)", out)),
+        "p99_ms": _ms(re.search(r"99%\s+([\d.]+)(us|ms|s)", out)),
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": socket_errors,
+        "errors": (int(non_2xx.group(1)) if non_2xx else 0) + socket_errors,
         "client": "wrk",
     }
 

@@ -44,7 +44,7 @@ class FlakyEngine:
         return self._engine.recognize(request)
 
 
-_INDEX_PARTS = (b":pixel:", b":simband:", b":simref")
+_INDEX_PARTS = (b":px2:", b":simband:", b":simref")
 
 
 def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:

@@ -218,7 +218,7 @@ def _stored_plaintext(redis_client) -> str:  # type: ignore[no-untyped-def]
     """Every cache entry's envelope as text (decompressed; entries are not encrypted here)."""
     texts = []
     for key in redis_client.scan_iter("ocr:*"):
-        if redis_client.type(key) != b"string" or b":pixel:" in key:
+        if redis_client.type(key) != b"string" or b":px2:" in key:
             continue
         value = redis_client.get(key)
         assert value[:4] == MAGIC, value[:8]

@@ -531,15 +531,14 @@ def test_pod_front_healthcheck_asks_gunicorn_over_the_socket(pod: dict[str, Any]
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_pod_stops_as_the_kubelet_stops_it(pod: dict[str, Any]) -> None:
-    """SIGTERM to the edge (its preStop is the shorter) while a miss is in flight: nginx stops
-    accepting and drains; once its port refuses, SIGTERM to the front (gunicorn's graceful
-    stop). The request is answered 200 through nginx and both containers exit 0."""
+def miss_in_flight(base: str) -> tuple[threading.Thread, dict[str, Any]]:
+    """A miss of SLOW_IMAGE still being computed a second after it was sent (no-cache: it is
+    computed again on every attempt), in a thread; its outcome fills the dict."""
     outcome: dict[str, Any] = {}
 
     def miss() -> None:
         try:
-            outcome["response"] = rest(pod["http"], SLOW_IMAGE, cache_control="no-cache")
+            outcome["response"] = rest(base, SLOW_IMAGE, cache_control="no-cache")
         except requests.RequestException as exc:
             outcome["error"] = exc
 
@@ -549,10 +548,16 @@ def test_pod_stops_as_the_kubelet_stops_it(pod: dict[str, Any]) -> None:
         thread.start()
         time.sleep(1.0)
         if thread.is_alive():
-            break
-        thread.join()
-    else:
-        pytest.fail(f"a miss of {SLOW_IMAGE.name} never lasted a second")
+            return thread, outcome
+        thread.join()  # answered within the second: not in flight, try again
+    pytest.fail(f"a miss of {SLOW_IMAGE.name} never lasted a second")
+
+
+def test_pod_stops_as_the_kubelet_stops_it(pod: dict[str, Any]) -> None:
+    """SIGTERM to the edge (its preStop is the shorter) while a miss is in flight: nginx stops
+    accepting and drains; once its port refuses, SIGTERM to the front (gunicorn's graceful
+    stop). The request is answered 200 through nginx and both containers exit 0."""
+    thread, outcome = miss_in_flight(pod["http"])
     stopping = threading.Thread(
         target=docker, args=("stop", "--time", "150", pod["edge"]), kwargs={"timeout": 200}
     )
@@ -585,24 +590,7 @@ def test_cpu_stop_during_an_in_flight_miss_completes_it_and_exits_0(
 ) -> None:
     """SIGTERM (docker stop) while a miss is computed: the request completes, exit code 0."""
     name = cpu_front["name"]
-    outcome: dict[str, Any] = {}
-
-    def miss() -> None:
-        try:  # no-cache: computed again on every attempt
-            outcome["response"] = rest(cpu_front["http"], SLOW_IMAGE, cache_control="no-cache")
-        except requests.RequestException as exc:
-            outcome["error"] = exc
-
-    for _attempt in range(3):
-        outcome.clear()
-        thread = threading.Thread(target=miss)
-        thread.start()
-        time.sleep(1.0)
-        if thread.is_alive():
-            break
-        thread.join()  # answered within the second: not in flight, try again
-    else:
-        pytest.fail(f"a miss of {SLOW_IMAGE.name} never lasted a second")
+    thread, outcome = miss_in_flight(cpu_front["http"])
     started = time.monotonic()
     docker("stop", "--time", "150", name, timeout=200)
     stop_seconds = time.monotonic() - started
