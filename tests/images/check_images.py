@@ -58,6 +58,8 @@ from tests.images.containers import (
     write_measurements,
 )
 
+pytestmark = pytest.mark.deploy  # docker images, run as production runs them
+
 CPU_IMAGE = "ocr-cache:cpu"
 SERVING_IMAGE = "ocr-paddle-serving:0.9.0"
 PROMETHEUS_IMAGE = "local/prometheus:bookworm"
