@@ -9,9 +9,13 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from app import logsafe, memory
 from app.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from app.edge import Edge
 
 
 def serve(settings: Settings) -> int:
@@ -19,7 +23,7 @@ def serve(settings: Settings) -> int:
     gunicorn alone on EDGE_SOCKET (``external``) or on HOST:HTTP_PORT (``none``). gunicorn's
     master supervises nginx (app/gunicorn_app.py): it starts it once its socket is bound, stops
     it gracefully before its own workers, and stops the service should nginx die."""
-    from app.edge import Edge, find_nginx
+    from app.edge import find_nginx
     from app.embedded_redis import EmbeddedRedis
     from app.gunicorn_app import GunicornApp, prepare_metrics_dir
 
@@ -39,15 +43,9 @@ def serve(settings: Settings) -> int:
     if binary and not socket:
         socket_dir = tempfile.mkdtemp(prefix="ocr-gunicorn-")
         socket = os.path.join(socket_dir, "gunicorn.sock")
-    edge = None
-    if binary:
-        edge = Edge(settings, socket, binary)
-        try:
-            edge.check()
-        except RuntimeError as exc:
-            print(f"configuration error: {exc}", file=sys.stderr)
-            edge.quit()
-            return 2
+    edge = _checked_edge(settings, socket, binary) if binary else None
+    if binary and edge is None:
+        return 2
     if settings.edge.rate_limit and settings.edge.mode == "none":
         log.warning("RATE_LIMIT applies to gRPC only with EDGE=none: limit HTTP in your proxy")
     embedded = None
@@ -99,7 +97,7 @@ def _without_edge(settings: Settings, log: logging.Logger) -> bool:
 def edge(settings: Settings) -> int:
     """``python -m app edge``: nginx alone in front of the gunicorn on EDGE_SOCKET (the
     Kubernetes pod's edge container; the app container runs ``serve`` with EDGE=external)."""
-    from app.edge import Edge, find_nginx
+    from app.edge import find_nginx
 
     if settings.edge.mode != "external":
         print("configuration error: EDGE: `edge` runs with EDGE=external", file=sys.stderr)
@@ -108,14 +106,23 @@ def edge(settings: Settings) -> int:
     if binary is None:
         print("configuration error: EDGE: no nginx on PATH (or EDGE_NGINX)", file=sys.stderr)
         return 2
-    proxy = Edge(settings, settings.edge.socket, binary)
+    proxy = _checked_edge(settings, settings.edge.socket, binary)
+    return proxy.run() if proxy is not None else 2
+
+
+def _checked_edge(settings: Settings, socket: str, binary: str) -> Edge | None:
+    """nginx with the configuration these settings render, once ``nginx -t`` accepts it
+    (None: refused, said in one line)."""
+    from app.edge import Edge
+
+    edge = Edge(settings, socket, binary)
     try:
-        proxy.check()
+        edge.check()
     except RuntimeError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
-        proxy.quit()
-        return 2
-    return proxy.run()
+        edge.quit()
+        return None
+    return edge
 
 
 def main(argv: list[str] | None = None) -> int:
