@@ -100,28 +100,24 @@ def boolean(name: str, raw: str) -> bool:
 
 
 def integer(lo: int, hi: int) -> Parser:
-    @accepts(f"{lo}..{hi}")
-    def parse(name: str, raw: str) -> int:
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-        if not lo <= value <= hi:
-            raise ConfigError(f"{name}: expected an integer in {lo}..{hi}, got {value}")
-        return value
-
-    return parse
+    return _bounded(int, "an integer", lo, hi, f"{lo}..{hi}")
 
 
 def number(lo: float, hi: float) -> Parser:
-    @accepts(f"{lo:g}..{hi:g}")
-    def parse(name: str, raw: str) -> float:
+    return _bounded(float, "a number", lo, hi, f"{lo:g}..{hi:g}")
+
+
+def _bounded(convert: Callable[[str], Any], noun: str, lo: Any, hi: Any, shown: str) -> Parser:
+    """``convert``ed, within ``lo``..``hi`` (``shown`` in the documentation)."""
+
+    @accepts(shown)
+    def parse(name: str, raw: str) -> Any:
         try:
-            value = float(raw.strip())
+            value = convert(raw.strip())
         except ValueError:
-            raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+            raise ConfigError(f"{name}: expected {noun}, got {raw!r}") from None
         if not lo <= value <= hi:
-            raise ConfigError(f"{name}: expected a number in {lo}..{hi}, got {value}")
+            raise ConfigError(f"{name}: expected {noun} in {lo}..{hi}, got {value}")
         return value
 
     return parse

@@ -30,7 +30,7 @@ from typing import Any
 import redis
 
 from app import metrics
-from app.cache.jobs import ERROR_TTL_S, GROUP, Job, JobQueue
+from app.cache.jobs import ERROR_TTL_S, GROUP, Job, JobQueue, as_text
 from app.cache.keys import KeySpace
 from app.cache.store import RedisStore
 from app.vocabulary import EngineError, OcrParams
@@ -187,7 +187,8 @@ class Feeders:
             for entry_id, raw in entries:
                 job = _decode(entry_id, raw)
                 if job is None:
-                    malformed.append(Job("", "", OcrParams(), "", 0, 0.0, b"", id=_text(entry_id)))
+                    blank = Job("", "", OcrParams(), "", 0, 0.0, b"", id=as_text(entry_id))
+                    malformed.append(blank)
                 else:
                     jobs.append(job)
         if malformed:
@@ -203,7 +204,7 @@ class Feeders:
             return []  # no stream or no group yet
         jobs: list[Job] = []
         for entry in stale:
-            entry_id = _text(entry["message_id"])
+            entry_id = as_text(entry["message_id"])
             claimed = client.xclaim(self._stream, GROUP, consumer, self._claim_ms, [entry_id])
             if not claimed or claimed[0][1] is None:
                 continue  # someone else claimed it first, or it was deleted
@@ -213,7 +214,7 @@ class Feeders:
                 continue
             metrics.DISPATCH_JOBS.labels(outcome="reclaimed").inc()
             log.warning("reclaimed job %s of %s (delivery %d)", entry_id,
-                        _text(entry["consumer"]), deliveries)  # fmt: skip
+                        as_text(entry["consumer"]), deliveries)  # fmt: skip
             if deliveries > self._max_deliveries:
                 metrics.DISPATCH_JOBS.labels(outcome="abandoned").inc()
                 self.fail(job, f"error:no engine survived this image ({deliveries - 1} deliveries)")
@@ -256,7 +257,7 @@ class Feeders:
         markers = pipe.execute()
         wanted = []
         for job, marker in zip(jobs, markers, strict=True):
-            if job.deadline > now and (marker is None or _text(marker) == job.id):
+            if job.deadline > now and (marker is None or as_text(marker) == job.id):
                 wanted.append(job)
             else:
                 metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
@@ -312,14 +313,10 @@ def stop_all() -> None:
 
 def _decode(entry_id: bytes | str, raw: dict[bytes, bytes], deliveries: int = 1) -> Job | None:
     try:
-        return Job.from_fields(_text(entry_id), raw, deliveries)
+        return Job.from_fields(as_text(entry_id), raw, deliveries)
     except (KeyError, TypeError, ValueError):
-        log.warning("dropping a malformed dispatch job %s", _text(entry_id))
+        log.warning("dropping a malformed dispatch job %s", as_text(entry_id))
         return None
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _close(client: Any) -> None:

@@ -204,7 +204,7 @@ class JobQueue:
         if not ok:
             return None
         raw_id, waiting, engines = answer
-        job_id = _text(raw_id)
+        job_id = as_text(raw_id)
         if int(waiting) >= 0:
             metrics.DISPATCH_QUEUE_DEPTH.set(int(waiting))
         if job_id == "none":
@@ -294,5 +294,6 @@ class JobQueue:
         return bool(ok and deleted)
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
+    """A Redis reply (bytes, or str from a decoding client) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -37,14 +37,8 @@ class L2Tier(Tier):
         self._codec = codec
         self._clock = clock
 
-    def key(self, probe: Probe) -> str:
-        """The probe's entry key (it needs the MD5: computed here, once)."""
-        if not probe.key:
-            probe.key = self._keys.entry(probe.digest, probe.task, probe.controls.namespace)
-        return probe.key
-
     def lookup(self, probes: Sequence[Probe]) -> None:
-        ok, values = self._store.get_many([self.key(probe) for probe in probes])
+        ok, values = self._store.get_many([probe.entry_key(self._keys) for probe in probes])
         for probe, value in zip(probes, values, strict=True):
             probe.redis_failed = not ok
             if value is None:
@@ -77,8 +71,7 @@ def sealed(probe: Probe, result: OcrResult, ttl: int, codec: Codec, keys: KeySpa
     """The entry of ``result`` under the probe's key, encoded once for every tier that keeps
     it (L2 stores it, L3 archives the same envelope)."""
     if probe.sealed is None or probe.sealed[0] != ttl:
-        if not probe.key:
-            probe.key = keys.entry(probe.digest, probe.task, probe.controls.namespace)
-        value = codec.encode(result, probe.digest.sha256, keys.fingerprint, ttl, probe.key)
+        key = probe.entry_key(keys)
+        value = codec.encode(result, probe.digest.sha256, keys.fingerprint, ttl, key)
         probe.sealed = (ttl, value)
     return probe.sealed[1]

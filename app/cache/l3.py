@@ -313,11 +313,10 @@ class L3Tier(Tier):
 
     def lookup(self, probes: Sequence[Probe]) -> None:
         for probe in probes:  # one GET per image (the front door's single-flight)
-            if not probe.key:
-                probe.key = self._keys.entry(probe.digest, probe.task, probe.controls.namespace)
             found = self.cold.recall(
-                self._object(probe), probe.key, probe.digest.sha256, self._keys.fingerprint
-            )
+                self._object(probe), probe.entry_key(self._keys), probe.digest.sha256,
+                self._keys.fingerprint,
+            )  # fmt: skip
             if found is not None:
                 bound = probe.controls.ttl or self._refill_ttl
                 probe.answer(

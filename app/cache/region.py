@@ -118,8 +118,7 @@ class OcrCache:
             if found is not None:
                 self._count(found)
                 continue
-            if not probe.key:
-                probe.key = self.key_for(probe.digest, probe.params, probe.controls.namespace)
+            probe.entry_key(self.keys)
             outcome = self._misses.resolve(probe, self._look_again)
             label = "error" if probe.redis_failed else outcome.status.value.lower()
             metrics.CACHE_REQUESTS.labels(result=label).inc()

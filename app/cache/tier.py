@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.cache.keys import ImageDigest
+from app.cache.keys import ImageDigest, KeySpace
 from app.imaging import DecodedImage
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult, Outcome
 
@@ -47,6 +47,13 @@ class Probe:
             self._image = self.decode(self.data)
         return self._image
 
+    def entry_key(self, keys: KeySpace) -> str:
+        """The L2 key (``key``), made the first time a tier or the miss path needs it: it
+        takes the MD5, which an L1 hit never computes."""
+        if not self.key:
+            self.key = keys.entry(self.digest, self.task, self.controls.namespace)
+        return self.key
+
     def answer(self, result: OcrResult, tier: str, ttl: float, details: tuple = ()) -> None:
         self.outcome = Outcome(result, CacheStatus.HIT, tier, details)
         self.ttl = ttl
@@ -75,12 +82,13 @@ class Tier:
 
 class Chain:
     def __init__(self, tiers: Sequence[Tier]) -> None:
-        self.tiers = list(tiers)
+        self.tiers = tuple(tiers)
+        self._positions = {tier.name: i for i, tier in enumerate(self.tiers)}
 
     def index(self, name: str) -> int:
-        """The position of the tier named ``name`` (the end if there is none)."""
-        names = [tier.name for tier in self.tiers]
-        return names.index(name) if name in names else len(names)
+        """The position of the tier named ``name`` (the end if there is none); asked on
+        every write-back, so looked up, not searched."""
+        return self._positions.get(name, len(self.tiers))
 
     def lookup(self, probes: Sequence[Probe], start: int = 0, stop: int | None = None) -> None:
         """Walk ``tiers[start:stop]`` for the probes not answered yet; each answer is given
