@@ -23,8 +23,10 @@ from typing import Any
 
 from app.vocabulary import OcrCacheError
 
-# Bump when a built-in pattern or the masking changes: it is part of the policy digest.
-PATTERNS_VERSION = 1
+# Bump when a built-in pattern, a check or the masking changes: it is part of the policy
+# digest, so entries made under the old patterns are other keys. 2: a value glued to a label
+# (``ID11010519491231002X``) is masked; version 1 required a non-letter before it (issue 25).
+PATTERNS_VERSION = 2
 
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
@@ -58,13 +60,18 @@ class FieldType:
     check: Callable[[str], bool] | None = None
 
 
+# The numbers are bounded by "no digit" on either side, never by "no letter": OCR routinely
+# glues a label to its value (``ID11010519491231002X``, ``Tel13812345678``, ``卡号6222...``),
+# and the checksums, not the neighbours, keep ordinary numbers readable. A longer digit run is
+# another number (an account, a tracking number), not an ID or card with a digit glued on.
 _SEP = r"[ \-]?"
 BUILTIN: dict[str, FieldType] = {
     t.name: t
     for t in (
         FieldType(
             "cn_id",
-            re.compile(r"(?<![0-9A-Za-z])\d{6} ?\d{8} ?\d{3}[0-9Xx](?![0-9A-Za-z])"),
+            # The check character X may be followed by letters (``...002XName``).
+            re.compile(r"(?<![0-9])\d{6} ?\d{8} ?\d{3}[0-9Xx](?![0-9])"),
             cn_id_valid,
         ),
         FieldType(
@@ -79,13 +86,16 @@ BUILTIN: dict[str, FieldType] = {
                 # or any international number written with a leading +.
                 r"(?<![0-9])(?:(?:\+|00)86[ \-]?)?1[3-9]\d(?:[ \-]?\d{4}){2}(?![0-9])"
                 r"|(?<![0-9])\(?0\d{2,3}\)?[ \-]?\d{7,8}(?![0-9])"
-                r"|(?<![0-9\w])\+\d{1,3}(?:[ \-]?\(?\d{1,4}\)?)(?:[ \-]?\d{2,4}){2,4}(?![0-9])"
+                r"|(?<![0-9])\+\d{1,3}(?:[ \-]?\(?\d{1,4}\)?)(?:[ \-]?\d{2,4}){2,4}(?![0-9])"
             ),
         ),
         FieldType(
             "email",
             re.compile(
-                r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+                # The local part starts where its characters do: after a CJK label too
+                # (``邮箱alice@...``); a Latin label glued to it is masked with it.
+                r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+"
+                r"@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
             ),
         ),
     )
