@@ -130,7 +130,11 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 MATRIX = {
-    "defaults": ({}, ["listen 0.0.0.0:9998;", "access_log /dev/stdout edge_json;"]),
+    # Retry-After on nginx's own 502 (a worker died or restarts), rate limit or not.
+    "defaults": (
+        {},
+        ["listen 0.0.0.0:9998;", "access_log /dev/stdout edge_json;", "Retry-After 1 always;"],
+    ),
     "rate limit": (
         {"RATE_LIMIT": "20:40"},
         ["rate=20r/s", "limit_req zone=per_client burst=40 nodelay;", "Retry-After 1"],
