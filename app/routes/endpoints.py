@@ -162,8 +162,12 @@ class Endpoints:
         limit = self._limit
         if isinstance(exc, RequestEntityTooLarge):
             code, message = "too_large", f"request body over {limit} bytes"
-            if length is not None and length <= limit:  # the body fits: one of its form fields
-                message = f"a multipart form field over {Request.max_form_memory_size} bytes"
+            if length is not None and length <= limit:  # the body fits: its form does not
+                message = (
+                    "a multipart form over its limits: a field over "
+                    f"{_Request.max_form_memory_size} bytes, or over "
+                    f"{_Request.max_form_parts} parts"
+                )
         else:
             code = exc.name.lower().replace(" ", "_")
             message = exc.name if endpoint is PADDLEX else exc.description or ""
