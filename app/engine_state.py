@@ -1,7 +1,7 @@
 """The engine's lifecycle as /readyz reports it: loaded in the background at start-up (the
 first request waits for it instead of paying for it), then healthy or failing: after
-``unready_after`` consecutive engine errors or timeouts the worker reports unready until a
-call succeeds again."""
+``unready_after`` consecutive engine errors the worker reports unready until a call succeeds
+again. Timeouts and a full queue are load, never recorded here (``app.cache.compute``)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ class EngineState:
         return "failing" if self.failing else "ready"
 
     def record(self, ok: bool) -> None:
-        """Called after every engine call (not for client errors)."""
+        """Called after every engine call that ran to its end: ``ok`` False for the engine's
+        own error only (not for client errors, timeouts or a full queue)."""
         was_ready = self.ready
         self._consecutive_failures = 0 if ok else self._consecutive_failures + 1
         if self.ready != was_ready:

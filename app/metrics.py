@@ -68,6 +68,12 @@ ENGINE_QUEUE_DEPTH = Gauge(
     "Engine calls waiting to start (summed over live workers)",
     multiprocess_mode="livesum",
 )
+ENGINE_CALLS_RUNNING = Gauge(
+    "ocr_engine_calls_running",
+    "Engine calls running now, including timed-out ones still finishing (summed over live "
+    "workers): with ocr_engine_queue_depth 0, the engines are idle",
+    multiprocess_mode="livesum",
+)
 ENGINE_QUEUE_DROPPED = Counter(
     "ocr_engine_queue_dropped_total",
     "Engine calls never run: queue full (refused) or caller gone (timed out while queued)",

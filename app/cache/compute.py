@@ -4,7 +4,8 @@ queue, computed and stored the same way, their requesters told (``feeders.Feeder
 
 Only the engine's own errors mark it failing (readiness, the feeders' pause): a request that
 stopped waiting (``EngineTimeout``) or a full queue (``EngineBusy``) is load, not a broken
-engine.
+engine. Nor is either retried: a timed-out call is still running (it cannot be interrupted)
+and its requesters' time is gone, and a full queue stays full.
 """
 
 from __future__ import annotations
@@ -106,30 +107,41 @@ class Computer:
         self._chain.record(probe, result, probe.controls.ttl or self.ttl())
         return result
 
-    def _many(self, probes: list[Probe], timeout: float) -> list[OcrResult | Exception]:
-        """Probes with one set of parameters: one engine call where the engine takes a list
-        (``recognize_many``); a failed batch is retried image by image, so one bad image
-        fails only itself."""
+    def _many(self, probes: list[Probe], deadlines: list[float]) -> list[OcrResult | Exception]:
+        """Probes with one set of parameters, each with its requester's deadline (wall
+        clock): one engine call where the engine takes a list (``recognize_many``), bounded
+        by the last deadline (the requesters who leave earlier stop waiting on their own side;
+        the others still get their results, and every result is stored). A batch the engine
+        failed is retried image by image, each within its own time left, so one bad image
+        fails only itself; a batch that timed out or was refused is not (its time is gone,
+        or the queue is full: every probe gets that answer, and none counts as a failure)."""
         many = getattr(self._engine, "recognize_many", None)
         if len(probes) > 1 and many is not None:
             self._wait_for_engine()
-            spent: list[float] = []
+            kind, spent = self._engine.kind, list[float]()
             requests = [OcrRequest(p.data, p.image, p.params) for p in probes]
             try:
-                results = self.runner.run(many, requests, timeout=timeout, elapsed=spent)
+                results = self.runner.run(
+                    many, requests, timeout=max(deadlines) - time.time(), elapsed=spent
+                )
+            except (EngineTimeout, EngineBusy) as exc:
+                outcome = "timeout" if isinstance(exc, EngineTimeout) else "busy"
+                for _ in probes:
+                    metrics.ENGINE_CALLS.labels(engine=kind, outcome=outcome).inc()
+                return [exc for _ in probes]
             except EngineError:
-                pass
+                pass  # one by one below: each image's own outcome
             else:
                 self._outcome(True)
-                kind, share = self._engine.kind, sum(spent) / len(probes)
+                share = sum(spent) / len(probes)
                 for _ in results:
                     metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
                     metrics.ENGINE_SECONDS.labels(engine=kind).observe(share)
                 return list(results)
         answers: list[OcrResult | Exception] = []
-        for probe in probes:
+        for probe, deadline in zip(probes, deadlines, strict=True):
             try:
-                answers.append(self.compute(probe, timeout))
+                answers.append(self.compute(probe, deadline - time.time()))
             except EngineError as exc:
                 answers.append(exc)
         return answers
@@ -167,9 +179,10 @@ class Computer:
         for members in groups.values():
             answered: set[str] = set()
             try:
-                # The requester's deadline bounds the call, not this process's own timeout.
-                left = min(job.deadline for job, _ in members) - time.time()
-                answers = self._many([probe for _, probe in members], left)
+                # The requesters' deadlines bound the call, not this process's own timeout.
+                answers = self._many(
+                    [probe for _, probe in members], [job.deadline for job, _ in members]
+                )
                 for (job, probe), answer in zip(members, answers, strict=True):
                     self._answer(feeders, job, probe, answer)
                     answered.add(job.id)

@@ -5,7 +5,9 @@ it started is cancelled (its caller has gone: the engine never runs it); one tha
 started cannot be interrupted safely and finishes, its result dropped. When more calls are
 waiting than the queue holds, a new one is refused at once (``EngineBusy``: 503 +
 ``Retry-After``, ``err_no``, gRPC RESOURCE_EXHAUSTED) instead of queueing work no one will wait
-for. ``ocr_engine_queue_depth`` is the number of calls waiting to start.
+for. A caller with no time left is answered at once: its call is never queued.
+``ocr_engine_queue_depth`` is the number of calls waiting to start, ``ocr_engine_calls_running``
+the number running (a timed-out call that started counts until it ends).
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ class EngineRunner:
         """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error.
         ``timeout``: this call's own bound (a dispatched job's time left), else the runner's;
         ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait)."""
-        timeout = self._timeout if timeout is None else max(0.001, timeout)
+        if timeout is None:
+            timeout = self._timeout
+        elif timeout <= 0:  # the caller's time is gone: no engine work for nobody
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+            raise EngineTimeout("OCR took longer than the time its caller had left")
         with self._lock:
             if self._waiting >= self._max_queue:
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
@@ -82,10 +88,12 @@ class EngineRunner:
 
     def _start(self, spent: list[float] | None, fn: Callable[..., T], *args: object) -> T:
         self._left_queue()
+        metrics.ENGINE_CALLS_RUNNING.inc()
         began = time.perf_counter()
         try:
             return fn(*args)
         finally:
+            metrics.ENGINE_CALLS_RUNNING.dec()
             elapsed = time.perf_counter() - began
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
             if spent is not None:
