@@ -80,7 +80,7 @@ class MissPath:
             if result is not None:
                 self._keep(probe, result, expires[0] - self._clock())
                 return Outcome(result, CacheStatus.COALESCED if joined else CacheStatus.MISS)
-            timeout = max(0.001, job.deadline - self._clock())  # what is left of the deadline
+            timeout = job.deadline - self._clock()  # what is left (none: answered at once)
         return Outcome(self._computer.compute_and_store(probe, timeout), CacheStatus.MISS)
 
     def _job(self, probe: Probe) -> Job:
