@@ -1,15 +1,19 @@
 """Small helpers for `make test-images`: the docker CLI, image builds with their measured
-times, readiness waits that dump the container's log when they give up."""
+times, readiness waits that dump the container's log when they give up, and host ports held
+for containers on the host network (never picked by binding and releasing)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 
@@ -25,10 +29,15 @@ REDIS_IMAGE = os.environ.get("LOCAL_REDIS_IMAGE", "local/redis:bookworm")
 measurements: dict[str, Any] = {}
 
 
-def docker(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+def docker(
+    *args: str, timeout: float = 600, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``env``: added to this process's environment for that command only (compose's
+    variables)."""
     result = subprocess.run(
-        ["docker", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, **env} if env else None,
+    )  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(
             f"docker {' '.join(args)[:300]} -> {result.returncode}\n"
@@ -86,3 +95,87 @@ def write_measurements() -> Path:
     path = RUN_DIR / "measurements.json"
     path.write_text(json.dumps(measurements, indent=2, sort_keys=True) + "\n")
     return path
+
+
+# ---------------------------------------------------------------------------- host ports
+# A port found free by binding and releasing it can be taken by anyone before the container
+# binds it (the kernel hands it out as an ephemeral port, Docker publishes a container on it,
+# another port-picker finds it free too). Compose services publish on a port Docker picks
+# (host port 0, read back with `docker compose port`). Containers on the host network bind
+# their ports themselves: those ports are held (``Reserved``) from before `docker run` until
+# the container is removed.
+
+T = TypeVar("T")
+# How a server says that its port was taken: nginx, redis-server, gRPC, gunicorn, dockerd.
+PORT_TAKEN = re.compile(
+    r"address already in use|port is already allocated|could not bind|connection in use", re.I
+)
+
+
+def _kernel_range() -> tuple[int, int]:
+    """The kernel's ephemeral ports, which Docker also picks published host ports from."""
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(low), int(high)
+
+
+def _named_ports() -> set[int]:
+    """Every port written in the compose files (fixed host ports a stack may publish)."""
+    numbers = set()
+    for path in (ROOT / "docker").glob("*.y*ml"):
+        numbers |= {int(n) for n in re.findall(r"(?<![\w.])\d{4,5}(?![\w.])", path.read_text())}
+    return numbers
+
+
+class Reserved:
+    """``count`` loopback ports held by sockets of this process, bound and not listening,
+    until ``close()``. They are below the kernel's ephemeral range, so neither the kernel (an
+    outgoing connection, a bind to port 0) nor Docker (a published port) ever picks them,
+    and not a port named in docker/*.yml; a port is taken only when an exclusive bind
+    succeeds on it, so whatever is bound there already, and a second ``Reserved`` (in this
+    run or another), are passed over. ``shareable``: SO_REUSEADDR is set once bound, so a
+    server given the port binds it beside the holder (nginx, gunicorn, gRPC and redis-server
+    all set SO_REUSEADDR); unshareable, no one can bind it: an address that refuses every
+    connection for as long as it is held."""
+
+    def __init__(self, count: int, shareable: bool = True) -> None:
+        low, _high = _kernel_range()
+        candidates = sorted(set(range(max(1024, low - 12000), low)) - _named_ports())
+        self._held: list[socket.socket] = []
+        for port in random.sample(candidates, len(candidates)):
+            if len(self._held) == count:
+                break
+            holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                holder.bind(("127.0.0.1", port))
+            except OSError:
+                holder.close()
+                continue
+            if shareable:
+                holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._held.append(holder)
+        if len(self._held) < count:
+            self.close()
+            raise AssertionError(f"no {count} free ports below {low}")
+        self.ports: list[int] = [s.getsockname()[1] for s in self._held]
+
+    def close(self) -> None:
+        for holder in self._held:
+            holder.close()
+        self._held = []
+
+
+def on_reserved_ports(
+    count: int, start: Callable[[list[int]], T], attempts: int = 3
+) -> tuple[T, Reserved]:
+    """``start(ports)`` on ``count`` held ports; again on others when it failed because a
+    port was taken all the same (its AssertionError or RuntimeError says so: the container's
+    log, redis-server's error). The caller closes the ``Reserved`` once the server is gone."""
+    for attempt in range(1, attempts + 1):
+        held = Reserved(count)
+        try:
+            return start(held.ports), held
+        except (AssertionError, RuntimeError) as exc:
+            held.close()
+            if attempt == attempts or not PORT_TAKEN.search(str(exc)):
+                raise
+    raise AssertionError("unreachable")

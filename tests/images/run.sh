@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # make test-images: build every image and run it for real (tests/images/check_images.py).
-# Brings up the Docker engine with the shared tool when no daemon answers, and on exit — pass,
-# fail or interrupt — removes what the checks started; when it started the engine, it stops it
-# (`container-engine.sh down`). Images and build layers are kept: re-runs build in seconds.
-# Extra arguments go to pytest (e.g. -k cpu).
+# Brings up the Docker engine with the shared tool when no daemon answers. Before the checks
+# and on exit — pass, fail or interrupt — removes what these checks start (the compose projects
+# ocr-test-images*, the containers labelled ocr-test-images=1), so a run starts from whatever
+# an earlier, interrupted one left. When it started the engine, it stops it on exit
+# (`container-engine.sh down` stops every container of the daemon), unless other containers
+# are on it then (another user's: `make chaos`, say): it is left running for them.
+# Images and build layers are kept: re-runs build in seconds. Extra arguments go to pytest
+# (e.g. -k cpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -12,20 +16,35 @@ ENGINE=${CONTAINER_ENGINE:-$SHARED/tools/container-engine.sh}
 PROJECT=ocr-test-images
 started_engine=0
 
+remove_ours() {
+    REDIS_PASSWORD=unused docker compose -p "$PROJECT" -f docker/docker-compose.yml \
+        -f docker/compose.local.yml --profile serving --profile monitoring \
+        down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
+    REDIS_PASSWORD=unused docker compose -p "$PROJECT-l3" -f docker/docker-compose.yml \
+        -f docker/compose.local.yml --profile l3 \
+        down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
+    local ids
+    ids=$(docker ps -aq --filter label=ocr-test-images=1)
+    if [ -n "$ids" ]; then docker rm -f $ids >/dev/null; fi
+    return 0
+}
+
 cleanup() {
     local rc=$?
     set +e
     if docker info >/dev/null 2>&1; then
-        REDIS_PASSWORD=unused docker compose -p "$PROJECT" -f docker/docker-compose.yml \
-            -f docker/compose.local.yml --profile serving --profile monitoring \
-            down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
-        REDIS_PASSWORD=unused docker compose -p "$PROJECT-l3" -f docker/docker-compose.yml \
-            -f docker/compose.local.yml --profile l3 \
-            down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
-        ids=$(docker ps -aq --filter label=ocr-test-images=1)
-        if [ -n "$ids" ]; then docker rm -f $ids >/dev/null; fi
+        remove_ours
     fi
-    if [ "$started_engine" = 1 ]; then bash "$ENGINE" down; fi
+    if [ "$started_engine" = 1 ]; then
+        # Ours are gone: any container left (running or stopped) is someone else's.
+        others=$(docker ps -aq 2>/dev/null | wc -l)
+        if [ "$others" -eq 0 ]; then
+            bash "$ENGINE" down
+        else
+            echo "make test-images: the engine it started is left running: $others other" \
+                "container(s) on it (docker ps -a)" >&2
+        fi
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
@@ -37,6 +56,9 @@ fi
 # Idempotent (about a second when everything is there): engine, compose plugin, base images.
 bash "$ENGINE" up >/dev/null
 SUITE=bullseye BASE_IMAGE=local/debian-python:bullseye REDIS_IMAGE='' bash "$ENGINE" up >/dev/null
+set +e
+remove_ours
+set -e
 
 start=$(date +%s)
 set +e
