@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-near parity clean fuzz
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-near parity clean fuzz chaos chaos-soak
 
 install: $(STAMP) install-edge
 
@@ -75,6 +75,18 @@ fuzz: install
 # Every image built and run on a real Docker engine (brought up and stopped by the script).
 test-images: install
 	bash tests/images/run.sh $(PYTEST_ARGS)
+
+# The real stack while its parts fail (issue 25, bench/chaos.py): two CPU fronts, the Paddle
+# Serving sidecar's front, Redis evicting, SeaweedFS; every fault alone, then 10 minutes of
+# random faults; every answer checked. About 30 minutes on 2 cores; bench/results/chaos.json.
+chaos: install
+	$(BIN)/python -m bench.chaos
+
+# The same load for an hour without faults: each process's memory and open files after a
+# 5-minute warm-up and at the end (bench/results/chaos.json, "soak").
+CHAOS_SOAK_SECONDS ?= 3600
+chaos-soak: install
+	$(BIN)/python -m bench.chaos soak --seconds $(CHAOS_SOAK_SECONDS) --warmup 300
 
 # Upstream parity over the whole corpus: each image's /ocr answer against PaddleX's own
 # basic-serving app on the same models (tests/test_parity.py); "N passed" is the figure in docs/PROTOCOLS.md.

@@ -1,0 +1,866 @@
+"""`make chaos` (issue 25): the real images running together while their parts fail, every
+answer checked.
+
+The stack (docker/compose.chaos.yml on top of docker-compose.yml and compose.local.yml):
+two replicas of the CPU front with PaddleOCR in-process (``front``, ``front-b``, two workers
+each, one global miss queue), a third front whose engine is the Paddle Serving sidecar
+(``front-serving``), Redis small enough to evict (``allkeys-lru``, as in production) and
+SeaweedFS as the cold tier (L3) of every front.
+
+The verifying load: an open-loop request rate (a request is sent every ``1/rate`` s whether
+or not the earlier ones answered) over corpus images whose true lines were computed before
+the run by each engine (``Cache-Control: no-cache, no-store``), mixed with fresh images (one
+pixel of a corpus image changed) so misses never stop; a fresh image's answer is checked
+after the run against a ``no-cache, no-store`` answer of the same engine. Wrong = the text
+lines differ. The in-process replicas are one engine (a load balancer's round robin
+between them); each engine has its own truths.
+
+Faults (``FAULTS``), each alone in its own window, then at random during one long run: a
+worker ``kill -9``; a front container killed and restarted; Redis restarted empty; Redis
+frozen 5 s (``docker pause``); Redis full and evicting, its queue keys taken as the LRU may
+take them; the sidecar killed mid-request and restarted; SeaweedFS stopped and started; a
+burst of requests that give up before the engine could answer them. Per fault: answers
+checked, wrong answers, errors by status, how long errors lasted after the fault, time until
+the hit ratio is back, engine calls per distinct computed image; at the end the L3 objects
+missing for computed entries against the write-behind's own count of what it dropped.
+``soak``: the same load without faults, each process's memory and open files after a warm-up
+and at the end.
+
+    python -m bench.chaos [--faults a,b] [--random SECONDS] [--ci]   # -> bench/results/chaos.json
+    python -m bench.chaos soak --seconds 3600 --warmup 300
+
+The Docker engine comes from ../shared/tools/container-engine.sh (up when none answers; down
+at the end when this started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import io
+import json
+import os
+import random
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import requests
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared"))
+CORPUS = SHARED / "corpus"
+RESULTS = ROOT / "bench" / "results"
+ENGINE_SCRIPT = Path(os.environ.get("CONTAINER_ENGINE", SHARED / "tools" / "container-engine.sh"))
+PROJECT = os.environ.get("CHAOS_PROJECT", "ocr-chaos")
+FILES = ["docker/docker-compose.yml", "docker/compose.local.yml", "docker/compose.chaos.yml"]
+PADDLE, SERVING = "paddle", "serving"  # the two engines, each with its own truths
+# Small real images: the misses stay cheap enough that 2 shared cores keep up with the rate.
+HOT = [
+    "tesseract_phototest.png",
+    "paddleocr_word_en_1.png",
+    "paddleocr_word_ch_4.jpg",
+    "rapidocr_short.png",
+    "mmocr_rec_1036169.jpg",
+    "paddleocr_casia_0.jpg",
+    "rapidocr_el_rec.jpg",
+    "paddleocr_word_ru_1.jpg",
+]
+FRESH_BASES = [
+    "paddleocr_word_en_1.png",
+    "paddleocr_word_ch_4.jpg",
+    "rapidocr_short.png",
+    "mmocr_rec_1036169.jpg",
+    "paddleocr_casia_0.jpg",
+]
+BURST_PAGES = [
+    "tesseract_eurotext.png",
+    "mmocr_wildreceipt_2.jpg",
+    "paddleocr_doc_korean_1.jpg",
+    "rapidocr_korean.jpg",
+    "mmocr_demo_text_det.jpg",
+    "paddleocr_doc_ger_1.jpg",
+]
+
+
+PORTS = (
+    "CHAOS_REDIS_PORT", "CHAOS_FRONT_HTTP_PORT", "CHAOS_FRONT_GRPC_PORT", "CHAOS_FRONT_B_HTTP_PORT",
+    "CHAOS_FRONT_B_GRPC_PORT", "CHAOS_SERVING_FRONT_HTTP_PORT", "CHAOS_SERVING_FRONT_GRPC_PORT",
+    "CHAOS_S3_PORT",
+)  # fmt: skip
+
+
+def distinct_free_ports(n: int) -> list[int]:
+    """``n`` ports free now and distinct: every socket is held until all are chosen (one bound
+    and released at a time can be handed out twice). Another process may still take one before
+    Docker binds it: ``Stack.up`` then chooses again."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+# --- the stack ----------------------------------------------------------------------------
+
+
+class Stack:
+    """The compose project: up, down, its services' containers and processes."""
+
+    def __init__(self, ci: bool) -> None:
+        self.ci = ci  # no sidecar: the subset `make test-images` runs
+        self.profiles = ["--profile", "l3"] + ([] if ci else ["--profile", "serving"])
+        self.password = secrets.token_hex(12)
+        self.s3_secret = secrets.token_hex(12)
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        self.ports = dict(zip(PORTS, distinct_free_ports(len(PORTS)), strict=True))
+        self.env = {
+            **os.environ,
+            "REDIS_PASSWORD": self.password,
+            "L3_SECRET_ACCESS_KEY": self.s3_secret,
+        }
+        self.env.update({name: str(port) for name, port in self.ports.items()})
+        self.fronts = {
+            "front": self.ports["CHAOS_FRONT_HTTP_PORT"],
+            "front-b": self.ports["CHAOS_FRONT_B_HTTP_PORT"],
+        }
+        if not self.ci:
+            self.fronts["front-serving"] = self.ports["CHAOS_SERVING_FRONT_HTTP_PORT"]
+
+    def compose(self, *args: str, check: bool = True, timeout: float = 1800) -> str:
+        cmd = ["docker", "compose", "-p", PROJECT]
+        for f in FILES:
+            cmd += ["-f", f]
+        result = subprocess.run(
+            cmd + self.profiles + list(args),
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode:
+            raise RuntimeError(f"compose {' '.join(args)}: {result.stderr[-3000:]}")
+        return result.stdout
+
+    def up(self) -> None:
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", check=False)
+        self.compose("build")
+        for _ in range(3):  # a host port taken since it was chosen: choose again
+            try:
+                self.compose("up", "-d", "--wait", "--wait-timeout", "600")
+                return
+            except RuntimeError as exc:
+                if "already allocated" not in str(exc) and "address already in use" not in str(exc):
+                    raise
+                self.compose("down", "--volumes", "--timeout", "10", check=False)
+                self._choose_ports()
+        raise RuntimeError("no free host ports after three tries")
+
+    def down(self) -> None:
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "30", check=False)
+
+    def container(self, service: str) -> str:
+        return f"{PROJECT}-{service}-1"
+
+    def docker(self, *args: str, check: bool = True) -> str:
+        result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300)
+        if check and result.returncode:
+            raise RuntimeError(f"docker {' '.join(args)}: {result.stderr[-2000:]}")
+        return result.stdout
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis(
+            port=self.ports["CHAOS_REDIS_PORT"],
+            password=self.password,
+            socket_timeout=10,
+            socket_connect_timeout=5,
+        )
+
+    def processes(self, service: str) -> list[dict[str, Any]]:
+        """Every process of a front: pid, parent, argv, resident memory (kB), open files."""
+        script = (
+            "import json,os\nout=[]\n"
+            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "  try:\n"
+            "    st=dict(l.split(':',1) for l in open(f'/proc/{p}/status') if ':' in l)\n"
+            "    argv=open(f'/proc/{p}/cmdline','rb').read().split(b'\\0')\n"
+            "    fds=len(os.listdir(f'/proc/{p}/fd'))\n"
+            "  except OSError: continue\n"
+            "  if st['PPid'].strip()=='0' and p!='1': continue\n"
+            "  out.append({'pid':int(p),'ppid':int(st['PPid']),"
+            "'argv':' '.join(a.decode(errors='replace') for a in argv if a)[:120],"
+            "'rss_kb':int(st.get('VmRSS','0 kB').split()[0]),'fds':fds})\n"
+            "print(json.dumps(out))"
+        )
+        return json.loads(self.docker("exec", self.container(service), "python", "-c", script))
+
+    def worker_pids(self, service: str) -> list[int]:
+        """gunicorn's workers: the children of the process that runs `app serve`."""
+        procs = self.processes(service)
+        masters = {p["pid"] for p in procs if "app serve" in p["argv"] or "gunicorn" in p["argv"]}
+        return [p["pid"] for p in procs if p["ppid"] in masters and "nginx" not in p["argv"]]
+
+    def healthy(self, service: str) -> bool:
+        out = self.docker(
+            "inspect", "--format", "{{.State.Health.Status}}", self.container(service), check=False
+        )
+        return out.strip() == "healthy"
+
+    def wait_healthy(self, service: str, timeout: float = 300) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.healthy(service):
+                return time.monotonic() - start
+            time.sleep(1)
+        raise RuntimeError(f"{service} not healthy within {timeout:.0f} s")
+
+
+# --- the verifying load -------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    sent: float  # seconds since the run began
+    took: float
+    front: str
+    engine: str
+    image: str
+    fresh: bool
+    status: str  # HTTP status, or timeout / connection
+    cache: str = ""
+    lines: list[str] | None = field(default=None, repr=False)
+    retry_after: str = ""
+
+
+def lines_of(body: dict[str, Any]) -> list[str]:
+    return [line["text"] for line in body["lines"]]
+
+
+def engine_of(front: str) -> str:
+    return SERVING if front == "front-serving" else PADDLE
+
+
+def one_pixel_variant(base: str, n: int) -> bytes:
+    """A new image nobody has sent: pixel ``n`` of the top row of ``base`` changed."""
+    image = Image.open(CORPUS / base).convert("RGB")
+    x, y = n % image.width, (n // image.width) % image.height
+    r, g, b = image.getpixel((x, y))  # type: ignore[misc]
+    image.putpixel((x, y), ((r + 97 + n) % 256, g, b))
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+class Load:
+    """The open-loop client: ``rate`` requests a second, a ``fresh`` share of them new images."""
+
+    def __init__(self, stack: Stack, rate: float, fresh: float, seed: int = 1) -> None:
+        self.stack = stack
+        self.rate = rate
+        self.fresh = fresh
+        self.random = random.Random(seed)
+        self.records: list[Record] = []
+        self.fresh_images: dict[str, bytes] = {}
+        self.hot = {name: (CORPUS / name).read_bytes() for name in HOT}
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(96, thread_name_prefix="client")
+        self._thread: threading.Thread | None = None
+        self._counter = 0
+        self.began = time.monotonic()
+        self.session = requests.Session()
+        self.session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=96))
+
+    def now(self) -> float:
+        return time.monotonic() - self.began
+
+    def post(
+        self, front: str, data: bytes, cache_control: str = "", timeout: float = 75
+    ) -> tuple[str, dict[str, Any] | None, requests.Response | None]:
+        headers = {"Cache-Control": cache_control} if cache_control else {}
+        url = f"http://127.0.0.1:{self.stack.fronts[front]}/v1/ocr"
+        try:
+            resp = self.session.post(
+                url,
+                json={"image": base64.b64encode(data).decode()},
+                headers=headers,
+                timeout=timeout,
+            )
+        except requests.Timeout:
+            return "timeout", None, None
+        except requests.ConnectionError:
+            return "connection", None, None
+        body = (
+            resp.json()
+            if resp.headers.get("Content-Type", "").startswith("application/json")
+            else None
+        )
+        return str(resp.status_code), body, resp
+
+    def send(self, front: str, name: str, data: bytes, fresh: bool, timeout: float = 75) -> Record:
+        sent = self.now()
+        status, body, resp = self.post(front, data, timeout=timeout)
+        record = Record(
+            sent, round(self.now() - sent, 3), front, engine_of(front), name, fresh, status
+        )
+        if resp is not None:
+            record.cache = resp.headers.get("X-Cache", "")
+            record.retry_after = resp.headers.get("Retry-After", "")
+            if status == "200" and body is not None:
+                record.lines = lines_of(body)
+        with self.lock:
+            self.records.append(record)
+        return record
+
+    def fresh_image(self) -> tuple[str, bytes]:
+        with self.lock:
+            self._counter += 1
+            n = self._counter
+        base = FRESH_BASES[n % len(FRESH_BASES)]
+        name = f"fresh-{n}-{base}"
+        data = one_pixel_variant(base, n)
+        with self.lock:
+            self.fresh_images[name] = data
+        return name, data
+
+    def _tick(self) -> None:
+        front = self.random.choice(list(self.stack.fronts))
+        if self.random.random() < self.fresh:
+            name, data = self.fresh_image()
+            self._pool.submit(self.send, front, name, data, True)
+        else:
+            name = self.random.choice(HOT)
+            self._pool.submit(self.send, front, name, self.hot[name], False)
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self._tick()
+            next_at += 1 / self.rate
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._pool.shutdown(wait=True)
+
+
+# --- truths and verification --------------------------------------------------------------
+
+
+def truths(
+    load: Load, images: dict[str, bytes], pairs: list[tuple[str, str]]
+) -> dict[tuple[str, str], list[str]]:
+    """The lines of each (engine, image) pair, computed now and stored nowhere."""
+    front_of = {PADDLE: "front", SERVING: "front-serving"}
+    found: dict[tuple[str, str], list[str]] = {}
+
+    def one(engine: str, name: str) -> None:
+        for attempt in range(5):
+            status, body, _ = load.post(front_of[engine], images[name], "no-cache, no-store", 120)
+            if status == "200" and body is not None:
+                found[(engine, name)] = lines_of(body)
+                return
+            time.sleep(2 + attempt * 3)
+        raise RuntimeError(f"no truth for {name} from {engine}: {status}")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda pair: one(*pair), pairs))
+    return found
+
+
+def verify(load: Load, truth: dict[tuple[str, str], list[str]]) -> list[dict[str, Any]]:
+    """Every 200 answer against its engine's truth; fresh images' truths computed now."""
+    fresh = {(r.engine, r.image) for r in load.records if r.fresh and r.lines is not None}
+    truth.update(truths(load, load.fresh_images, sorted(fresh)))
+    wrong = []
+    for r in load.records:
+        if r.lines is not None and r.lines != truth.get((r.engine, r.image)):
+            wrong.append(
+                {
+                    "image": r.image,
+                    "engine": r.engine,
+                    "front": r.front,
+                    "sent": r.sent,
+                    "cache": r.cache,
+                    "got": r.lines[:5],
+                    "want": (truth.get((r.engine, r.image)) or [])[:5],
+                }
+            )
+    return wrong
+
+
+# --- the faults ---------------------------------------------------------------------------
+
+
+def fault_worker_kill(stack: Stack, load: Load) -> str:
+    pid = random.choice(stack.worker_pids("front"))
+    stack.docker(
+        "exec",
+        stack.container("front"),
+        "python",
+        "-c",
+        f"import os, signal; os.kill({pid}, signal.SIGKILL)",
+    )
+    return f"kill -9 of gunicorn worker {pid} in front"
+
+
+def fault_front_restart(stack: Stack, load: Load) -> str:
+    stack.docker("kill", stack.container("front-b"))
+    time.sleep(2)
+    stack.docker("start", stack.container("front-b"), check=False)  # restart policy may win
+    took = stack.wait_healthy("front-b")
+    return f"front-b killed (SIGKILL) and started; healthy again after {took:.0f} s"
+
+
+def fault_redis_restart(stack: Stack, load: Load) -> str:
+    stack.docker("restart", "--time", "1", stack.container("redis"))
+    return "redis restarted (no persistence: empty)"
+
+
+def fault_redis_freeze(stack: Stack, load: Load) -> str:
+    stack.docker("pause", stack.container("redis"))
+    time.sleep(5)
+    stack.docker("unpause", stack.container("redis"))
+    return "redis frozen 5 s (docker pause)"
+
+
+def fault_redis_evicting(stack: Stack, load: Load, seconds: float = 20) -> str:
+    """A writer fills Redis past maxmemory (the LRU evicts) while the queue's own keys (the
+    stream with its group, the engines set, the job markers) are taken as the LRU may take
+    them, every half second."""
+    client = stack.redis()
+    before = int(client.info("stats")["evicted_keys"])
+    end, n, taken = time.monotonic() + seconds, 0, 0
+    blob = os.urandom(64 * 1024)
+    while time.monotonic() < end:
+        pipe = client.pipeline(transaction=False)
+        for _ in range(16):
+            pipe.set(f"chaos:filler:{n}", blob)
+            n += 1
+        pipe.execute()
+        if n % 128 == 0:
+            queue = [k for k in client.scan_iter(match="*dispatch*", count=1000)]
+            if queue:
+                taken += client.unlink(*queue)
+    evicted = int(client.info("stats")["evicted_keys"]) - before
+    client.close()
+    return f"{n} x 64 KiB written, {evicted} keys evicted by the LRU, {taken} queue keys taken"
+
+
+def fault_sidecar_kill(stack: Stack, load: Load) -> str:
+    stack.docker("kill", stack.container("paddle-serving"))
+    time.sleep(5)
+    stack.docker("start", stack.container("paddle-serving"), check=False)
+    took = stack.wait_healthy("paddle-serving", 600)
+    return f"sidecar killed (SIGKILL), down 5 s, healthy again after {took:.0f} s"
+
+
+def fault_s3_stop(stack: Stack, load: Load) -> str:
+    stack.docker("stop", "--time", "1", stack.container("s3"))
+    time.sleep(20)
+    stack.docker("start", stack.container("s3"))
+    return "SeaweedFS stopped for 20 s, then started"
+
+
+def fault_deadline_burst(stack: Stack, load: Load) -> str:
+    """Distinct document pages, each seconds of engine time, whose clients give up after 1 s:
+    the engines must not stay busy with, nor be slowed by, work nobody waits for. A burst
+    request that still answers in time is checked like a fresh image; one that gave up is
+    the client's choice, not an error."""
+    gave_up = []
+
+    def one(i: int, name: str) -> None:
+        data = one_pixel_variant(name, 10_000 + i + int(load.now()))
+        front = "front" if i % 2 else "front-b"
+        sent = load.now()
+        status, body, resp = load.post(front, data, timeout=1.0)
+        if status == "200" and body is not None and resp is not None:
+            key = f"burst-{i}-{int(sent)}-{name}"
+            with load.lock:
+                load.fresh_images[key] = data
+                load.records.append(
+                    Record(
+                        sent,
+                        round(load.now() - sent, 3),
+                        front,
+                        PADDLE,
+                        key,
+                        True,
+                        status,
+                        resp.headers.get("X-Cache", ""),
+                        lines_of(body),
+                    )
+                )
+        else:
+            gave_up.append(status)
+
+    threads = [threading.Thread(target=one, args=(i, n)) for i, n in enumerate(BURST_PAGES * 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return f"{len(threads)} document pages, {len(gave_up)} clients gave up after 1 s"
+
+
+FAULTS: dict[str, Callable[[Stack, Load], str]] = {
+    "worker_kill": fault_worker_kill,
+    "front_restart": fault_front_restart,
+    "redis_restart": fault_redis_restart,
+    "redis_freeze": fault_redis_freeze,
+    "redis_evicting": fault_redis_evicting,
+    "sidecar_kill": fault_sidecar_kill,
+    "s3_stop": fault_s3_stop,
+    "deadline_burst": fault_deadline_burst,
+}
+CI_FAULTS = ["worker_kill", "redis_restart", "redis_evicting"]
+
+
+# --- measuring ----------------------------------------------------------------------------
+
+
+def engine_calls(stack: Stack) -> dict[str, float]:
+    """ocr_engine_calls_total{outcome="ok"} of each front (summed over its workers)."""
+    calls = {}
+    for front, port in stack.fronts.items():
+        try:
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        except requests.RequestException:
+            calls[front] = float("nan")
+            continue
+        calls[front] = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("ocr_engine_calls_total{") and 'outcome="ok"' in line
+        )
+    return calls
+
+
+def metric(stack: Stack, name: str, **labels: str) -> float:
+    total = 0.0
+    for port in stack.fronts.values():
+        try:
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        except requests.RequestException:
+            continue
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def window_report(
+    records: list[Record],
+    t0: float,
+    t1: float,
+    baseline_hits: float,
+    wrong: list[dict[str, Any]],
+    calls: float,
+) -> dict[str, Any]:
+    """One fault's figures over the requests sent in [t0, t1)."""
+    inside = [r for r in records if t0 <= r.sent < t1]
+    errors = [r for r in inside if r.status != "200"]
+    by_status = collections.Counter(r.status for r in errors)
+    last_error = max((r.sent + r.took for r in errors), default=t0)
+    computed = {
+        (r.engine, r.image)
+        for r in inside
+        if r.status == "200" and r.cache in ("MISS", "COALESCED")
+    }
+    # Hit ratio of the hot images in 5 s bins: back when a bin reaches 90 % of the baseline.
+    back = None
+    bins: dict[int, list[Record]] = collections.defaultdict(list)
+    for r in inside:
+        if not r.fresh and not r.image.startswith("burst"):
+            bins[int((r.sent - t0) // 5)].append(r)
+    for b in sorted(bins):
+        hits = sum(r.cache == "HIT" for r in bins[b]) / len(bins[b])
+        if hits >= 0.9 * baseline_hits:
+            back = b * 5
+            break
+    return {
+        "requests": len(inside),
+        "answers_checked": sum(r.lines is not None for r in inside),
+        "wrong": sum(1 for w in wrong if t0 <= w["sent"] < t1),
+        "errors_by_status": dict(by_status),
+        # A fault may cost errors, in the protocol's form with Retry-After (504: the deadline).
+        "errors_without_retry_after": sum(
+            r.status in ("429", "502", "503") and not r.retry_after for r in errors
+        ),
+        "error_seconds_after_fault": round(last_error - t0, 1) if errors else 0.0,
+        "hit_ratio_back_after_s": back,
+        "distinct_computed": len(computed),
+        "engine_calls": calls,
+        "engine_calls_per_computed_image": round(calls / len(computed), 2) if computed else None,
+        "p50_s": _quantile([r.took for r in inside if r.status == "200"], 0.5),
+        "p99_s": _quantile([r.took for r in inside if r.status == "200"], 0.99),
+        "max_s": max((r.took for r in inside), default=None),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
+
+def hit_ratio(records: list[Record], t0: float, t1: float) -> float:
+    hot = [r for r in records if t0 <= r.sent < t1 and not r.fresh and r.status == "200"]
+    return sum(r.cache == "HIT" for r in hot) / len(hot) if hot else 0.0
+
+
+def l3_missing(stack: Stack, load: Load) -> dict[str, Any]:
+    """Each image an engine computed (answered MISS) should have its L3 object(s)."""
+    import boto3
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{stack.ports['CHAOS_S3_PORT']}",
+        region_name="us-east-1",
+        aws_access_key_id="ocrcache",
+        aws_secret_access_key=stack.s3_secret,
+    )
+    objects: collections.Counter[str] = collections.Counter()
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="ocr-chaos"):
+            for item in page.get("Contents", []):
+                parts = item["Key"].split("/")
+                objects[parts[-2]] += 1  # .../{md5}/{schema}-{fingerprint}-{task}
+    except s3.exceptions.NoSuchBucket:
+        pass  # nothing was ever written
+    import hashlib
+
+    data = {**load.hot, **load.fresh_images}
+    computed: dict[str, set[str]] = collections.defaultdict(set)
+    for r in load.records:
+        if r.status == "200" and r.cache == "MISS" and r.image in data:
+            computed[hashlib.md5(data[r.image]).hexdigest()].add(r.engine)  # noqa: S324
+    missing = sum(max(0, len(engines) - objects.get(md5, 0)) for md5, engines in computed.items())
+    return {
+        "computed_entries": sum(len(e) for e in computed.values()),
+        "objects_missing": missing,
+        "write_behind_counted_dropped": metric(stack, "ocr_l3_writes_total", result="dropped")
+        + metric(stack, "ocr_l3_writes_total", result="error"),
+    }
+
+
+def processes_snapshot(stack: Stack) -> dict[str, list[dict[str, Any]]]:
+    return {front: stack.processes(front) for front in stack.fronts}
+
+
+# --- the runs -----------------------------------------------------------------------------
+
+
+@contextmanager
+def engine_and_stack(ci: bool, keep: bool = False) -> Iterator[Stack]:
+    started = subprocess.run(["docker", "info"], capture_output=True).returncode != 0
+    subprocess.run(["bash", str(ENGINE_SCRIPT), "up"], check=True, stdout=subprocess.DEVNULL)
+    if not ci:
+        env = {
+            **os.environ,
+            "SUITE": "bullseye",
+            "BASE_IMAGE": "local/debian-python:bullseye",
+            "REDIS_IMAGE": "",
+        }
+        subprocess.run(
+            ["bash", str(ENGINE_SCRIPT), "up"], check=True, env=env, stdout=subprocess.DEVNULL
+        )
+    stack = Stack(ci)
+    try:
+        stack.up()
+        yield stack
+    finally:
+        if not keep:
+            stack.down()
+        if started and not keep:
+            subprocess.run(["bash", str(ENGINE_SCRIPT), "down"], check=False)
+
+
+def run_faults(
+    stack: Stack,
+    faults: list[str],
+    random_seconds: float,
+    rate: float,
+    fresh: float,
+    before: float = 15,
+    after: float = 60,
+) -> dict[str, Any]:
+    engines = [PADDLE] if stack.ci else [PADDLE, SERVING]
+    load = Load(stack, rate, fresh)
+    began = time.time()
+    truth = truths(load, load.hot, [(e, name) for e in engines for name in HOT])
+    load.began = time.monotonic()
+    load.start()
+    time.sleep(before)  # the hot set is cached: the baseline
+    windows: list[dict[str, Any]] = []
+    calls_before = engine_calls(stack)
+    for name in faults:
+        t0 = load.now()
+        note = FAULTS[name](stack, load)
+        print(f"[chaos] {t0:7.1f} s  {name}: {note}", flush=True)
+        time.sleep(after)
+        t1 = load.now()
+        calls_after = engine_calls(stack)
+        delta = sum(
+            max(0.0, calls_after[f] - calls_before.get(f, 0.0))
+            for f in calls_after
+            if calls_after[f] == calls_after[f]
+        )
+        calls_before = calls_after
+        windows.append(
+            {"fault": name, "what": note, "t0": round(t0, 1), "t1": round(t1, 1), "calls": delta}
+        )
+    random_log = []
+    if random_seconds:
+        rng = random.Random(7)
+        t0 = load.now()
+        end = time.monotonic() + random_seconds
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(10, 40))
+            name = rng.choice([f for f in FAULTS if f != "sidecar_kill" or not stack.ci])
+            at = load.now()
+            random_log.append(
+                {"at": round(at, 1), "fault": name, "what": FAULTS[name](stack, load)}
+            )
+            print(f"[chaos] {at:7.1f} s  random {name}", flush=True)
+        time.sleep(after)
+        calls_after = engine_calls(stack)
+        windows.append(
+            {
+                "fault": "random",
+                "what": random_log,
+                "t0": round(t0, 1),
+                "t1": round(load.now(), 1),
+                "calls": sum(
+                    max(0.0, calls_after[f] - calls_before.get(f, 0.0))
+                    for f in calls_after
+                    if calls_after[f] == calls_after[f]
+                ),
+            }
+        )
+    load.stop()
+    wrong = verify(load, truth)
+    baseline = hit_ratio(load.records, 5, before)
+    report: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
+        "stack": "ci (front, front-b, redis, s3)"
+        if stack.ci
+        else "front, front-b, front-serving + paddle-serving, redis, s3",
+        "rate_per_s": rate,
+        "fresh_share": fresh,
+        "redis_maxmemory": os.environ.get("CHAOS_REDIS_MAXMEMORY", "24mb"),
+        "baseline_hit_ratio": round(baseline, 3),
+        "requests": len(load.records),
+        "answers_checked": sum(r.lines is not None for r in load.records),
+        "wrong": len(wrong),
+        "wrong_examples": wrong[:10],
+        "redis_evicted_keys": int(stack.redis().info("stats")["evicted_keys"]),
+        "faults": [],
+    }
+    for w in windows:
+        figures = window_report(load.records, w["t0"], w["t1"], baseline, wrong, w["calls"])
+        report["faults"].append({"fault": w["fault"], "what": w["what"], **figures})
+    report["l3"] = l3_missing(stack, load)
+    report["seconds"] = round(time.time() - began)
+    return report
+
+
+def soak(stack: Stack, seconds: float, warmup: float, rate: float, fresh: float) -> dict[str, Any]:
+    load = Load(stack, rate, fresh)
+    engines = [PADDLE] if stack.ci else [PADDLE, SERVING]
+    truth = truths(load, load.hot, [(e, name) for e in engines for name in HOT])
+    load.began = time.monotonic()
+    load.start()
+    time.sleep(warmup)
+    first = processes_snapshot(stack)
+    time.sleep(max(0.0, seconds - warmup))
+    last = processes_snapshot(stack)
+    load.stop()
+    wrong = verify(load, truth)
+    rows = []
+    for front in first:
+        then = {p["pid"]: p for p in first[front]}
+        for p in last[front]:
+            if p["pid"] in then:
+                q = then[p["pid"]]
+                rows.append(
+                    {
+                        "front": front,
+                        "pid": p["pid"],
+                        "argv": p["argv"][:60],
+                        "rss_kb": [q["rss_kb"], p["rss_kb"]],
+                        "fds": [q["fds"], p["fds"]],
+                        "rss_change": round(p["rss_kb"] / max(1, q["rss_kb"]) - 1, 4),
+                    }
+                )
+    return {
+        "seconds": seconds,
+        "warmup_seconds": warmup,
+        "rate_per_s": rate,
+        "requests": len(load.records),
+        "wrong": len(wrong),
+        "errors": dict(collections.Counter(r.status for r in load.records if r.status != "200")),
+        "processes": rows,
+        "max_rss_change": max((abs(r["rss_change"]) for r in rows), default=None),
+        "fds_changed": [r for r in rows if r["fds"][0] != r["fds"][1]],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", nargs="?", default="faults", choices=["faults", "soak"])
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--random", type=float, default=600, help="seconds of random faults")
+    parser.add_argument("--ci", action="store_true", help="no sidecar (make test-images)")
+    parser.add_argument("--rate", type=float, default=3.0)
+    parser.add_argument("--fresh", type=float, default=0.2)
+    parser.add_argument("--after", type=float, default=60)
+    parser.add_argument("--seconds", type=float, default=3600)
+    parser.add_argument("--warmup", type=float, default=300)
+    parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
+    parser.add_argument("--keep", action="store_true", help="leave the stack running")
+    args = parser.parse_args(argv)
+    faults = [f for f in args.faults.split(",") if f]
+    if args.ci:
+        faults = [f for f in faults if f != "sidecar_kill"]
+    with engine_and_stack(args.ci, args.keep) as stack:
+        if args.mode == "soak":
+            result = {"soak": soak(stack, args.seconds, args.warmup, args.rate, args.fresh)}
+        else:
+            result = run_faults(stack, faults, args.random, args.rate, args.fresh, after=args.after)
+    out = Path(args.out)
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    previous.update(result if args.mode == "soak" else {"faults_run": result})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(previous, indent=1, default=str) + "\n")
+    print(json.dumps(result, indent=1, default=str)[:6000])
+    bad = result.get("wrong") or (result.get("soak") or {}).get("wrong")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
