@@ -101,8 +101,10 @@ L3_READS = Counter(
 )
 L3_WRITES = Counter(
     "ocr_l3_writes_total",
-    "L3 write-behind: stored, error (the store failed or the circuit was open), dropped "
-    "(the queue was full)",
+    "L3 write-behind: queued, then stored, error (the store failed or the circuit was "
+    "open) or purged (its image purged meanwhile); dropped (the queue was full, never "
+    "queued). queued - stored - error - purged - ocr_l3_queue_depth: writes lost with a "
+    "process that died (kill -9) before its queue drained",
     ["result"],
 )
 L3_QUEUE_DEPTH = Gauge(
@@ -156,7 +158,7 @@ def initialise(engine_kind: str) -> None:
         DISPATCH_JOBS.labels(outcome=outcome)
     for result in ("hit", "miss", "rejected", "error", "circuit_open"):
         L3_READS.labels(result=result)
-    for result in ("stored", "error", "dropped"):
+    for result in ("queued", "stored", "error", "purged", "dropped"):
         L3_WRITES.labels(result=result)
     for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)

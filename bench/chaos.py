@@ -57,7 +57,7 @@ from typing import Any
 
 import redis
 import requests
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared"))
@@ -103,17 +103,22 @@ PORTS = (
 
 
 def distinct_free_ports(n: int) -> list[int]:
-    """``n`` ports free now and distinct: every socket is held until all are chosen (one bound
-    and released at a time can be handed out twice). Another process may still take one before
-    Docker binds it: ``Stack.up`` then chooses again."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """``n`` distinct loopback ports, free now, below the kernel's ephemeral range: neither an
+    outgoing connection (the load's own) nor a port Docker picks can take one between runs of
+    the containers that publish them (a restarted container binds its port again). Another
+    process binding one on purpose is still possible: ``Stack.up`` then chooses again."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    chosen: list[int] = []
+    for port in random.sample(range(max(1024, low - 12000), low), 12000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+        if len(chosen) == n:
+            return chosen
+    raise RuntimeError(f"no {n} free ports below {low}")
 
 
 # --- the stack ----------------------------------------------------------------------------
@@ -215,8 +220,10 @@ class Stack:
     def worker_pids(self, service: str) -> list[int]:
         """gunicorn's workers: the children of the process that runs `app serve`."""
         procs = self.processes(service)
-        masters = {p["pid"] for p in procs if "app serve" in p["argv"] or "gunicorn" in p["argv"]}
-        return [p["pid"] for p in procs if p["ppid"] in masters and "nginx" not in p["argv"]]
+        (master,) = [p for p in procs if p["argv"].endswith("-m app serve") and p["ppid"] == 1]
+        return [
+            p["pid"] for p in procs if p["ppid"] == master["pid"] and p["argv"] == master["argv"]
+        ]
 
     def healthy(self, service: str) -> bool:
         out = self.docker(
@@ -258,14 +265,17 @@ def engine_of(front: str) -> str:
     return SERVING if front == "front-serving" else PADDLE
 
 
-def one_pixel_variant(base: str, n: int) -> bytes:
-    """A new image nobody has sent: pixel ``n`` of the top row of ``base`` changed."""
+def numbered_variant(base: str, n: int) -> bytes:
+    """A new image nobody has sent, with text of its own: ``base`` above a band that reads
+    ``No <n>`` (so serving one fresh image the answer of another, or of its base, is a
+    difference in the lines, not an invisible one)."""
     image = Image.open(CORPUS / base).convert("RGB")
-    x, y = n % image.width, (n // image.width) % image.height
-    r, g, b = image.getpixel((x, y))  # type: ignore[misc]
-    image.putpixel((x, y), ((r + 97 + n) % 256, g, b))
+    font = ImageFont.load_default(size=28)
+    band = Image.new("RGB", (max(image.width, 220), image.height + 48), "white")
+    band.paste(image, (0, 0))
+    ImageDraw.Draw(band).text((8, image.height + 8), f"No {n:05d}", fill="black", font=font)
     out = io.BytesIO()
-    image.save(out, "PNG")
+    band.save(out, "PNG")
     return out.getvalue()
 
 
@@ -308,12 +318,16 @@ class Load:
             return "timeout", None, None
         except requests.ConnectionError:
             return "connection", None, None
-        body = (
-            resp.json()
-            if resp.headers.get("Content-Type", "").startswith("application/json")
-            else None
-        )
-        return str(resp.status_code), body, resp
+        except requests.RequestException as exc:  # a body cut off mid-answer, say
+            return f"broken:{exc.__class__.__name__}", None, None
+        status = str(resp.status_code)
+        try:
+            body = resp.json()
+            if status == "200":
+                lines_of(body)
+        except (ValueError, KeyError, TypeError):
+            return ("bad_body" if status == "200" else status), None, resp
+        return status, body, resp
 
     def send(self, front: str, name: str, data: bytes, fresh: bool, timeout: float = 75) -> Record:
         sent = self.now()
@@ -336,7 +350,7 @@ class Load:
             n = self._counter
         base = FRESH_BASES[n % len(FRESH_BASES)]
         name = f"fresh-{n}-{base}"
-        data = one_pixel_variant(base, n)
+        data = numbered_variant(base, n)
         with self.lock:
             self.fresh_images[name] = data
         return name, data
@@ -489,41 +503,25 @@ def fault_s3_stop(stack: Stack, load: Load) -> str:
 def fault_deadline_burst(stack: Stack, load: Load) -> str:
     """Distinct document pages, each seconds of engine time, whose clients give up after 1 s:
     the engines must not stay busy with, nor be slowed by, work nobody waits for. A burst
-    request that still answers in time is checked like a fresh image; one that gave up is
-    the client's choice, not an error."""
-    gave_up = []
+    request answered in time is checked like a fresh image; one whose client gave up is
+    recorded as ``gave_up`` (the client's choice, not an error); any other answer counts."""
+    start = int(load.now() * 1000)
 
     def one(i: int, name: str) -> None:
-        data = one_pixel_variant(name, 10_000 + i + int(load.now()))
-        front = "front" if i % 2 else "front-b"
-        sent = load.now()
-        status, body, resp = load.post(front, data, timeout=1.0)
-        if status == "200" and body is not None and resp is not None:
-            key = f"burst-{i}-{int(sent)}-{name}"
-            with load.lock:
-                load.fresh_images[key] = data
-                load.records.append(
-                    Record(
-                        sent,
-                        round(load.now() - sent, 3),
-                        front,
-                        PADDLE,
-                        key,
-                        True,
-                        status,
-                        resp.headers.get("X-Cache", ""),
-                        lines_of(body),
-                    )
-                )
-        else:
-            gave_up.append(status)
+        key = f"burst-{start}-{i}-{name}"
+        data = numbered_variant(name, start + i)
+        with load.lock:
+            load.fresh_images[key] = data
+        record = load.send("front" if i % 2 else "front-b", key, data, True, timeout=1.0)
+        if record.status == "timeout":
+            record.status = "gave_up"
 
     threads = [threading.Thread(target=one, args=(i, n)) for i, n in enumerate(BURST_PAGES * 2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return f"{len(threads)} document pages, {len(gave_up)} clients gave up after 1 s"
+    return f"{len(threads)} document pages whose clients give up after 1 s"
 
 
 FAULTS: dict[str, Callable[[Stack, Load], str]] = {
@@ -572,52 +570,56 @@ def metric(stack: Stack, name: str, **labels: str) -> float:
     return total
 
 
+DEADLINE_SECONDS = 30  # OCR_TIMEOUT_SECONDS of the chaos stack (docker/compose.chaos.yml)
+NOT_ERRORS = ("200", "gave_up")  # gave_up: a burst client's own choice
+
+
 def window_report(
-    records: list[Record],
-    t0: float,
-    t1: float,
-    baseline_hits: float,
-    wrong: list[dict[str, Any]],
-    calls: float,
+    records: list[Record], window: dict[str, Any], baseline_hits: float, wrong: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """One fault's figures over the requests sent in [t0, t1)."""
+    """One fault's figures over the requests sent in [t0, t1); the fault began at t0 and was
+    over (the container back, the pause lifted, the writer stopped) at ``applied``."""
+    t0, applied, t1 = window["t0"], window["applied"], window["t1"]
     inside = [r for r in records if t0 <= r.sent < t1]
-    errors = [r for r in inside if r.status != "200"]
-    by_status = collections.Counter(r.status for r in errors)
-    last_error = max((r.sent + r.took for r in errors), default=t0)
+    errors = [r for r in inside if r.status not in NOT_ERRORS]
+    last_error = max((r.sent + r.took for r in errors), default=applied)
+    # Every image an engine was asked to compute: answered MISS or COALESCED, or a burst page
+    # (computed or dropped, whether or not its client still waited).
     computed = {
         (r.engine, r.image)
         for r in inside
-        if r.status == "200" and r.cache in ("MISS", "COALESCED")
+        if (r.status == "200" and r.cache in ("MISS", "COALESCED")) or r.image.startswith("burst")
     }
-    # Hit ratio of the hot images in 5 s bins: back when a bin reaches 90 % of the baseline.
-    back = None
+    # The hot images' hit ratio in 5 s bins from the end of the fault: back after the last bin
+    # below 90 % of the baseline (None: still below at the end of the window).
     bins: dict[int, list[Record]] = collections.defaultdict(list)
     for r in inside:
-        if not r.fresh and not r.image.startswith("burst"):
-            bins[int((r.sent - t0) // 5)].append(r)
-    for b in sorted(bins):
-        hits = sum(r.cache == "HIT" for r in bins[b]) / len(bins[b])
-        if hits >= 0.9 * baseline_hits:
-            back = b * 5
-            break
+        if not r.fresh and r.sent >= applied:
+            bins[int((r.sent - applied) // 5)].append(r)
+    ratios = {b: sum(r.cache == "HIT" for r in rs) / len(rs) for b, rs in sorted(bins.items())}
+    low = [b for b, ratio in ratios.items() if ratio < 0.9 * baseline_hits]
+    back = None if low and low[-1] == max(ratios) else (low[-1] + 1) * 5 if low else 0
+    calls = window["calls"]
     return {
         "requests": len(inside),
         "answers_checked": sum(r.lines is not None for r in inside),
         "wrong": sum(1 for w in wrong if t0 <= w["sent"] < t1),
-        "errors_by_status": dict(by_status),
+        "errors_by_status": dict(collections.Counter(r.status for r in errors)),
+        "burst_clients_gave_up": sum(r.status == "gave_up" for r in inside),
         # A fault may cost errors, in the protocol's form with Retry-After (504: the deadline).
         "errors_without_retry_after": sum(
             r.status in ("429", "502", "503") and not r.retry_after for r in errors
         ),
-        "error_seconds_after_fault": round(last_error - t0, 1) if errors else 0.0,
+        "fault_seconds": round(applied - t0, 1),
+        "error_seconds_after_fault": round(max(0.0, last_error - applied), 1) if errors else 0.0,
         "hit_ratio_back_after_s": back,
         "distinct_computed": len(computed),
         "engine_calls": calls,
         "engine_calls_per_computed_image": round(calls / len(computed), 2) if computed else None,
         "p50_s": _quantile([r.took for r in inside if r.status == "200"], 0.5),
         "p99_s": _quantile([r.took for r in inside if r.status == "200"], 0.99),
-        "max_s": max((r.took for r in inside), default=None),
+        "max_s": max((r.took for r in inside if r.status != "gave_up"), default=None),
+        "past_deadline": sum(r.took > DEADLINE_SECONDS + 5 for r in inside),
     }
 
 
@@ -637,6 +639,10 @@ def l3_missing(stack: Stack, load: Load) -> dict[str, Any]:
     """Each image an engine computed (answered MISS) should have its L3 object(s)."""
     import boto3
 
+    for _ in range(60):  # the write-behind drains what it still holds
+        if metric(stack, "ocr_l3_queue_depth") == 0:
+            break
+        time.sleep(1)
     s3 = boto3.client(
         "s3",
         endpoint_url=f"http://127.0.0.1:{stack.ports['CHAOS_S3_PORT']}",
@@ -660,11 +666,20 @@ def l3_missing(stack: Stack, load: Load) -> dict[str, Any]:
         if r.status == "200" and r.cache == "MISS" and r.image in data:
             computed[hashlib.md5(data[r.image]).hexdigest()].add(r.engine)  # noqa: S324
     missing = sum(max(0, len(engines) - objects.get(md5, 0)) for md5, engines in computed.items())
+    writes = {r: metric(stack, "ocr_l3_writes_total", result=r)
+              for r in ("queued", "stored", "error", "purged", "dropped")}  # fmt: skip
+    depth = metric(stack, "ocr_l3_queue_depth")
     return {
         "computed_entries": sum(len(e) for e in computed.values()),
         "objects_missing": missing,
-        "write_behind_counted_dropped": metric(stack, "ocr_l3_writes_total", result="dropped")
-        + metric(stack, "ocr_l3_writes_total", result="error"),
+        "writes": writes,
+        # Each missing object was refused (queue full), failed (store down), or lost with a
+        # killed worker's in-memory queue; a front restarted (its counters with it) undercounts.
+        "accounted": writes["dropped"]
+        + writes["error"]
+        + max(
+            0.0, writes["queued"] - writes["stored"] - writes["error"] - writes["purged"] - depth
+        ),
     }
 
 
@@ -700,6 +715,25 @@ def engine_and_stack(ci: bool, keep: bool = False) -> Iterator[Stack]:
             subprocess.run(["bash", str(ENGINE_SCRIPT), "down"], check=False)
 
 
+class EngineCalls:
+    """Engine calls since the last ``delta()``, summed over the fronts; a front whose counters
+    restarted (its container did) counts from 0, one that does not answer keeps its last."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+        self._last = engine_calls(stack)
+
+    def delta(self) -> float:
+        now, total = engine_calls(self._stack), 0.0
+        for front, value in now.items():
+            if value != value:  # NaN: not answering now
+                continue
+            before = self._last.get(front, 0.0)
+            total += value - before if value >= before and before == before else value
+            self._last[front] = value
+        return total
+
+
 def run_faults(
     stack: Stack,
     faults: list[str],
@@ -715,54 +749,35 @@ def run_faults(
     truth = truths(load, load.hot, [(e, name) for e in engines for name in HOT])
     load.began = time.monotonic()
     load.start()
-    time.sleep(before)  # the hot set is cached: the baseline
     windows: list[dict[str, Any]] = []
-    calls_before = engine_calls(stack)
-    for name in faults:
-        t0 = load.now()
-        note = FAULTS[name](stack, load)
-        print(f"[chaos] {t0:7.1f} s  {name}: {note}", flush=True)
-        time.sleep(after)
-        t1 = load.now()
-        calls_after = engine_calls(stack)
-        delta = sum(
-            max(0.0, calls_after[f] - calls_before.get(f, 0.0))
-            for f in calls_after
-            if calls_after[f] == calls_after[f]
-        )
-        calls_before = calls_after
-        windows.append(
-            {"fault": name, "what": note, "t0": round(t0, 1), "t1": round(t1, 1), "calls": delta}
-        )
-    random_log = []
-    if random_seconds:
-        rng = random.Random(7)
-        t0 = load.now()
-        end = time.monotonic() + random_seconds
-        while time.monotonic() < end:
-            time.sleep(rng.uniform(10, 40))
-            name = rng.choice([f for f in FAULTS if f != "sidecar_kill" or not stack.ci])
-            at = load.now()
-            random_log.append(
-                {"at": round(at, 1), "fault": name, "what": FAULTS[name](stack, load)}
-            )
-            print(f"[chaos] {at:7.1f} s  random {name}", flush=True)
-        time.sleep(after)
-        calls_after = engine_calls(stack)
-        windows.append(
-            {
-                "fault": "random",
-                "what": random_log,
-                "t0": round(t0, 1),
-                "t1": round(load.now(), 1),
-                "calls": sum(
-                    max(0.0, calls_after[f] - calls_before.get(f, 0.0))
-                    for f in calls_after
-                    if calls_after[f] == calls_after[f]
-                ),
-            }
-        )
-    load.stop()
+    try:
+        time.sleep(before)  # the hot set is cached: the baseline
+        calls = EngineCalls(stack)
+        for name in faults:
+            t0 = load.now()
+            note = _apply(name, stack, load)
+            applied = load.now()
+            print(f"[chaos] {t0:7.1f} s  {name}: {note}", flush=True)
+            time.sleep(after)
+            windows.append({"fault": name, "what": note, "t0": t0, "applied": applied,
+                            "t1": load.now(), "calls": calls.delta()})  # fmt: skip
+        if random_seconds:
+            rng = random.Random(7)
+            t0, log = load.now(), []
+            end = time.monotonic() + random_seconds
+            while time.monotonic() < end:
+                time.sleep(rng.uniform(10, 40))
+                name = rng.choice([f for f in FAULTS if f != "sidecar_kill" or not stack.ci])
+                at = load.now()
+                log.append({"at": round(at, 1), "fault": name, "what": _apply(name, stack, load)})
+                print(f"[chaos] {at:7.1f} s  random {name}", flush=True)
+            applied = load.now()
+            time.sleep(after)
+            windows.append({"fault": "random", "what": log, "t0": t0, "applied": applied,
+                            "t1": load.now(), "calls": calls.delta()})  # fmt: skip
+    finally:
+        stack.docker("unpause", stack.container("redis"), check=False)
+        load.stop()
     wrong = verify(load, truth)
     baseline = hit_ratio(load.records, 5, before)
     report: dict[str, Any] = {
@@ -772,21 +787,33 @@ def run_faults(
         else "front, front-b, front-serving + paddle-serving, redis, s3",
         "rate_per_s": rate,
         "fresh_share": fresh,
+        "window_seconds": after,
         "redis_maxmemory": os.environ.get("CHAOS_REDIS_MAXMEMORY", "24mb"),
         "baseline_hit_ratio": round(baseline, 3),
         "requests": len(load.records),
         "answers_checked": sum(r.lines is not None for r in load.records),
         "wrong": len(wrong),
         "wrong_examples": wrong[:10],
+        "errors_outside_windows": dict(collections.Counter(
+            r.status for r in load.records if r.status not in NOT_ERRORS
+            and not any(w["t0"] <= r.sent < w["t1"] for w in windows))),
         "redis_evicted_keys": int(stack.redis().info("stats")["evicted_keys"]),
         "faults": [],
-    }
+    }  # fmt: skip
     for w in windows:
-        figures = window_report(load.records, w["t0"], w["t1"], baseline, wrong, w["calls"])
+        figures = window_report(load.records, w, baseline, wrong)
         report["faults"].append({"fault": w["fault"], "what": w["what"], **figures})
     report["l3"] = l3_missing(stack, load)
     report["seconds"] = round(time.time() - began)
     return report
+
+
+def _apply(name: str, stack: Stack, load: Load) -> str:
+    """Run one fault; one that could not be applied says so in the report (the run goes on)."""
+    try:
+        return FAULTS[name](stack, load)
+    except Exception as exc:  # noqa: BLE001 - reported, never hidden
+        return f"FAULT NOT APPLIED: {exc.__class__.__name__}: {str(exc)[:300]}"
 
 
 def soak(stack: Stack, seconds: float, warmup: float, rate: float, fresh: float) -> dict[str, Any]:
@@ -826,6 +853,7 @@ def soak(stack: Stack, seconds: float, warmup: float, rate: float, fresh: float)
         "errors": dict(collections.Counter(r.status for r in load.records if r.status != "200")),
         "processes": rows,
         "max_rss_change": max((abs(r["rss_change"]) for r in rows), default=None),
+        "flat_within_5_percent": all(abs(r["rss_change"]) <= 0.05 for r in rows),
         "fds_changed": [r for r in rows if r["fds"][0] != r["fds"][1]],
     }
 

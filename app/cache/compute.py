@@ -170,6 +170,10 @@ class Computer:
                 metrics.DISPATCH_JOBS.labels(outcome="already_stored").inc()
                 feeders.succeeded(job)
                 continue
+            if job.deadline <= time.time():  # its requester stopped waiting since it was read
+                metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
+                feeders.fail(job, "timeout:the requester's deadline passed before the engine")
+                continue
             try:
                 probe.image  # noqa: B018 - decoded now: a bad image fails only its job
             except ClientError as exc:  # cannot happen for a job its requester decoded

@@ -152,6 +152,7 @@ class ColdTier:
         except queue.Full:
             metrics.L3_WRITES.labels(result="dropped").inc()
             return
+        metrics.L3_WRITES.labels(result="queued").inc()
         metrics.L3_QUEUE_DEPTH.inc()
 
     def flush(self, timeout: float) -> bool:
@@ -193,6 +194,7 @@ class ColdTier:
                 metrics.L3_QUEUE_DEPTH.dec()
                 name, value, queued_at = item
                 if self._purged_since(name, queued_at):
+                    metrics.L3_WRITES.labels(result="purged").inc()
                     continue
                 ok, _ = self._call("put", partial(self._put, name, value))
                 metrics.L3_WRITES.labels(result="stored" if ok else "error").inc()

@@ -6,8 +6,9 @@ and the random run is `make chaos`.
 
 Nothing here depends on which of two racing events comes first: every figure is taken over a
 whole fault window, the load is open-loop, and the checks are the invariants (no wrong
-answer, no request past its deadline, errors only in the protocol's own form, the errors end
-and the hit ratio comes back within the window)."""
+answer, no request waits to its deadline, errors only 502/503 with Retry-After, the errors
+end and the hot images' hit ratio comes back within the window, every L3 object missing is
+one the write-behind accounted for)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ def test_the_ci_faults_cost_no_wrong_answer_and_no_hang() -> None:
     summary = json.dumps(report["faults"], indent=1, default=str)
     assert report["answers_checked"] > 100, summary
     assert report["wrong"] == 0, report["wrong_examples"]
+    assert not report["errors_outside_windows"], report["errors_outside_windows"]
     for fault in report["faults"]:
         errors = fault["errors_by_status"]
-        # A hang would be a client time-out (75 s) or a connection the stack dropped.
-        assert "timeout" not in errors, summary
-        assert set(errors) <= {"502", "503", "504"}, summary
+        # No request waits to the deadline (a 504, a client time-out at 75 s) for these faults:
+        # a killed worker's requests get nginx's 502, a full queue 503, both with Retry-After.
+        assert fault["past_deadline"] == 0, summary
+        assert set(errors) <= {"502", "503"}, summary
         assert fault["errors_without_retry_after"] == 0, summary
         assert fault["error_seconds_after_fault"] < WINDOW_SECONDS, summary
         assert fault["hit_ratio_back_after_s"] is not None, summary
-    assert report["l3"]["objects_missing"] <= report["l3"]["write_behind_counted_dropped"], report
+    # Write-behind loses nothing it does not count (a killed worker's queue included).
+    assert report["l3"]["objects_missing"] <= report["l3"]["accounted"], report["l3"]

@@ -11,6 +11,9 @@
 # (e.g. -k cpu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# One run at a time on this machine: a second one would remove the first one's containers.
+exec 9>"${TMPDIR:-/tmp}/ocr-test-images.lock"
+flock 9
 
 SHARED=${OCR_SHARED_DIR:-../shared}
 ENGINE=${CONTAINER_ENGINE:-$SHARED/tools/container-engine.sh}
