@@ -165,15 +165,18 @@ class ClientError(OcrCacheError, ValueError):
 
 
 class EngineError(OcrCacheError, RuntimeError):
-    """The engine could not produce a result for a valid image (never cached)."""
+    """The engine could not produce a result for a valid image (never cached). HTTP answers
+    carry ``Retry-After: retry_after`` (a failing engine is probed again within seconds)."""
 
     code = "engine_error"
+    retry_after = 5
 
 
 class EngineTimeout(EngineError):
-    """The engine did not answer in time (never cached)."""
+    """The engine did not answer in time (never cached; 504, no Retry-After)."""
 
     code = "engine_timeout"
+    retry_after = 0
 
 
 class EngineBusy(EngineError):

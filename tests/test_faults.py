@@ -210,7 +210,7 @@ def test_engine_that_keeps_failing_makes_readyz_say_so(make_app, engine, redis_c
     images = [WORD_EN, WORD_CH, SHORT]
     for path in images:
         resp = client.post("/v1/ocr", json={"image": b64(path.read_bytes())})
-        assert resp.status_code == 503
+        assert resp.status_code == 503 and resp.headers["Retry-After"] == "5"
     ready = client.get("/readyz")
     assert ready.status_code == 503 and ready.get_json()["engine"] == "failing"
     assert redis_client.keys("ocr:*") == []

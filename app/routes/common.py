@@ -19,7 +19,7 @@ from app.cache import similarity
 from app.config import Settings
 from app.protocols import controls as cache_controls
 from app.protocols import trust
-from app.vocabulary import CacheControls, EngineBusy
+from app.vocabulary import CacheControls, EngineError
 
 JSON = "application/json"
 TIER_HEADER = "X-Cache-Tier"
@@ -137,8 +137,10 @@ def cache_headers(
 
 
 def error(body: bytes, status: int, exc: Exception) -> Answer:
-    """An error answer; overload (``EngineBusy``) says when to come back."""
-    headers = [("Retry-After", str(exc.retry_after))] if isinstance(exc, EngineBusy) else []
+    """An error answer; an engine that is failing or overloaded (``EngineError``,
+    ``EngineBusy``) says when to come back."""
+    retry = exc.retry_after if isinstance(exc, EngineError) else 0
+    headers = [("Retry-After", str(retry))] if retry else []
     return Answer(status, body, [("Content-Type", JSON), *headers])
 
 
