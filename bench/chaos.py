@@ -662,16 +662,26 @@ def l3_missing(stack: Stack, load: Load) -> dict[str, Any]:
 
     data = {**load.hot, **load.fresh_images}
     computed: dict[str, set[str]] = collections.defaultdict(set)
+    first: dict[str, Record] = {}
     for r in load.records:
         if r.status == "200" and r.cache == "MISS" and r.image in data:
-            computed[hashlib.md5(data[r.image]).hexdigest()].add(r.engine)  # noqa: S324
-    missing = sum(max(0, len(engines) - objects.get(md5, 0)) for md5, engines in computed.items())
+            md5 = hashlib.md5(data[r.image]).hexdigest()  # noqa: S324
+            computed[md5].add(r.engine)
+            first.setdefault(md5, r)
+    lacking = [md5 for md5, engines in computed.items() if objects.get(md5, 0) < len(engines)]
+    missing = sum(len(computed[md5]) - objects.get(md5, 0) for md5 in lacking)
+    # When each missing object's image was computed, and by which front: set beside the
+    # faults' times, it tells which fault lost it.
+    missing_when = sorted(
+        (round(first[md5].sent + first[md5].took, 1), first[md5].front) for md5 in lacking
+    )
     writes = {r: metric(stack, "ocr_l3_writes_total", result=r)
               for r in ("queued", "stored", "error", "purged", "dropped")}  # fmt: skip
     depth = metric(stack, "ocr_l3_queue_depth")
     return {
         "computed_entries": sum(len(e) for e in computed.values()),
         "objects_missing": missing,
+        "missing_computed_at": missing_when[:60],
         "writes": writes,
         # Each missing object was refused (queue full), failed (store down), or lost with a
         # killed worker's in-memory queue; a front restarted (its counters with it) undercounts.
@@ -797,7 +807,9 @@ def run_faults(
         "errors_outside_windows": dict(collections.Counter(
             r.status for r in load.records if r.status not in NOT_ERRORS
             and not any(w["t0"] <= r.sent < w["t1"] for w in windows))),
-        "redis_evicted_keys": int(stack.redis().info("stats")["evicted_keys"]),
+        "redis_evicted_keys_since_its_last_restart": int(
+            stack.redis().info("stats")["evicted_keys"]
+        ),
         "faults": [],
     }  # fmt: skip
     for w in windows:

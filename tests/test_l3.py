@@ -351,6 +351,43 @@ def test_a_hung_store_costs_one_timeout_then_the_circuit_opens(settings, double,
         hole.close()
 
 
+def test_a_store_whose_name_stops_resolving_costs_one_bounded_read(
+    settings, double, s3_env, monkeypatch
+):
+    """`make chaos` stopped SeaweedFS: its name stopped resolving, and getaddrinfo took 10 s
+    to fail, outside botocore's connect and read timeouts: misses waited 20 s. A read is now
+    bounded as a whole; the resolver here answers only once the request has been answered."""
+    import socket
+
+    real = socket.getaddrinfo
+    resolving, release, resolved = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_resolver(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if host == "store.chaos.invalid":
+            resolving.set()
+            release.wait(60)
+            resolved.set()
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+    s3_env.setenv("AWS_ENDPOINT_URL_S3", "http://store.chaos.invalid:8333")
+    cache = make_cache(
+        settings, double,
+        cache_l3_url="s3://ocr-l3-dns/x", cache_l3_addressing="path",
+        cache_l3_timeout_ms=200, cache_l3_connect_timeout_ms=100, cache_l3_retries=0,
+        cache_l3_breaker_failures=1, cache_l3_breaker_cooldown_seconds=3600.0,
+    )  # fmt: skip
+    try:
+        outcome = cache.get_or_compute(IMAGES[0])
+        answered_while_resolving = resolving.is_set() and not resolved.is_set()
+    finally:
+        release.set()
+    assert outcome.status is CacheStatus.MISS and double.calls == 1
+    assert answered_while_resolving
+    assert cache.l3.breaker_state == "open"  # the next misses skip the store
+
+
 def test_write_behind_never_delays_the_answer_and_drops_when_full(settings, double, s3_env):
     hole = s3_server.BlackHole()
     s3_env.setenv("AWS_ENDPOINT_URL_S3", hole.endpoint)

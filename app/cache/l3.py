@@ -26,6 +26,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -82,6 +84,14 @@ class ColdTier:
         self._codec = codec
         self._ttl = settings.ttl_seconds
         self._factory = client_factory or partial_client(settings, pool_size)
+        # A read's whole time, name resolution included: botocore's timeouts bound the
+        # connection and each read, not getaddrinfo (10 s when the store's name stops
+        # resolving, measured by `make chaos` with SeaweedFS stopped).
+        attempts = 1 + settings.retries
+        self._read_bound = (settings.connect_timeout_ms + settings.timeout_ms) * attempts / 1000
+        self._readers: ThreadPoolExecutor | None = None
+        self._readers_pid = 0
+        self._pool_size = pool_size
         self._breaker = CircuitBreaker(
             settings.breaker_failures,
             settings.breaker_cooldown_seconds,
@@ -137,10 +147,26 @@ class ColdTier:
             finally:
                 body.close()
 
-        ok, value = self._call("get", fetch)
+        ok, value = self._call("get", partial(self._bounded, fetch))
         if not ok:
             return value, None
         return ("hit", value) if value is not None else ("miss", None)
+
+    def _bounded(self, fetch: Callable[[], bytes | None]) -> bytes | None:
+        """``fetch()`` on a reader thread, waited for at most the read's bound; past it a
+        ``TimeoutError`` (a transport failure: the breaker counts it) and the thread is left
+        to finish on its own."""
+        if self._readers is None or self._readers_pid != os.getpid():
+            with self._lock:
+                if self._readers is None or self._readers_pid != os.getpid():
+                    self._readers = ThreadPoolExecutor(self._pool_size, "l3-read")
+                    self._readers_pid = os.getpid()
+        future = self._readers.submit(fetch)
+        try:
+            return future.result(timeout=self._read_bound)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"no answer within {self._read_bound:g} s") from None
 
     # Write-behind --------------------------------------------------------------------
 
