@@ -828,37 +828,44 @@ def _apply(name: str, stack: Stack, load: Load) -> str:
         return f"FAULT NOT APPLIED: {exc.__class__.__name__}: {str(exc)[:300]}"
 
 
-def soak(stack: Stack, seconds: float, warmup: float, rate: float, fresh: float) -> dict[str, Any]:
+def soak(
+    stack: Stack, seconds: float, warmup: float, rate: float, fresh: float, every: float = 300
+) -> dict[str, Any]:
+    """The load without faults; every process's memory and open files after ``warmup`` and
+    then every ``every`` seconds: the series tells a plateau from a steady growth."""
     load = Load(stack, rate, fresh)
     engines = [PADDLE] if stack.ci else [PADDLE, SERVING]
     truth = truths(load, load.hot, [(e, name) for e in engines for name in HOT])
     load.began = time.monotonic()
     load.start()
     time.sleep(warmup)
-    first = processes_snapshot(stack)
-    time.sleep(max(0.0, seconds - warmup))
-    last = processes_snapshot(stack)
+    snapshots = [processes_snapshot(stack)]
+    while load.now() < seconds:
+        time.sleep(min(every, max(0.0, seconds - load.now())))
+        snapshots.append(processes_snapshot(stack))
     load.stop()
     wrong = verify(load, truth)
     rows = []
-    for front in first:
-        then = {p["pid"]: p for p in first[front]}
-        for p in last[front]:
-            if p["pid"] in then:
-                q = then[p["pid"]]
-                rows.append(
-                    {
-                        "front": front,
-                        "pid": p["pid"],
-                        "argv": p["argv"][:60],
-                        "rss_kb": [q["rss_kb"], p["rss_kb"]],
-                        "fds": [q["fds"], p["fds"]],
-                        "rss_change": round(p["rss_kb"] / max(1, q["rss_kb"]) - 1, 4),
-                    }
-                )
+    for front, first in snapshots[0].items():
+        for p in first:
+            series = [
+                next((q for q in snap[front] if q["pid"] == p["pid"]), None) for snap in snapshots
+            ]
+            if any(q is None for q in series):
+                continue  # a process that came or went (none should)
+            rss = [q["rss_kb"] for q in series if q]
+            rows.append({
+                "front": front, "pid": p["pid"], "argv": p["argv"][:60], "rss_kb": rss,
+                "fds": [q["fds"] for q in series if q],
+                "rss_change": round(rss[-1] / max(1, rss[0]) - 1, 4),
+                # The second half's own growth: near 0 on a plateau, about half the total
+                # when it grows steadily.
+                "rss_change_second_half": round(rss[-1] / max(1, rss[len(rss) // 2]) - 1, 4),
+            })  # fmt: skip
     return {
         "seconds": seconds,
         "warmup_seconds": warmup,
+        "sample_every_seconds": every,
         "rate_per_s": rate,
         "requests": len(load.records),
         "wrong": len(wrong),
@@ -866,7 +873,6 @@ def soak(stack: Stack, seconds: float, warmup: float, rate: float, fresh: float)
         "processes": rows,
         "max_rss_change": max((abs(r["rss_change"]) for r in rows), default=None),
         "flat_within_5_percent": all(abs(r["rss_change"]) <= 0.05 for r in rows),
-        "fds_changed": [r for r in rows if r["fds"][0] != r["fds"][1]],
     }
 
 
@@ -881,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=float, default=60)
     parser.add_argument("--seconds", type=float, default=3600)
     parser.add_argument("--warmup", type=float, default=300)
+    parser.add_argument("--every", type=float, default=300, help="soak: seconds between samples")
     parser.add_argument("--out", default=str(RESULTS / "chaos.json"))
     parser.add_argument("--keep", action="store_true", help="leave the stack running")
     args = parser.parse_args(argv)
@@ -889,7 +896,9 @@ def main(argv: list[str] | None = None) -> int:
         faults = [f for f in faults if f != "sidecar_kill"]
     with engine_and_stack(args.ci, args.keep) as stack:
         if args.mode == "soak":
-            result = {"soak": soak(stack, args.seconds, args.warmup, args.rate, args.fresh)}
+            result = {
+                "soak": soak(stack, args.seconds, args.warmup, args.rate, args.fresh, args.every)
+            }
         else:
             result = run_faults(stack, faults, args.random, args.rate, args.fresh, after=args.after)
     out = Path(args.out)
