@@ -13,6 +13,7 @@ import time
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from app.cache.codec import Codec
 from app.cache.keys import digest_image
@@ -22,16 +23,30 @@ from tests.helpers import FlakyEngine, b64, entry_keys
 
 pytestmark = pytest.mark.integration
 
-# The longest a request may take while Redis misbehaves: a small image's engine call plus the
-# Redis timeouts, with room for a loaded 2-core machine; far below the faults' durations
-# (a 3 s pause, a 3 s DEBUG SLEEP), so passing means nobody waited for Redis to come back.
-BOUND_SECONDS = 1.5
+# The longest a request may spend outside the engine while Redis misbehaves: the Redis
+# timeouts (50 ms here) and the breaker, with room for a loaded 2-core machine; far below the
+# faults' durations (a 3 s pause, a 3 s DEBUG SLEEP, a kill for the rest of the test), so
+# passing means nobody waited for Redis to come back. The engine's own time is taken out:
+# on a busy machine a small image's call alone took 1.7 s (a clean-clone run beside three
+# compose stacks), and that is not waiting on Redis.
+BOUND_SECONDS = 1.0
+
+
+def _engine_seconds() -> float:
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "ocr_engine_duration_seconds"
+        for sample in metric.samples
+        if sample.name == "ocr_engine_duration_seconds_sum"
+    )
 
 
 def ocr(client, data: bytes, **headers):  # type: ignore[no-untyped-def]
-    started = time.monotonic()
+    """(answer, seconds outside the engine)."""
+    engine, started = _engine_seconds(), time.monotonic()
     resp = client.post("/v1/ocr", json={"image": b64(data)}, headers=headers)
-    return resp, time.monotonic() - started
+    return resp, time.monotonic() - started - (_engine_seconds() - engine)
 
 
 def fast_app(make_app, server, **overrides):  # type: ignore[no-untyped-def]
@@ -56,7 +71,7 @@ def _during(fault, client, data: bytes, expected: list, seconds: float = 2.0) ->
     while time.monotonic() < deadline:
         resp, took = ocr(client, data)
         assert resp.status_code == 200 and resp.get_json()["lines"] == expected
-        assert took < BOUND_SECONDS, f"a request waited {took:.2f}s on Redis"
+        assert took < BOUND_SECONDS, f"a request spent {took:.2f}s outside the engine"
         count += 1
     thread.join(10)
     return count
