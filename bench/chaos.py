@@ -43,7 +43,6 @@ import json
 import os
 import random
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -58,6 +57,9 @@ from typing import Any
 import redis
 import requests
 from PIL import Image, ImageDraw, ImageFont
+
+from tests.helpers import metric_sum
+from tests.images.containers import PORT_TAKEN, Reserved
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared"))
@@ -103,22 +105,14 @@ PORTS = (
 
 
 def distinct_free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports, free now, below the kernel's ephemeral range: neither an
-    outgoing connection (the load's own) nor a port Docker picks can take one between runs of
-    the containers that publish them (a restarted container binds its port again). Another
-    process binding one on purpose is still possible: ``Stack.up`` then chooses again."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    chosen: list[int] = []
-    for port in random.sample(range(max(1024, low - 12000), low), 12000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        chosen.append(port)
-        if len(chosen) == n:
-            return chosen
-    raise RuntimeError(f"no {n} free ports below {low}")
+    """``n`` distinct loopback ports, free now, below the kernel's ephemeral range and named
+    in no compose file (``Reserved``): neither an outgoing connection (the load's own) nor a
+    port Docker picks can take one between runs of the containers that publish them (a
+    restarted container binds its port again). They are released for Docker to bind: another
+    process binding one on purpose is still possible, and ``Stack.up`` then chooses again."""
+    held = Reserved(n)
+    held.close()
+    return held.ports
 
 
 # --- the stack ----------------------------------------------------------------------------
@@ -173,7 +167,7 @@ class Stack:
                 self.compose("up", "-d", "--wait", "--wait-timeout", "600")
                 return
             except RuntimeError as exc:
-                if "already allocated" not in str(exc) and "address already in use" not in str(exc):
+                if not PORT_TAKEN.search(str(exc)):
                     raise
                 self.compose("down", "--volumes", "--timeout", "10", check=False)
                 self._choose_ports()
@@ -540,34 +534,30 @@ CI_FAULTS = ["worker_kill", "redis_restart", "redis_evicting"]
 # --- measuring ----------------------------------------------------------------------------
 
 
-def engine_calls(stack: Stack) -> dict[str, float]:
-    """ocr_engine_calls_total{outcome="ok"} of each front (summed over its workers)."""
-    calls = {}
+def scrape(stack: Stack) -> dict[str, str | None]:
+    """Each front's /metrics text (summed over its workers), None where it does not answer."""
+    texts: dict[str, str | None] = {}
     for front, port in stack.fronts.items():
         try:
-            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            texts[front] = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         except requests.RequestException:
-            calls[front] = float("nan")
-            continue
-        calls[front] = sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("ocr_engine_calls_total{") and 'outcome="ok"' in line
-        )
-    return calls
+            texts[front] = None
+    return texts
+
+
+def engine_calls(stack: Stack) -> dict[str, float]:
+    """ocr_engine_calls_total{outcome="ok"} of each front; NaN where it does not answer."""
+    return {
+        front: float("nan")
+        if text is None
+        else metric_sum(text, "ocr_engine_calls_total", outcome="ok")
+        for front, text in scrape(stack).items()
+    }
 
 
 def metric(stack: Stack, name: str, **labels: str) -> float:
-    total = 0.0
-    for port in stack.fronts.values():
-        try:
-            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        except requests.RequestException:
-            continue
-        for line in text.splitlines():
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    """``name``{``labels``} summed over the fronts that answer."""
+    return sum(metric_sum(text, name, **labels) for text in scrape(stack).values() if text)
 
 
 DEADLINE_SECONDS = 30  # OCR_TIMEOUT_SECONDS of the chaos stack (docker/compose.chaos.yml)

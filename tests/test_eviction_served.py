@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import threading
-import time
 
 import pytest
 import redis
 import requests
 from PIL import Image
 
-from app.embedded_redis import free_port
+from app.embedded_redis import EmbeddedRedis, free_port
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
 from tests.test_serve import serving
@@ -43,41 +41,11 @@ def _variant(i: int) -> bytes:
 
 @pytest.fixture
 def lru_redis():
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--maxmemory",
-            "4mb",
-            "--maxmemory-policy",
-            "allkeys-lru",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.1)
-    yield port, client
-    proc.terminate()
-    proc.wait(10)
+    args = ["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]
+    with EmbeddedRedis(extra_args=args) as server:
+        yield server.port, redis.Redis(port=server.port)
 
 
-@pytest.mark.skipif(
-    subprocess.run(["which", "redis-server"], capture_output=True).returncode != 0,
-    reason="needs the redis-server binary (maxmemory with a real LRU)",
-)
 def test_misses_complete_while_redis_evicts_the_queue(lru_redis):
     port, filler = lru_redis
     images = [_variant(i) for i in range(32)]
