@@ -59,7 +59,7 @@ import requests
 from PIL import Image, ImageDraw, ImageFont
 
 from tests.helpers import metric_sum
-from tests.images.containers import PORT_TAKEN, Reserved
+from tests.images.containers import PORT_TAKEN, Reserved, gunicorn_workers, processes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared"))
@@ -194,30 +194,11 @@ class Stack:
         )
 
     def processes(self, service: str) -> list[dict[str, Any]]:
-        """Every process of a front: pid, parent, argv, resident memory (kB), open files."""
-        script = (
-            "import json,os\nout=[]\n"
-            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-            "  try:\n"
-            "    st=dict(l.split(':',1) for l in open(f'/proc/{p}/status') if ':' in l)\n"
-            "    argv=open(f'/proc/{p}/cmdline','rb').read().split(b'\\0')\n"
-            "    fds=len(os.listdir(f'/proc/{p}/fd'))\n"
-            "  except OSError: continue\n"
-            "  if st['PPid'].strip()=='0' and p!='1': continue\n"
-            "  out.append({'pid':int(p),'ppid':int(st['PPid']),"
-            "'argv':' '.join(a.decode(errors='replace') for a in argv if a)[:120],"
-            "'rss_kb':int(st.get('VmRSS','0 kB').split()[0]),'fds':fds})\n"
-            "print(json.dumps(out))"
-        )
-        return json.loads(self.docker("exec", self.container(service), "python", "-c", script))
+        """Every process of a service: pid, parent, argv, resident memory (kB), open files."""
+        return processes(self.container(service))
 
     def worker_pids(self, service: str) -> list[int]:
-        """gunicorn's workers: the children of the process that runs `app serve`."""
-        procs = self.processes(service)
-        (master,) = [p for p in procs if p["argv"].endswith("-m app serve") and p["ppid"] == 1]
-        return [
-            p["pid"] for p in procs if p["ppid"] == master["pid"] and p["argv"] == master["argv"]
-        ]
+        return gunicorn_workers(self.container(service))
 
     def healthy(self, service: str) -> bool:
         out = self.docker(
@@ -845,7 +826,7 @@ def soak(
                 continue  # a process that came or went (none should)
             rss = [q["rss_kb"] for q in series if q]
             rows.append({
-                "front": front, "pid": p["pid"], "argv": p["argv"][:60], "rss_kb": rss,
+                "front": front, "pid": p["pid"], "argv": " ".join(p["argv"])[:60], "rss_kb": rss,
                 "fds": [q["fds"] for q in series if q],
                 "rss_change": round(rss[-1] / max(1, rss[0]) - 1, 4),
                 # The second half's own growth: near 0 on a plateau, about half the total

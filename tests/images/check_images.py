@@ -53,11 +53,14 @@ from tests.images.containers import (
     SERVING_BASE,
     Reserved,
     build,
+    children,
     container_state,
     docker,
+    gunicorn_workers,
     logs,
     measurements,
     on_reserved_ports,
+    processes,
     wait_for,
     write_measurements,
 )
@@ -70,25 +73,6 @@ PROMETHEUS_IMAGE = "local/prometheus:bookworm"
 PROJECT = "ocr-test-images"
 SLOW_IMAGE = CORPUS / "sroie_282.jpg"  # the corpus's largest page: a miss of a few seconds
 UID = ["10001"] * 4  # /proc/PID/status Uid: and Gid: (real, effective, saved, file system)
-# Every process of a container, read from /proc by the image's own Python (no ps in the image),
-# but those `docker exec` started (their parent is outside the container: PPid 0), such as this
-# script itself and the HEALTHCHECK's runs.
-PROCESSES = """
-import json, os
-found = []
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            status = dict(line.split(":", 1) for line in f if ":" in line)
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\\0") if a]
-    except OSError:
-        continue
-    if argv and (pid == "1" or status["PPid"].strip() != "0"):
-        found.append({"pid": int(pid), "ppid": int(status["PPid"]), "argv": argv,
-                      "uid": status["Uid"].split(), "gid": status["Gid"].split()})
-print(json.dumps(found))
-"""
 
 
 def b64(path: Path) -> str:
@@ -124,14 +108,6 @@ def miss_then_hit(base: str, request_id: str = "") -> list[str]:
         assert re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", answer.headers["X-Request-Id"])
     assert first.headers["X-Request-Id"] != second.headers["X-Request-Id"]
     return texts
-
-
-def processes(name: str) -> list[dict[str, Any]]:
-    return json.loads(docker("exec", name, "python", "-c", PROCESSES).stdout)
-
-
-def children(procs: list[dict[str, Any]], parent: int) -> list[dict[str, Any]]:
-    return [p for p in procs if p["ppid"] == parent]
 
 
 def nginx_tree(procs: list[dict[str, Any]], parent: int) -> tuple[dict[str, Any], list]:
@@ -576,13 +552,6 @@ def test_pod_front_healthcheck_asks_gunicorn_over_the_socket(pod: dict[str, Any]
         )
     check = docker("exec", pod["front"], "python", "/opt/ocr/docker/healthcheck.py", check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-
-
-def gunicorn_workers(name: str) -> list[int]:
-    """The PIDs (in the container) of gunicorn's workers: `python -m app serve`'s forks."""
-    procs = processes(name)
-    (master,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
-    return [p["pid"] for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]
 
 
 def cpu_seconds(name: str, pids: list[int]) -> float:

@@ -179,3 +179,44 @@ def on_reserved_ports(
             if attempt == attempts or not PORT_TAKEN.search(str(exc)):
                 raise
     raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------------- processes
+# Every process of a container, read from /proc by the image's own Python (no ps in the image),
+# but those `docker exec` started (their parent is outside the container: PPid 0), such as this
+# script itself and the HEALTHCHECK's runs. With each: resident memory and open files (the soak
+# of `make chaos`).
+PROCESSES = """
+import json, os
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\\0") if a]
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        continue
+    if argv and (pid == "1" or status["PPid"].strip() != "0"):
+        found.append({"pid": int(pid), "ppid": int(status["PPid"]), "argv": argv,
+                      "uid": status["Uid"].split(), "gid": status["Gid"].split(),
+                      "rss_kb": int(status.get("VmRSS", "0 kB").split()[0]),
+                      "fds": fds})
+print(json.dumps(found))
+"""
+
+
+def processes(name: str) -> list[dict[str, Any]]:
+    return json.loads(docker("exec", name, "python", "-c", PROCESSES).stdout)
+
+
+def children(procs: list[dict[str, Any]], parent: int) -> list[dict[str, Any]]:
+    return [p for p in procs if p["ppid"] == parent]
+
+
+def gunicorn_workers(name: str) -> list[int]:
+    """The PIDs (in the container) of gunicorn's workers: `python -m app serve`'s forks."""
+    procs = processes(name)
+    (master,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+    return [p["pid"] for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]
