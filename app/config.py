@@ -262,6 +262,49 @@ class ControlSettings(Section):
 
 
 @dataclass(frozen=True)
+class TenantSettings(Section):
+    TITLE = "Tenants: API keys and quotas"
+    INTRO = "Who may call and what each tenant may cost (`app/tenants.py`, `app/cache/quotas.py`); the file's format: [SECURITY.md](SECURITY.md#api-keys-and-tenants). Quotas apply to a tenant however it was named (its key, or a trusted tenant header)."
+
+    auth: str = env(
+        "AUTH",
+        e.choice("off", "keys"),
+        "off",
+        "`keys`: every request names its tenant by API key (`Authorization: Bearer`, `X-Api-Key`, the same in gRPC metadata), else 401; `off`: no keys (the tenant header, if any, names the tenant)",
+    )
+    keys_file: str = env(
+        "API_KEYS_FILE",
+        e.existing_file,
+        "",
+        "the tenants: JSON with each key's SHA-256 and the tenant's limits and share; reread when it changes (required with `AUTH=keys`)",
+    )
+    reload_seconds: float = env(
+        "API_KEYS_RELOAD_SECONDS",
+        e.number(0.1, 3600.0),
+        5.0,
+        "how often the file is checked for changes",
+    )
+    keyless_networks: tuple[Any, ...] = env(
+        "KEYLESS_NETWORKS",
+        e.networks,
+        (),
+        "`AUTH=keys`: CIDRs or addresses served without a key, as the default tenant (stock Paddle Serving clients send no headers); unset: nobody",
+    )
+    failure_limit: RateLimit = env(
+        "AUTH_FAILURE_LIMIT",
+        e.rate_limit,
+        RateLimit(1.0, 10),
+        "`RPS[:BURST]` of refused keys per client address: past it the address gets 429 + `Retry-After` before its key is looked at",
+    )
+    queue_hold_seconds: float = env(
+        "TENANT_QUEUE_HOLD_SECONDS",
+        e.number(1.0, 86400.0),
+        300.0,
+        "the `OcrTenantHoldsQueue` alert: one tenant holds at least half the waiting misses this long",
+    )
+
+
+@dataclass(frozen=True)
 class RedactionSettings(Section):
     TITLE = "Redaction"
 
@@ -414,6 +457,12 @@ class DispatchSettings(Section):
     )
     max_deliveries: int = env(
         "DISPATCH_MAX_DELIVERIES", e.integer(1, 100), 3, "deliveries of one job before it is failed"
+    )
+    fairness: str = env(
+        "DISPATCH_FAIRNESS",
+        e.choice("drr", "fifo"),
+        "drr",
+        "`drr`: engines take jobs across tenants by deficit round robin over engine time (each tenant's `share`); `fifo`: in arrival order, whoever sent them",
     )
 
 
@@ -634,6 +683,7 @@ SECTIONS: dict[str, type[Section]] = {
     "redis": RedisSettings,
     "cache": CacheSettings,
     "controls": ControlSettings,
+    "tenants": TenantSettings,
     "redaction": RedactionSettings,
     "similar": SimilarSettings,
     "l3": L3Settings,
@@ -657,6 +707,7 @@ class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     controls: ControlSettings = field(default_factory=ControlSettings)
+    tenants: TenantSettings = field(default_factory=TenantSettings)
     redaction: RedactionSettings = field(default_factory=RedactionSettings)
     similar: SimilarSettings = field(default_factory=SimilarSettings)
     l3: L3Settings = field(default_factory=L3Settings)
@@ -687,6 +738,8 @@ class Settings:
             raise ConfigError("EDGE_SOCKET: required when EDGE=external (the socket nginx uses)")
         if edge.tls_cert_file and edge.mode == "none":
             raise ConfigError("TLS_CERT_FILE: TLS is served by the nginx edge, and EDGE=none")
+        if self.tenants.auth == "keys" and not self.tenants.keys_file:
+            raise ConfigError("API_KEYS_FILE: required when AUTH=keys (the tenants and their keys)")
         if kind == "serving" and not self.serving.url:
             raise ConfigError("SERVING_URL: required when OCR_ENGINE=serving")
         if kind == "hunyuan":

@@ -6,7 +6,10 @@ connections over them, so gRPC costs no extra engine memory. Stubs: app/protocol
 Each call is parse (``pipeline.build_request``) -> the pipeline call shared with HTTP
 (``pipeline.answer``: cache, then render) -> the protocol's ``Response``. With ``RATE_LIMIT``
 a call over its client's budget (counted in Redis across workers and replicas:
-app/cache/rate_limit.py) is refused first: ``RESOURCE_EXHAUSTED`` with ``retry-after``.
+app/cache/rate_limit.py) is refused first: ``RESOURCE_EXHAUSTED`` with ``retry-after``. Then
+admission (``app/admission.py``): with ``AUTH=keys`` a call without a known key in its
+metadata (``authorization: Bearer``, ``x-api-key``) ends ``UNAUTHENTICATED``; a tenant over a
+quota, ``RESOURCE_EXHAUSTED`` with ``retry-after``.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from typing import Any
 import grpc
 
 from app import metrics
+from app.admission import Admission
 from app.cache.rate_limit import RateLimiter
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.protocols import controls, pipeline, trust
 from app.protocols.errors import BadRequest
 from app.protocols.pipeline_stubs import SERVICE, message_size_options, pb2, pb2_grpc
-from app.vocabulary import EngineBusy
+from app.vocabulary import EngineBusy, Refused, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
     def __init__(self, cache: OcrCache, settings: Settings) -> None:
         self._cache = cache
         self._settings = settings
+        self._admission = Admission(settings, cache.quotas.book, cache.quotas)
         limit = settings.edge.rate_limit
         self._limiter = (
             RateLimiter(cache.store, cache.keys, limit.rate, limit.burst, "grpc") if limit else None
@@ -67,11 +72,13 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
         if self._limiter is not None:
             self._limit(context)
         try:
-            answer = self._answer(request, context)
-        except EngineBusy as exc:
-            metrics.REQUESTS.labels(protocol="grpc", status="RESOURCE_EXHAUSTED").inc()
-            context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            tenant = self._admission.admit(
+                self._metadata(context), trust.grpc_peer_address(context.peer()),
+                self._trusted(context),
+            )  # fmt: skip
+            answer = self._answer(request, context, tenant)
+        except (EngineBusy, Refused) as exc:
+            self._refuse(context, exc)
         except Exception:
             # Last resort: a bug, never the client's fault. INTERNAL, logged with a request id.
             request_id = secrets.token_hex(8)
@@ -112,6 +119,18 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
         )
 
     @staticmethod
+    def _refuse(context: grpc.ServicerContext, exc: EngineBusy | Refused) -> None:
+        """Overload or a tenant's quota: RESOURCE_EXHAUSTED with ``retry-after`` (seconds);
+        a missing or unknown API key: UNAUTHENTICATED."""
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        if isinstance(exc, Unauthorized):
+            code = grpc.StatusCode.UNAUTHENTICATED
+        else:
+            context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
+        metrics.REQUESTS.labels(protocol="grpc", status=code.name).inc()
+        context.abort(code, str(exc))
+
+    @staticmethod
     def _metadata(context: grpc.ServicerContext) -> dict[str, str]:
         return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
 
@@ -119,7 +138,10 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
         address = trust.grpc_peer_address(context.peer())
         return trust.is_trusted(address, self._metadata(context), self._settings.controls)
 
-    def _answer(self, request: Any, context: grpc.ServicerContext) -> pipeline.PipelineAnswer:
+    def _answer(
+        self, request: Any, context: grpc.ServicerContext, tenant: str | None
+    ) -> pipeline.PipelineAnswer:
+        """``tenant``: the one its API key named (``Admission``)."""
         if isinstance(request, Undecodable):
             message = f"Failed to unpack request: not a pipeline Request ({request.reason})"
             return pipeline.PipelineAnswer(err_no=pipeline.PACKING_ERROR, err_msg=message)
@@ -133,7 +155,9 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
             )  # fmt: skip
             metadata = self._metadata(context)
             trusted = self._trusted(context)
-            cache_controls = controls.parse(metadata, self._settings.controls, trusted=trusted)
+            cache_controls = controls.parse(
+                metadata, self._settings.controls, trusted=trusted, tenant=tenant
+            )
         except (pipeline.PipelineError, BadRequest) as exc:
             return pipeline.refused(exc)
         log.debug("grpc logid=%s clientip=%s method=%s", req.logid, req.clientip, request.method)

@@ -139,6 +139,62 @@ RATE_LIMITED = Counter(
     ["protocol"],
 )
 
+# Tenants (issue 26): labels are the configured tenants, "default" (no namespace) and "other"
+# (every tenant the tenants file does not name), so their number stays bounded.
+TENANT_REQUESTS = Counter(
+    "ocr_tenant_requests_total",
+    "Images looked up per tenant, by cache outcome (hit, miss, coalesced, bypass)",
+    ["tenant", "result"],
+)
+TENANT_ENGINE_SECONDS = Counter(
+    "ocr_tenant_engine_seconds_total",
+    "Engine seconds spent on each tenant's images (what the engine-seconds quota counts)",
+    ["tenant"],
+)
+TENANT_REJECTIONS = Counter(
+    "ocr_tenant_rejections_total",
+    "Requests refused per tenant: unauthorized (401), auth_failures (an address past "
+    "AUTH_FAILURE_LIMIT), rate, misses_in_flight, engine_seconds (its quotas: 429), "
+    "queue_full (its share of the miss queue: 503)",
+    ["tenant", "reason"],
+)
+TENANT_QUEUE_WAITING = Gauge(
+    "ocr_dispatch_tenant_waiting",
+    "Jobs waiting in the global miss queue per tenant (one value for the whole fleet)",
+    ["tenant"],
+    multiprocess_mode="livemostrecent",
+)
+TENANT_QUEUE_HOLD = Gauge(
+    "ocr_tenant_queue_hold_seconds",
+    "How long a tenant has held at least half of the waiting misses without a break (0: it "
+    "does not)",
+    ["tenant"],
+    multiprocess_mode="livemax",
+)
+TENANT_QUEUE_HOLD_LIMIT = Gauge(
+    "ocr_tenant_queue_hold_limit_seconds",
+    "TENANT_QUEUE_HOLD_SECONDS: the OcrTenantHoldsQueue alert fires past it",
+    multiprocess_mode="livemax",
+)
+API_KEYS_RELOADS = Counter(
+    "ocr_api_keys_reloads_total",
+    "API_KEYS_FILE reloads after a change: ok, or error (the tenants already loaded stay)",
+    ["result"],
+)
+
+
+def initialise_tenants(labels: list[str]) -> None:
+    """The tenants' label sets at 0 (``initialise``'s convention), for the tenants known now."""
+    for tenant in labels:
+        for result in ("hit", "miss", "coalesced", "bypass"):
+            TENANT_REQUESTS.labels(tenant=tenant, result=result)
+        TENANT_ENGINE_SECONDS.labels(tenant=tenant)
+        for reason in ("unauthorized", "rate", "misses_in_flight", "engine_seconds", "queue_full"):
+            TENANT_REJECTIONS.labels(tenant=tenant, reason=reason)
+    TENANT_REJECTIONS.labels(tenant="other", reason="auth_failures")
+    for result in ("ok", "error"):
+        API_KEYS_RELOADS.labels(result=result)
+
 
 def initialise(engine_kind: str) -> None:
     """Every known label set at 0 from start-up (Prometheus convention): dashboards and

@@ -11,6 +11,7 @@ from typing import Any
 from flask import current_app
 
 from app import metrics
+from app.admission import Admission
 from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
 from app.cache.region import OcrCache
@@ -34,6 +35,7 @@ class OcrService:
     default_params: OcrParams
     default_task: str
     min_score: float  # OCR_REC_SCORE_THRESH: REST and the pipeline's default line filter
+    admission: Admission  # who is asking (AUTH=keys), and the tenant's request rate
     grpc: Any = None  # the worker's gRPC server, when gunicorn started one
 
     def __getitem__(self, name: str) -> Any:
@@ -80,9 +82,12 @@ def build(settings: Settings, engine: Engine, store: RedisStore | None) -> OcrSe
         unready_after=settings.engine.unready_after_failures,
     )
     state.start()
+    book = assembly.tenant_book(settings.tenants)
+    metrics.initialise_tenants(book.labels())
     cache = assembly.for_settings(
-        settings, engine, store, decode, wait_for_engine=state.wait, on_engine_outcome=state.record
-    )
+        settings, engine, store, decode, wait_for_engine=state.wait,
+        on_engine_outcome=state.record, book=book,
+    )  # fmt: skip
     return OcrService(
         settings=settings,
         cache=cache,
@@ -91,6 +96,7 @@ def build(settings: Settings, engine: Engine, store: RedisStore | None) -> OcrSe
         default_params=engine.default_params,
         default_task=settings.default_task(),
         min_score=settings.ocr.rec_score_thresh,
+        admission=Admission(settings, book, cache.quotas),
     )
 
 

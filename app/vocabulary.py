@@ -191,6 +191,35 @@ class EngineBusy(EngineError):
         self.retry_after = retry_after
 
 
+class Refused(OcrCacheError):
+    """Who is asking, or how much they may ask, refuses the request before any work (4xx in
+    every protocol's own form, never cached): ``status`` is its HTTP status."""
+
+    status = 400
+    retry_after = 0
+
+
+class Unauthorized(Refused):
+    """``AUTH=keys``: no API key, or one no tenant holds (401; gRPC UNAUTHENTICATED)."""
+
+    code = "unauthorized"
+    status = 401
+
+
+class QuotaExceeded(Refused):
+    """A tenant over one of its quotas (request rate, misses in flight, engine seconds per
+    minute), or an address past its failed-key budget: 429 + ``Retry-After`` (gRPC
+    RESOURCE_EXHAUSTED with ``retry-after``)."""
+
+    code = "quota_exceeded"
+    status = 429
+
+    def __init__(self, message: str, retry_after: int, reason: str) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)
+        self.reason = reason  # the rejections metric's label
+
+
 class UnsupportedParams(ClientError):
     """The request asks for parameters this engine cannot honour (a client error)."""
 

@@ -23,6 +23,7 @@ from app.cache.store import RedisStore
 from app.config import Settings
 from app.engines.base import OcrRequest
 from app.imaging import decode_image
+from app.tenants import TenantBook
 from app.vocabulary import (
     CacheControls,
     CacheStatus,
@@ -96,10 +97,12 @@ def make_cache(
     settings: Settings,
     double: object,
     gate: Callable[[], None] | None = None,
+    book: TenantBook | None = None,
     **overrides: object,
 ) -> OcrCache:
     """A front door as one process builds it (``app.service.build`` without the engine's
-    loader): ``gate`` stands for the engine's loading (``wait_for_engine``)."""
+    loader): ``gate`` stands for the engine's loading (``wait_for_engine``); ``book``: the
+    tenants (none: the settings' file, if any)."""
     settings = settings.with_overrides(**overrides)
     r = settings.redis
     store = RedisStore(
@@ -114,6 +117,7 @@ def make_cache(
         store,
         lambda data: decode_image(data, settings.server.max_image_pixels),
         wait_for_engine=gate or (lambda: None),
+        book=book,
     )
 
 
@@ -150,13 +154,17 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
     assert keys.purge_pattern("acme") == "ocr.acme:*"
     assert keys.purge_pattern("", md5) == f"ocr:*{{{md5}}}*"
     assert keys.l1(digest_image(data), keys.task(OcrParams()))[-1] == digest_image(data).sha256
-    stream, engines = keys.dispatch()
-    assert (stream, engines) == ("{ocr:dispatch:v2:doublefingerprt}:jobs",
-                                 "{ocr:dispatch:v2:doublefingerprt}:engines")  # fmt: skip
+    names = keys.dispatch()
+    tag = "{ocr:dispatch:v3:doublefingerprt}"
+    assert (names.stream("~"), names.stream("acme"), names.engines) == (
+        f"{tag}:jobs:~", f"{tag}:jobs:acme", f"{tag}:engines"
+    )  # fmt: skip
+    assert {names.ring, names.deficits, names.shares, names.costs, names.lanes, names.bell} == {
+        f"{tag}:{name}" for name in ("ring", "deficits", "shares", "costs", "lanes", "bell")
+    }
     # A job marker lives in the queue's slot (its hash tag comes first), whatever the entry's.
     sha = digest_image(data).sha256
-    marker = keys.job_marker(stream, key, sha)
-    assert marker == f"{{ocr:dispatch:v2:doublefingerprt}}:job:{key}:{sha}"
+    assert names.marker(key, sha) == f"{tag}:job:{key}:{sha}"
 
 
 # The front door ----------------------------------------------------------------------
@@ -312,8 +320,9 @@ def test_a_second_process_joins_the_queued_job(settings, double, redis_client):
     first one queued (its marker names it while it runs, and goes with it)."""
     first, second = make_cache(settings, double), make_cache(settings, double)
     key = first.key_for(digest_image(IMAGES[0]), OcrParams())
-    stream, _ = first.keys.dispatch()
-    marker = first.keys.job_marker(stream, key, digest_image(IMAGES[0]).sha256)
+    names = first.keys.dispatch()
+    stream = names.stream("~")
+    marker = names.marker(key, digest_image(IMAGES[0]).sha256)
     double.hold()
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(first.get_or_compute, IMAGES[0])
@@ -374,13 +383,14 @@ def test_evicted_queue_keys_cost_a_resubmission_not_the_deadline(
     make_cache(settings, busy)  # another process's engine, which takes the first job
     cache = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     cache.close()  # its own engine takes no jobs: the other process's busy one does
-    stream, _ = cache.keys.dispatch()
+    names = cache.keys.dispatch()
+    stream = names.stream("~")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     busy.hold()
     with ThreadPoolExecutor(1) as pool:
         asked = pool.submit(cache.get_or_compute, IMAGES[0])
         assert busy.entered.wait(WAIT)
-        marker = cache.keys.job_marker(stream, key, digest_image(IMAGES[0]).sha256)
+        marker = names.marker(key, digest_image(IMAGES[0]).sha256)
         redis_client.delete(marker if evicted == "marker" else stream)
         busy.release.set()
         outcome = asked.result(WAIT)
@@ -445,7 +455,7 @@ def test_a_job_made_redundant_by_a_stored_entry_is_withdrawn(settings, double, r
     stored = OcrResult(1, 1, ())
     result, joined_other = queue.request(job, lambda job_id: (True, stored, None), 60)
     assert result is stored and joined_other  # another job computed it: COALESCED
-    assert redis_client.xlen(queue.stream) == 0 and not redis_client.exists(queue.marker(job))
+    assert redis_client.xlen(queue.stream(job)) == 0 and not redis_client.exists(queue.marker(job))
 
 
 def test_a_feeder_survives_redis_failing_while_it_checks_its_jobs(settings, double):
@@ -458,7 +468,12 @@ def test_a_feeder_survives_redis_failing_while_it_checks_its_jobs(settings, doub
     job = Job("k", "s", OcrParams(), "", 60, time.time() + 60, IMAGES[0], id="1-0")
     late = Job("k2", "s", OcrParams(), "", 60, time.time() - 1, IMAGES[1], id="2-0")
     served: list[list[Job]] = []
-    feeders._run(dead, "consumer", [job, late], served.append)
+
+    def serve(jobs: list[Job]) -> dict[str, float]:
+        served.append(jobs)
+        return {}
+
+    feeders._run(dead, "consumer", [job, late], 0.0, serve)
     assert served == [[job]]
 
 
@@ -467,7 +482,7 @@ def test_no_live_engine_computes_here(settings, double, redis_client):
     process's own engine at once."""
     cache = make_cache(settings, double)
     cache.close()  # its feeders stop; the register is then evicted
-    _, engines = cache.keys.dispatch()
+    engines = cache.keys.dispatch().engines
     redis_client.delete(engines)
     assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS and double.calls == 1
 
@@ -512,9 +527,9 @@ def test_a_foreign_job_marker_costs_nothing(settings, double, redis_client, plan
     once (a new job replaces a marker naming no job; a marker Redis refuses to read is a
     failed submission, so this process computes), never after OCR_TIMEOUT_SECONDS."""
     cache = make_cache(settings, double, ocr_timeout_seconds=3600.0)
-    stream, _ = cache.keys.dispatch()
+    names = cache.keys.dispatch()
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
-    plant(redis_client, cache.keys.job_marker(stream, key, digest_image(IMAGES[0]).sha256))
+    plant(redis_client, names.marker(key, digest_image(IMAGES[0]).sha256))
     with ThreadPoolExecutor(1) as pool:
         outcome = pool.submit(cache.get_or_compute, IMAGES[0]).result(WAIT)
     assert outcome.status is CacheStatus.MISS and double.calls == 1

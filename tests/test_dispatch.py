@@ -11,13 +11,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import redis
 from prometheus_client import REGISTRY
 
 from app.cache.jobs import Job
-from app.cache.keys import digest_image
+from app.cache.keys import QueueKeys, digest_image
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
 from app.engines.base import OcrRequest
@@ -97,7 +98,8 @@ def test_one_computation_per_distinct_image_over_three_processes(settings, redis
     trace = [IMAGES[i % 4] for i in range(24)]
     with ThreadPoolExecutor(12) as pool:
         outcomes = list(pool.map(lambda i: caches[i % 3].get_or_compute(trace[i]), range(24)))
-    stream, _ = caches[0].keys.dispatch()
+    names = caches[0].keys.dispatch()
+    stream = names.stream("~")
     wait_for(lambda: redis_client.xlen(stream) == 0, "jobs left in the queue")  # none runs late
     assert sum(e.calls for e in engines) == 4
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in trace]
@@ -135,7 +137,8 @@ def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
         running = pool.submit(cache.get_or_compute, IMAGES[0])
         assert engine.entered.wait(WAIT)
         waiting = pool.submit(cache.get_or_compute, IMAGES[1])
-        stream, _ = cache.keys.dispatch()
+        names = cache.keys.dispatch()
+        stream = names.stream("~")
         wait_for(lambda: cache.store.run("t", lambda c: c.xlen(stream))[1] == 2, "not queued")
         with pytest.raises(EngineBusy) as busy:
             cache.get_or_compute(IMAGES[2])  # one engine, one waiting job: full
@@ -164,26 +167,38 @@ def test_a_job_whose_caller_gave_up_is_not_computed(settings, redis_client):
         engine.release.set()
         with pytest.raises(EngineTimeout):
             running.result(WAIT)  # it too waited longer than 1.5 s
-    stream, _ = cache.keys.dispatch()
+    names = cache.keys.dispatch()
+    stream = names.stream("~")
     wait_for(lambda: redis_client.xlen(stream) == 0, "the running job was never acked")
     assert engine.calls == 1  # the abandoned job never reached the engine
+
+
+def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> None:
+    """A job written straight into the default lane, as a writer to Redis could (the lane
+    registered; the feeders' heartbeat puts it in the round robin's ring)."""
+    try:
+        client.xgroup_create(names.stream("~"), "engines", id="0", mkstream=True)
+    except redis.ResponseError:  # BUSYGROUP: it exists
+        pass
+    client.xadd(names.stream("~"), dict(zip(fields[::2], fields[1::2], strict=True)))
+    client.sadd(names.lanes, "~")
 
 
 def test_a_superseded_job_is_dropped_by_its_consumer(settings, redis_client):
     """Its key's marker names another job: its requesters moved on to that one."""
     engine = SerialEngine()
     cache = make_cache(settings, engine)
-    stream, _ = cache.keys.dispatch()
-    wait_for(lambda: redis_client.exists(stream), "the feeder never started")
+    names = cache.keys.dispatch()
+    wait_for(lambda: redis_client.exists(names.engines), "the feeder never started")
     gone = counter("ocr_dispatch_jobs_total", outcome="caller_gone")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     orphan = Job(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                  IMAGES[0])  # fmt: skip
     fields = orphan.fields()
-    marker = cache.keys.job_marker(stream, key, orphan.sha256)
+    marker = names.marker(key, orphan.sha256)
     redis_client.set(marker, "9999999999999-0", px=60_000)  # the newer job
-    redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
-    wait_for(lambda: redis_client.xlen(stream) == 0, "the orphan was never taken")
+    plant(redis_client, names, fields)
+    wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
     redis_client.delete(marker)
     assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
@@ -195,13 +210,14 @@ def test_a_job_whose_entry_is_already_stored_is_not_computed(settings, redis_cli
     engine = SerialEngine()
     cache = make_cache(settings, engine)
     assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS and engine.calls == 1
-    stream, _ = cache.keys.dispatch()
+    names = cache.keys.dispatch()
+    stream = names.stream("~")
     stored = counter("ocr_dispatch_jobs_total", outcome="already_stored")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     late = Job(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                IMAGES[0])  # fmt: skip
     fields = late.fields()
-    redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
+    plant(redis_client, names, fields)
     wait_for(lambda: redis_client.xlen(stream) == 0, "the late job was never taken")
     assert engine.calls == 1
     assert counter("ocr_dispatch_jobs_total", outcome="already_stored") == stored + 1
@@ -214,8 +230,8 @@ def test_a_forged_job_is_refused_and_nothing_is_stored(settings, redis_client, f
     refuses it, so no entry a later request would read is ever written."""
     engine = SerialEngine()
     cache = make_cache(settings, engine)
-    stream, _ = cache.keys.dispatch()
-    wait_for(lambda: redis_client.exists(stream), "the feeder never started")
+    names = cache.keys.dispatch()
+    wait_for(lambda: redis_client.exists(names.engines), "the feeder never started")
     failed = counter("ocr_dispatch_jobs_total", outcome="failed")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     data, params, tenant = IMAGES[0], OcrParams(), ""
@@ -227,8 +243,8 @@ def test_a_forged_job_is_refused_and_nothing_is_stored(settings, redis_client, f
         tenant = "acme"
     forged = Job(key, digest_image(data).sha256, params, tenant, 60, time.time() + 60, data)
     fields = forged.fields()
-    redis_client.xadd(stream, dict(zip(fields[::2], fields[1::2], strict=True)))
-    wait_for(lambda: redis_client.xlen(stream) == 0, "the forged job was never taken")
+    plant(redis_client, names, fields)
+    wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the forged job was never taken")
     wait_for(lambda: counter("ocr_dispatch_jobs_total", outcome="failed") == failed + 1,
              "the forged job was not refused")  # fmt: skip
     assert engine.calls == 0 and redis_client.exists(key) == 0
@@ -240,7 +256,8 @@ def test_a_job_whose_consumer_died_is_reclaimed(settings, redis_client):
     engine = SerialEngine()
     gate = threading.Event()
     cache = make_cache(settings, engine, gate=gate.wait, dispatch_claim_ms=1000)
-    stream, engines = cache.keys.dispatch()
+    names = cache.keys.dispatch()
+    stream, engines = names.stream("~"), names.engines
     redis_client.xgroup_create(stream, "engines", id="0", mkstream=True)
     now_ms = int(redis_client.time()[0]) * 1000
     redis_client.zadd(engines, {"dead-consumer": now_ms})  # it was live when the job came
@@ -283,7 +300,7 @@ def test_redis_down_while_waiting_the_requester_computes_itself(base_settings):
         loaded = threading.Event()
         a = make_cache(settings, own, gate=loaded.wait)  # no feeder until its engine loads
         make_cache(settings, busy)
-        _, engines = a.keys.dispatch()
+        engines = a.keys.dispatch().engines
         probe = redis.Redis.from_url(server.url)
         wait_for(lambda: probe.zcard(engines) == 1, "the other process never reported in")
         busy.hold()
@@ -306,7 +323,8 @@ def test_batches_take_up_to_engine_batch_max_waiting_jobs(settings):
         first = pool.submit(cache.get_or_compute, IMAGES[0])
         assert engine.entered.wait(WAIT)
         rest = [pool.submit(cache.get_or_compute, d) for d in IMAGES[1:]]
-        stream, _ = cache.keys.dispatch()
+        names = cache.keys.dispatch()
+        stream = names.stream("~")
         wait_for(lambda: cache.store.run("t", lambda c: c.xlen(stream))[1] == 4, "not queued")
         engine.release.set()
         outcomes = [f.result(WAIT) for f in [first, *rest]]
@@ -323,14 +341,14 @@ def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):
     from app.service import OcrService
 
     cache = make_cache(settings, SerialEngine())
-    stream, _ = cache.keys.dispatch()
-    wait_for(lambda: redis_client.exists(stream), "the feeder never started")
+    names = cache.keys.dispatch()
+    wait_for(lambda: redis_client.exists(names.engines), "the feeder never started")
 
     def feeders() -> list[str]:
         return [t.name for t in threading.enumerate() if t.name.startswith("dispatch-")]
 
     assert feeders()
-    service = OcrService(settings, cache, None, {}, OcrParams(), "ocr", 0.5)  # type: ignore[arg-type]
+    service = OcrService(settings, cache, None, {}, OcrParams(), "ocr", 0.5, None)  # type: ignore[arg-type]
     worker = SimpleNamespace(
         wsgi=SimpleNamespace(extensions={"ocr": service}),
         cfg=SimpleNamespace(graceful_timeout=1),
@@ -347,7 +365,7 @@ def test_fronts_with_other_encryption_keys_never_compute_for_each_other(settings
     sealed = make_cache(settings, SerialEngine(), cache_encryption_keys=(("a", b"a" * 32),))
     other = make_cache(settings, SerialEngine(), cache_encryption_keys=(("b", b"b" * 32),))
     plain = make_cache(settings, SerialEngine())
-    streams = {cache._misses._queue.stream for cache in (sealed, other, plain)}
+    streams = {cache._misses._queue.names.tag for cache in (sealed, other, plain)}
     assert len(streams) == 3
     for cache, data in ((sealed, IMAGES[0]), (other, IMAGES[1]), (plain, IMAGES[2])):
         assert cache.get_or_compute(data).status is CacheStatus.MISS

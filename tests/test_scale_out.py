@@ -219,7 +219,7 @@ def _pending(client) -> int:  # type: ignore[no-untyped-def]
     import redis
 
     total = 0
-    for stream in client.scan_iter(match="*:jobs"):
+    for stream in client.scan_iter(match="*:jobs:*"):
         try:
             total += client.xpending(stream, "engines")["pending"]
         except redis.ResponseError:  # no group yet

@@ -35,11 +35,13 @@ from app.cache.l3 import ColdTier, L3Tier
 from app.cache.misses import MissPath
 from app.cache.notify import Notifier
 from app.cache.pixel_index import PixelIndex, PixelTier
+from app.cache.quotas import Quotas
 from app.cache.region import Decoder, OcrCache
 from app.cache.similarity import SimilarityIndex, SimilarTier
 from app.cache.store import NullStore, RedisStore, Store
 from app.cache.tier import Chain, Tier
 from app.engines.base import Engine
+from app.tenants import TenantBook
 
 if TYPE_CHECKING:
     from app.config import (
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         L3Settings,
         Settings,
         SimilarSettings,
+        TenantSettings,
     )
 
 
@@ -59,15 +62,18 @@ def for_settings(
     decode: Decoder,
     wait_for_engine: Callable[[], None] = lambda: None,
     on_engine_outcome: Callable[[bool], None] = lambda ok: None,
+    book: TenantBook | None = None,
 ) -> OcrCache:
     """``build`` with each section taken from the service's ``Settings`` (the wiring's way in,
-    and the benchmarks' and tests')."""
+    and the benchmarks' and tests'); ``book``: the tenants (none: read from the settings)."""
     return build(
         cache=settings.cache,
         engine_settings=settings.engine,
         dispatch=settings.dispatch,
         similar=settings.similar,
         l3=settings.l3,
+        tenants=settings.tenants,
+        book=book if book is not None else tenant_book(settings.tenants),
         engine=engine,
         store=store,
         decode=decode,
@@ -85,6 +91,8 @@ def build(
     dispatch: DispatchSettings,
     similar: SimilarSettings,
     l3: L3Settings,
+    tenants: TenantSettings,
+    book: TenantBook,
     engine: Engine,
     store: Store | None,
     decode: Decoder,
@@ -120,9 +128,14 @@ def build(
 
     slots = getattr(engine, "max_concurrency", None) or callers
     runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds)
+    quotas = Quotas(
+        store, keys, book, failure_limit=tenants.failure_limit,
+        slot_seconds=engine_settings.timeout_seconds + 5,
+        mean_seconds=lambda: runner.mean_seconds,
+    )  # fmt: skip
     computer = Computer(
         engine, runner, chain, keys, Ttl(cache.ttl_seconds, cache.ttl_jitter), decode,
-        wait_for_engine, on_engine_outcome,
+        wait_for_engine, on_engine_outcome, charge=quotas.charge,
     )  # fmt: skip
     queue, feeders = None, None
     if redis is not None:
@@ -134,22 +147,32 @@ def build(
             poll_seconds=0.5,
             mean_seconds=lambda: runner.mean_seconds,
             writer=codec.writer,
+            fair=dispatch.fairness == "drr",
+            share=book.share,
         )  # fmt: skip
         feeders = Feeders(
             redis, keys, queue, slots=slots, claim_ms=dispatch.claim_ms,
             max_deliveries=dispatch.max_deliveries, batch_max=engine_settings.batch_max,
+            mean_seconds=lambda: runner.mean_seconds, label=book.label,
+            hold_seconds=tenants.queue_hold_seconds,
         )  # fmt: skip
         feeders.start(wait_for_engine, lambda jobs: computer.serve(feeders, jobs),
                       healthy=lambda: not computer.failing)  # fmt: skip
     misses = MissPath(
         computer, queue, store, keys, codec, engine_settings.timeout_seconds,
         keep=lambda probe, result, ttl: chain.write_back(probe, result, ttl, "l2"),
+        quotas=quotas,
     )  # fmt: skip
     return OcrCache(
         engine=engine, store=store, keys=keys, chain=chain, misses=misses, computer=computer,
         documents=Documents(store, keys, codec), decode=decode, l1=l1, l3=cold,
-        feeders=feeders,
+        feeders=feeders, quotas=quotas,
     )  # fmt: skip
+
+
+def tenant_book(tenants: TenantSettings) -> TenantBook:
+    """The tenants file's book (an empty one without a file)."""
+    return TenantBook(tenants.keys_file, tenants.reload_seconds)
 
 
 def _thresholds(similar: SimilarSettings) -> verify.Thresholds:

@@ -62,8 +62,12 @@ class Computer:
         decode: Callable[[bytes], DecodedImage],
         wait_for_engine: Callable[[], None] = lambda: None,
         on_engine_outcome: Callable[[bool], None] = lambda ok: None,
+        charge: Callable[[str, float], None] = lambda namespace, seconds: None,
     ) -> None:
+        """``charge(namespace, seconds)``: a tenant's engine call took this long (its
+        quota, its metrics)."""
         self._engine = engine
+        self._charge = charge
         self.runner = runner
         self._chain = chain
         self._keys = keys
@@ -77,8 +81,11 @@ class Computer:
         self.failing = not ok
         self._on_engine_outcome(ok)
 
-    def compute(self, probe: Probe, timeout: float | None = None) -> OcrResult:
-        """One engine call here, for ``probe`` (its image decoded first)."""
+    def compute(
+        self, probe: Probe, timeout: float | None = None, seconds: list[float] | None = None
+    ) -> OcrResult:
+        """One engine call here, for ``probe`` (its image decoded first); its engine
+        seconds are charged to the probe's tenant (and appended to ``seconds``)."""
         self._wait_for_engine()
         kind, spent = self._engine.kind, list[float]()
         request = OcrRequest(probe.data, probe.image, probe.params)
@@ -96,25 +103,38 @@ class Computer:
             metrics.ENGINE_CALLS.labels(engine=kind, outcome="error").inc()
             self._outcome(False)
             raise
+        finally:
+            self._spent(probe.controls.namespace, sum(spent), seconds)
         self._outcome(True)
         metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
         # The engine's own time (a call that waited in the worker queue is not slower).
         metrics.ENGINE_SECONDS.labels(engine=kind).observe(sum(spent))
         return result
 
+    def _spent(self, namespace: str, total: float, seconds: list[float] | None) -> None:
+        """An engine call of ``namespace``'s took ``total`` seconds (0: it never ran here, or
+        is still running after its caller gave up)."""
+        if total:
+            self._charge(namespace, total)
+        if seconds is not None:
+            seconds.append(total)
+
     def compute_and_store(self, probe: Probe, timeout: float | None = None) -> OcrResult:
         result = self.compute(probe, timeout)
         self._chain.record(probe, result, probe.controls.ttl or self.ttl())
         return result
 
-    def _many(self, probes: list[Probe], deadlines: list[float]) -> list[OcrResult | Exception]:
+    def _many(
+        self, probes: list[Probe], deadlines: list[float], seconds: list[float] | None = None
+    ) -> list[OcrResult | Exception]:
         """Probes with one set of parameters, each with its requester's deadline (wall
         clock): one engine call where the engine takes a list (``recognize_many``), bounded
         by the last deadline (the requesters who leave earlier stop waiting on their own side;
         the others still get their results, and every result is stored). A batch the engine
         failed is retried image by image, each within its own time left, so one bad image
         fails only itself; a batch that timed out or was refused is not (its time is gone,
-        or the queue is full: every probe gets that answer, and none counts as a failure)."""
+        or the queue is full: every probe gets that answer, and none counts as a failure).
+        ``seconds`` gets each probe's engine seconds (a batch's shared out evenly)."""
         many = getattr(self._engine, "recognize_many", None)
         if len(probes) > 1 and many is not None:
             self._wait_for_engine()
@@ -126,32 +146,36 @@ class Computer:
                 )
             except (EngineTimeout, EngineBusy) as exc:
                 outcome = "timeout" if isinstance(exc, EngineTimeout) else "busy"
-                for _ in probes:
+                for probe in probes:
                     metrics.ENGINE_CALLS.labels(engine=kind, outcome=outcome).inc()
+                    self._spent(probe.controls.namespace, 0.0, seconds)
                 return [exc for _ in probes]
             except EngineError:
                 pass  # one by one below: each image's own outcome
             else:
                 self._outcome(True)
                 share = sum(spent) / len(probes)
-                for _ in results:
+                for probe in probes:
                     metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
                     metrics.ENGINE_SECONDS.labels(engine=kind).observe(share)
+                    self._spent(probe.controls.namespace, share, seconds)
                 return list(results)
         answers: list[OcrResult | Exception] = []
         for probe, deadline in zip(probes, deadlines, strict=True):
             try:
-                answers.append(self.compute(probe, deadline - time.time()))
+                answers.append(self.compute(probe, deadline - time.time(), seconds))
             except EngineError as exc:
                 answers.append(exc)
         return answers
 
     # The jobs of the global queue (``Feeders``' ``serve``) --------------------------------
 
-    def serve(self, feeders: Feeders, jobs: Sequence[Job]) -> None:
+    def serve(self, feeders: Feeders, jobs: Sequence[Job]) -> dict[str, float]:
         """Compute jobs, store each result in every tier and tell its requesters; a failed
         job gets an error marker instead (never an entry). A job whose entry is already in
-        L2 (queued in the instant another job of that image finished) is not computed."""
+        L2 (queued in the instant another job of that image finished) is not computed.
+        Answers each computed job's engine seconds, by id (the round robin's correction)."""
+        spent: dict[str, float] = {}
         genuine: list[tuple[Job, Probe]] = []
         for job in jobs:
             if not self._is_genuine(job):
@@ -182,11 +206,13 @@ class Computer:
             groups.setdefault(job.params, []).append((job, probe))
         for members in groups.values():
             answered: set[str] = set()
+            seconds: list[float] = []
             try:
                 # The requesters' deadlines bound the call, not this process's own timeout.
                 answers = self._many(
-                    [probe for _, probe in members], [job.deadline for job, _ in members]
+                    [probe for _, probe in members], [job.deadline for job, _ in members], seconds
                 )
+                spent.update(zip((job.id for job, _ in members), seconds, strict=False))
                 for (job, probe), answer in zip(members, answers, strict=True):
                     self._answer(feeders, job, probe, answer)
                     answered.add(job.id)
@@ -197,6 +223,7 @@ class Computer:
                     if job.id not in answered:
                         feeders.fail(job, f"bug:{exc.__class__.__name__}")
                         metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+        return spent
 
     def _is_genuine(self, job: Job) -> bool:
         """A job's key is what its own bytes, params and tenant make (and its SHA-256 theirs)."""

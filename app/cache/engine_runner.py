@@ -37,7 +37,7 @@ class EngineRunner:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._waiting = 0
-        self._mean_seconds = 1.0  # moving average of a call, for Retry-After
+        self._mean_seconds: float | None = None  # moving average of a call (from the first)
 
     @property
     def waiting(self) -> int:
@@ -45,8 +45,9 @@ class EngineRunner:
 
     @property
     def mean_seconds(self) -> float:
-        """Moving average of one call (Retry-After estimates)."""
-        return self._mean_seconds
+        """Moving average of one call (Retry-After estimates, the fair queue's quantum); 1 s
+        before the first call."""
+        return 1.0 if self._mean_seconds is None else self._mean_seconds
 
     def run(
         self,
@@ -95,7 +96,8 @@ class EngineRunner:
         finally:
             metrics.ENGINE_CALLS_RUNNING.dec()
             elapsed = time.perf_counter() - began
-            self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+            mean = self._mean_seconds
+            self._mean_seconds = elapsed if mean is None else 0.8 * mean + 0.2 * elapsed
             if spent is not None:
                 spent.append(elapsed)
 
@@ -106,4 +108,4 @@ class EngineRunner:
 
     def _retry_after(self) -> int:
         """Seconds until the queue has likely drained by one slot per worker."""
-        return max(1, math.ceil(self._mean_seconds * self._waiting / self._workers))
+        return max(1, math.ceil(self.mean_seconds * self._waiting / self._workers))

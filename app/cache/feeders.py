@@ -1,7 +1,19 @@
-"""The global miss queue, the engines' side: one feeder thread per engine slot reads the next
-job (XREADGROUP) only when its engine is free, so a miss goes to whichever engine of any
-worker or replica frees up first (``jobs.py`` is the requester's side).
+"""The global miss queue, the engines' side: one feeder thread per engine slot takes the next
+job only when its engine is free, so a miss goes to whichever engine of any worker or
+replica frees up first (``jobs.py`` is the requester's side).
 
+- **Which job next: deficit round robin over engine time**, across the tenants' lanes, in one
+  script (``_TAKE``) so every worker and replica shares one schedule. The ring holds the lanes
+  with waiting jobs; the lane at its head gets a quantum (this engine's mean call, times the
+  tenant's ``share``) added to its deficit once per visit and is served while its deficit is
+  positive, each job spending the mean call when taken; the true engine time corrects it when
+  the job is done. A lane whose deficit is spent goes to the ring's tail; a lane with nothing
+  waiting leaves the ring and forgets its deficit (no banked credit). So a tenant that floods
+  gets the engines only while nobody else waits, and a tenant that sends one page waits at
+  most for the calls already running and one more turn. Work-conserving: when every lane is
+  in deficit the head is served anyway. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+- An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
+  looks again at least every ``BLOCK_MS``.
 - A feeder reports its engine live (a sorted set scored by Redis's clock) every
   ``BLOCK_MS`` while idle and every third of ``DISPATCH_CLAIM_MS`` while computing, and
   touches its jobs (XCLAIM JUSTID); a job idle longer than ``DISPATCH_CLAIM_MS`` (its consumer
@@ -24,46 +36,161 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
 
 from app import metrics
-from app.cache.jobs import ERROR_TTL_S, GROUP, Job, JobQueue, as_text
+from app.cache.jobs import DEFAULT_LANE, ERROR_TTL_S, GROUP, Job, JobQueue, as_text
 from app.cache.keys import KeySpace
 from app.cache.store import RedisStore
 from app.vocabulary import EngineError, OcrParams
 
 log = logging.getLogger(__name__)
 
-BLOCK_MS = 1000  # a feeder's longest blocking read: how stale its report may get idle
+BLOCK_MS = 1000  # a feeder's longest wait for the doorbell: how stale its report may get idle
 UNHEALTHY_PAUSE_SECONDS = 5.0
 _REDIS_ERRORS = (redis.RedisError, OSError)
 
+# Report this engine live; the waiting jobs of every lane, {lane, waiting, ...}. A lane with
+# jobs waiting is put back in the ring if the LRU took it from there; one with no stream
+# entries left and out of the ring is forgotten.
+# KEYS: engines, lanes, ring. ARGV: consumer, register ms, group, stream prefix.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local ok, pending = pcall(redis.call, 'XPENDING', KEYS[2], ARGV[3])
-if not ok then return -1 end
-return redis.call('XLEN', KEYS[2]) - pending[1]
-"""
-# Done with these jobs: acknowledged, deleted, and their markers removed if still theirs.
-_FINISH = """
-local n = #ARGV - 1
-for i = 1, n do
-  if redis.call('GET', KEYS[i + 1]) == ARGV[i + 1] then redis.call('DEL', KEYS[i + 1]) end
+local out = {}
+for _, lane in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local stream = ARGV[4] .. lane
+  local length = redis.call('XLEN', stream)
+  local ok, pending = pcall(redis.call, 'XPENDING', stream, ARGV[3])
+  local waiting = length - (ok and pending[1] or 0)
+  local ringed = redis.call('LPOS', KEYS[3], lane)
+  if length == 0 and not ringed then
+    redis.call('SREM', KEYS[2], lane)
+  else
+    if waiting > 0 and not ringed then redis.call('RPUSH', KEYS[3], lane) end
+    table.insert(out, lane)
+    table.insert(out, waiting)
+  end
 end
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
-return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+return out
+"""
+# Deficit round robin (the module's docstring): up to ARGV[3] jobs of one lane for this
+# consumer, {lane, {entries}, what each was charged}, or {} when no lane has one waiting.
+# KEYS: ring, deficits, shares, costs. ARGV: group, consumer, count, a job's cost where a
+# lane has none yet (this engine's mean call, seconds), stream prefix.
+_TAKE = """
+local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fallback, prefix = tonumber(ARGV[4]), ARGV[5]
+-- The lanes with jobs waiting, in ring order; the others leave it and forget their deficit.
+local lanes, cost, share, credit, seen, quantum = {}, {}, {}, {}, {}, nil
+for _ = 1, redis.call('LLEN', ring) do
+  local lane = redis.call('LPOP', ring)
+  if not lane then break end
+  local stream = prefix .. lane
+  local ok, pending = pcall(redis.call, 'XPENDING', stream, group)
+  local waiting = ok and (redis.call('XLEN', stream) - pending[1]) or 0
+  if waiting > 0 and not seen[lane] then
+    seen[lane] = true
+    redis.call('RPUSH', ring, lane)
+    local i = #lanes + 1
+    lanes[i] = lane
+    cost[i] = tonumber(redis.call('HGET', costs, lane) or '') or fallback
+    share[i] = tonumber(redis.call('HGET', shares, lane) or '') or 1
+    credit[i] = tonumber(redis.call('HGET', deficits, lane) or '') or 0
+    if not quantum or cost[i] < quantum then quantum = cost[i] end
+  elseif not seen[lane] then
+    redis.call('HDEL', deficits, lane)
+  end
+end
+if #lanes == 0 then return {} end
+-- The first lane in ring order with credit left; none has: as many rounds of a quantum
+-- (the cheapest lane's job) times each lane's share as it takes for one to have some.
+local chosen = nil
+for i = 1, #lanes do
+  if not chosen and credit[i] > 0 then chosen = i end
+end
+if not chosen then
+  local rounds = nil
+  for i = 1, #lanes do
+    local need = math.floor(-credit[i] / (quantum * share[i])) + 1
+    if not rounds or need < rounds then rounds = need end
+  end
+  for i = 1, #lanes do
+    credit[i] = credit[i] + rounds * quantum * share[i]
+    redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
+    if not chosen and credit[i] > 0 then chosen = i end
+  end
+end
+-- Its jobs, each charged its lane's mean cost. The lanes passed over go behind it, and it
+-- too once its credit is spent.
+local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                       'STREAMS', prefix .. lanes[chosen], '>')
+local entries = got and got[1] and got[1][2] or {}
+credit[chosen] = credit[chosen] - cost[chosen] * #entries
+redis.call('HSET', deficits, lanes[chosen], string.format('%.6f', credit[chosen]))
+redis.call('DEL', ring)
+local spent = credit[chosen] <= 0
+for i = (spent and chosen + 1 or chosen), #lanes do redis.call('RPUSH', ring, lanes[i]) end
+for i = 1, chosen - 1 do redis.call('RPUSH', ring, lanes[i]) end
+if spent then redis.call('RPUSH', ring, lanes[chosen]) end
+return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
+"""
+# Jobs idle past the claim time in any lane: {lane, id, consumer, deliveries, ...}.
+# KEYS: lanes. ARGV: stream prefix, group, idle ms, count.
+_STALE = """
+local out, found = {}, 0
+for _, lane in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local ok, stale = pcall(redis.call, 'XPENDING', ARGV[1] .. lane, ARGV[2], 'IDLE', ARGV[3],
+                          '-', '+', tonumber(ARGV[4]) - found)
+  if ok then
+    for _, entry in ipairs(stale) do
+      table.insert(out, lane); table.insert(out, entry[1])
+      table.insert(out, entry[2]); table.insert(out, entry[4])
+      found = found + 1
+    end
+  end
+  if found >= tonumber(ARGV[4]) then break end
+end
+return out
+"""
+# Done with these jobs of one lane: acknowledged, deleted, their markers removed if still
+# theirs, the lane's deficit corrected by what they really cost (if it is still there), and
+# its mean job cost moved towards theirs (an average of about 5: the next jobs' charge).
+# KEYS: stream, deficits, costs, markers... ARGV: group, lane, charged, spent (seconds, all
+# the jobs), how many ran, ids...
+_FINISH = """
+local n = #ARGV - 5
+for i = 1, n do
+  if redis.call('GET', KEYS[i + 3]) == ARGV[i + 5] then redis.call('DEL', KEYS[i + 3]) end
+end
+local charged, spent, ran = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if spent ~= charged and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
+  redis.call('HINCRBYFLOAT', KEYS[2], ARGV[2], string.format('%.6f', charged - spent))
+end
+if ran > 0 then
+  local sample = spent / ran
+  local mean = tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '')
+  if mean then sample = 0.8 * mean + 0.2 * sample end
+  redis.call('HSET', KEYS[3], ARGV[2], string.format('%.6f', sample))
+end
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 6))
+return redis.call('XDEL', KEYS[1], unpack(ARGV, 6))
 """
 
-Serve = Callable[[Sequence[Job]], None]
+# Computes jobs and stores them; answers the engine seconds each job's call took (by id).
+Serve = Callable[[Sequence[Job]], Mapping[str, float]]
 
 
 class Feeders:
-    """This process's engine slots, feeding on the queue of ``queue``."""
+    """This process's engine slots, feeding on the queue of ``queue``. ``mean_seconds``: an
+    engine call's mean here (the round robin's quantum and a job's cost when taken);
+    ``label``: a tenant's metrics label; ``hold_seconds``: when one tenant's hold on the
+    queue is reported (``TENANT_QUEUE_HOLD_SECONDS``)."""
 
     def __init__(
         self,
@@ -75,20 +202,28 @@ class Feeders:
         claim_ms: int,
         max_deliveries: int,
         batch_max: int,
+        mean_seconds: Callable[[], float] = lambda: 1.0,
+        label: Callable[[str], str] = lambda namespace: namespace or "default",
+        hold_seconds: float = 300.0,
     ) -> None:
         self._store = store
         self._keys = keys
         self._queue = queue
-        self._stream, self._engines = queue.stream, queue.engines
+        self._names = queue.names
         self._slots = slots
         self._claim_ms = claim_ms
         self._max_deliveries = max_deliveries
         self._batch_max = batch_max
+        self._mean_seconds = mean_seconds
+        self._label = label
         self._stopped = threading.Event()
         self.reported = threading.Event()  # a feeder has reported in: jobs can be taken
         self._threads: list[threading.Thread] = []
         self._client_ids: dict[int, int] = {}
         self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self._holds: dict[str, float] = {}  # tenant label -> since when it holds the queue
+        self._hold_labels: set[str] = set()
+        metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
         _live.add(self)
 
     def start(
@@ -134,15 +269,16 @@ class Feeders:
                     if getattr(client, "_single_connection_client", False):
                         self._client_ids[slot] = client.client_id()
                 try:
-                    self._heartbeat(client, consumer)
+                    self._heartbeat(client, consumer, report=slot == 0)
                 except redis.ResponseError:  # Redis answered (out of memory under noeviction):
                     pass  # the jobs already queued are still read
                 jobs: list[Job] = []
                 if time.monotonic() >= next_reclaim:
                     jobs = self._reclaim(client, consumer)
                     next_reclaim = time.monotonic() + self._claim_ms / 2000
+                cost = 0.0
                 if not jobs and not self._stopped.is_set():
-                    jobs = self._read(client, consumer)
+                    jobs, cost = self._read(client, consumer)
                 backoff = 0.1
             except _REDIS_ERRORS as exc:
                 log.debug("dispatch feeder: %s; retrying", exc.__class__.__name__)
@@ -153,97 +289,138 @@ class Feeders:
                 backoff = min(backoff * 2, 2.0)
                 continue
             if jobs:
-                self._run(client, consumer, jobs, serve)
+                self._run(client, consumer, jobs, cost, serve)
         self._client_ids.pop(slot, None)
         if client is not None:  # stopped between jobs: nothing of ours is pending
-            try:
-                client.xgroup_delconsumer(self._stream, GROUP, consumer)
-            except _REDIS_ERRORS:
-                pass
+            self._forget_consumer(client, consumer)
         _close(client)
 
-    def _heartbeat(self, client: Any, consumer: str) -> None:
-        depth = client.eval(_HEARTBEAT, 2, self._engines, self._stream, consumer,
-                            self._claim_ms * 4, GROUP)  # fmt: skip
-        if depth >= 0:
-            metrics.DISPATCH_QUEUE_DEPTH.set(depth)
-        self.reported.set()
-
-    def _read(self, client: Any, consumer: str) -> list[Job]:
+    def _forget_consumer(self, client: Any, consumer: str) -> None:
         try:
-            answer = client.xreadgroup(GROUP, consumer, {self._stream: ">"},
-                                       count=self._batch_max, block=BLOCK_MS)  # fmt: skip
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            try:  # the stream was never created, or evicted with its group
-                client.xgroup_create(self._stream, GROUP, id="0", mkstream=True)
-            except redis.ResponseError as again:
-                if "BUSYGROUP" not in str(again):
-                    raise
-            return []
+            for lane in client.smembers(self._names.lanes):
+                try:
+                    client.xgroup_delconsumer(self._names.stream(as_text(lane)), GROUP, consumer)
+                except redis.ResponseError:
+                    pass  # that lane's stream or group is gone
+        except _REDIS_ERRORS:
+            pass
+
+    def _heartbeat(self, client: Any, consumer: str, report: bool) -> None:
+        names = self._names
+        answer = client.eval(
+            _HEARTBEAT, 3, names.engines, names.lanes, names.ring,
+            consumer, self._claim_ms * 4, GROUP, names.stream_prefix,
+        )  # fmt: skip
+        self.reported.set()
+        if report:
+            lanes = {as_text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
+            self._report(lanes)
+
+    def _report(self, lanes: dict[str, int]) -> None:
+        """The queue's depth, per tenant too, and how long one tenant has held at least
+        half of it (the ``OcrTenantHoldsQueue`` alert)."""
+        total = sum(max(0, waiting) for waiting in lanes.values())
+        metrics.DISPATCH_QUEUE_DEPTH.set(total)
+        per_label: dict[str, int] = {}
+        for lane, waiting in lanes.items():
+            label = self._label("" if lane == DEFAULT_LANE else lane)
+            per_label[label] = per_label.get(label, 0) + max(0, waiting)
+        now = time.monotonic()
+        for label in self._hold_labels | per_label.keys():
+            waiting = per_label.get(label, 0)
+            metrics.TENANT_QUEUE_WAITING.labels(tenant=label).set(waiting)
+            if waiting > 0 and 2 * waiting >= total:
+                held = now - self._holds.setdefault(label, now)
+            else:
+                self._holds.pop(label, None)
+                held = 0.0
+            metrics.TENANT_QUEUE_HOLD.labels(tenant=label).set(held)
+        self._hold_labels |= per_label.keys()
+
+    def _read(self, client: Any, consumer: str) -> tuple[list[Job], float]:
+        """The next jobs by the round robin (and what each was charged), waiting on the
+        doorbell for at most ``BLOCK_MS`` when there are none."""
+        jobs, cost = self._take(client, consumer)
+        if not jobs and not self._stopped.is_set():
+            client.blpop([self._names.bell], timeout=BLOCK_MS / 1000)
+            jobs, cost = self._take(client, consumer)
+        return jobs, cost
+
+    def _take(self, client: Any, consumer: str) -> tuple[list[Job], float]:
+        """The next jobs by the round robin, and what each was charged (seconds)."""
+        names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
+        answer = client.eval(
+            _TAKE, 4, names.ring, names.deficits, names.shares, names.costs,
+            GROUP, consumer, self._batch_max, f"{quantum:.6f}", names.stream_prefix,
+        )  # fmt: skip
+        if not answer:
+            return [], 0.0
+        lane, entries, cost = as_text(answer[0]), answer[1], float(answer[2])
         jobs, malformed = [], []
-        for _, entries in answer or ():
-            for entry_id, raw in entries:
-                job = _decode(entry_id, raw)
-                if job is None:
-                    blank = Job("", "", OcrParams(), "", 0, 0.0, b"", id=as_text(entry_id))
-                    malformed.append(blank)
-                else:
-                    jobs.append(job)
+        for entry_id, flat in entries:
+            raw = dict(zip(flat[::2], flat[1::2], strict=True))
+            job = _decode(entry_id, raw, lane=lane)
+            if job is None:
+                blank = Job("", "", OcrParams(), "", 0, 0.0, b"", id=as_text(entry_id), lane=lane)
+                malformed.append(blank)
+            else:
+                jobs.append(job)
         if malformed:
-            self._finish(client, malformed)
-        return jobs
+            self._finish(client, malformed, {})
+        return jobs, cost
 
     def _reclaim(self, client: Any, consumer: str) -> list[Job]:
-        """Jobs idle longer than ``DISPATCH_CLAIM_MS``: their consumer died."""
-        try:
-            stale = client.xpending_range(self._stream, GROUP, min="-", max="+",
-                                          count=self._batch_max, idle=self._claim_ms)  # fmt: skip
-        except redis.ResponseError:
-            return []  # no stream or no group yet
+        """Jobs idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their consumer died."""
+        names = self._names
+        stale = client.eval(
+            _STALE, 1, names.lanes, names.stream_prefix, GROUP, self._claim_ms, self._batch_max
+        )
         jobs: list[Job] = []
-        for entry in stale:
-            entry_id = as_text(entry["message_id"])
-            claimed = client.xclaim(self._stream, GROUP, consumer, self._claim_ms, [entry_id])
+        for i in range(0, len(stale), 4):
+            lane, entry_id = as_text(stale[i]), as_text(stale[i + 1])
+            owner, delivered = as_text(stale[i + 2]), int(stale[i + 3])
+            stream = names.stream(lane)
+            claimed = client.xclaim(stream, GROUP, consumer, self._claim_ms, [entry_id])
             if not claimed or claimed[0][1] is None:
                 continue  # someone else claimed it first, or it was deleted
-            deliveries = int(entry["times_delivered"]) + 1
-            job = _decode(entry_id, claimed[0][1], deliveries)
+            deliveries = delivered + 1
+            job = _decode(entry_id, claimed[0][1], deliveries, lane)
             if job is None:
                 continue
             metrics.DISPATCH_JOBS.labels(outcome="reclaimed").inc()
-            log.warning("reclaimed job %s of %s (delivery %d)", entry_id,
-                        as_text(entry["consumer"]), deliveries)  # fmt: skip
+            log.warning("reclaimed job %s of %s (delivery %d)", entry_id, owner, deliveries)
             if deliveries > self._max_deliveries:
                 metrics.DISPATCH_JOBS.labels(outcome="abandoned").inc()
                 self.fail(job, f"error:no engine survived this image ({deliveries - 1} deliveries)")
-                self._finish(client, [job])
+                self._finish(client, [job], {})
                 continue
             jobs.append(job)
         return jobs
 
-    def _run(self, client: Any, consumer: str, jobs: list[Job], serve: Serve) -> None:
+    def _run(self, client: Any, consumer: str, jobs: list[Job], cost: float, serve: Serve) -> None:
+        """Serve the jobs (each charged ``cost`` when taken), then finish them with their
+        lanes' deficits corrected by the engine time they really took."""
         try:
             wanted = self._wanted(client, jobs)
         except _REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
             wanted = [job for job in jobs if job.deadline > time.time()]
         stop = threading.Event()
         toucher = threading.Thread(
-            target=self._touch, args=(consumer, [j.id for j in wanted], stop),
+            target=self._touch, args=(consumer, wanted, stop),
             name="dispatch-touch", daemon=True,
         )  # fmt: skip
         toucher.start()
+        seconds: Mapping[str, float] = {}
         try:
             if wanted:
-                serve(wanted)
+                seconds = serve(wanted) or {}
         except Exception:  # serve reports per job; never let a feeder die
             log.exception("dispatch: serving %d jobs failed", len(wanted))
         finally:
             stop.set()
             toucher.join()
             try:
-                self._finish(client, jobs)
+                self._finish(client, jobs, seconds, cost)
             except _REDIS_ERRORS:
                 pass  # the jobs stay pending and are reclaimed, then dropped as done
 
@@ -264,21 +441,37 @@ class Feeders:
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
         return wanted
 
-    def _touch(self, consumer: str, ids: list[str], stop: threading.Event) -> None:
+    def _touch(self, consumer: str, jobs: list[Job], stop: threading.Event) -> None:
         """While computing: keep the jobs ours (reset their idle time) and this engine live."""
-        while ids and not stop.wait(self._claim_ms / 3000):
+        by_lane = _by_lane(jobs)
+        names = self._names
+        while by_lane and not stop.wait(self._claim_ms / 3000):
 
             def run(client: Any) -> Any:
-                client.xclaim(self._stream, GROUP, consumer, 0, ids, justid=True)
-                return client.eval(_HEARTBEAT, 2, self._engines, self._stream, consumer,
-                                   self._claim_ms * 4, GROUP)  # fmt: skip
+                for lane, members in by_lane.items():
+                    ids = [job.id for job in members]
+                    client.xclaim(names.stream(lane), GROUP, consumer, 0, ids, justid=True)
+                return client.eval(
+                    _HEARTBEAT, 3, names.engines, names.lanes, names.ring,
+                    consumer, self._claim_ms * 4, GROUP, names.stream_prefix,
+                )  # fmt: skip
 
             self._store.run("dispatch", run)
 
-    def _finish(self, client: Any, jobs: list[Job]) -> None:
-        markers = [self._queue.marker(job) for job in jobs]
-        client.eval(_FINISH, 1 + len(jobs), self._stream, *markers, GROUP,
-                    *[job.id for job in jobs])  # fmt: skip
+    def _finish(
+        self, client: Any, jobs: list[Job], seconds: Mapping[str, float], charged: float = 0.0
+    ) -> None:
+        """Acknowledge and delete ``jobs`` (per lane), each lane's deficit corrected from
+        ``charged`` per job to the engine seconds they took (``seconds``, by job id)."""
+        names = self._names
+        for lane, members in _by_lane(jobs).items():
+            spent = [seconds.get(job.id, 0.0) for job in members]
+            markers = [self._queue.marker(job) for job in members]
+            client.eval(
+                _FINISH, 3 + len(members), names.stream(lane), names.deficits, names.costs,
+                *markers, GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
+                sum(1 for s in spent if s > 0), *[job.id for job in members],
+            )  # fmt: skip
 
     def succeeded(self, job: Job) -> None:
         """The job's entry is stored: its waiters read it now."""
@@ -311,9 +504,18 @@ def stop_all() -> None:
         feeders.stop()
 
 
-def _decode(entry_id: bytes | str, raw: dict[bytes, bytes], deliveries: int = 1) -> Job | None:
+def _by_lane(jobs: Sequence[Job]) -> dict[str, list[Job]]:
+    lanes: dict[str, list[Job]] = {}
+    for job in jobs:
+        lanes.setdefault(job.lane, []).append(job)
+    return lanes
+
+
+def _decode(
+    entry_id: bytes | str, raw: dict[bytes, bytes], deliveries: int = 1, lane: str = DEFAULT_LANE
+) -> Job | None:
     try:
-        return Job.from_fields(as_text(entry_id), raw, deliveries)
+        return Job.from_fields(as_text(entry_id), raw, deliveries, lane)
     except (KeyError, TypeError, ValueError):
         log.warning("dropping a malformed dispatch job %s", as_text(entry_id))
         return None

@@ -1,18 +1,23 @@
-"""The global miss queue, the requester's side: one Redis stream per engine fingerprint (and
+"""The global miss queue, the requester's side: one queue per engine fingerprint (and
 sealing key) that every free engine of every worker and replica pulls from
-(``feeders.py``), so no engine idles while a miss waits anywhere.
+(``feeders.py``), so no engine idles while a miss waits anywhere. Each tenant's jobs wait in
+a lane of their own (a Redis stream); engines take from the lanes by deficit round robin
+over engine time (``feeders.py``), so one tenant's back-fill cannot hold another's single
+miss behind it.
 
 Submitting is idempotent per key: a job already queued or running for the same entry key (a
 marker beside the stream names it) makes the caller a waiter on it, so one image is computed
 once across processes and replicas, without a lease. A waiter blocks on the entry's done
 notification (``notify.py``) and checks on its job between notifications: an entry that
 appears is its answer; an error marker is its error; a job that vanished (finished without an
-entry, dropped, or taken by the LRU with the stream or its marker) is submitted again. Every
-key here may be evicted under ``allkeys-lru``: that costs a resubmission or one local engine
-call, never a wait to the deadline.
+entry, dropped, or taken by the LRU with the stream or its marker) is submitted again; a job
+whose lane the LRU took from the ring is put back by that check. Every key here may be
+evicted under ``allkeys-lru``: that costs a resubmission or one local engine call, never a
+wait to the deadline.
 
-- **Bounded**: a new job is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX`` jobs per
-  live engine are already waiting; live engines are the feeders that reported lately.
+- **Bounded per lane**: a new job is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
+  jobs per live engine are already waiting in its tenant's lane (a tenant's flood fills only
+  its own); live engines are the feeders that reported lately.
 - **Deadlines**: a waiter stops at its own (``OCR_TIMEOUT_SECONDS``); the job's creator then
   deletes it if no engine has started it.
 - **Redis down**, or no live engine: the caller computes with its own engine (``None``).
@@ -45,9 +50,14 @@ from app.vocabulary import (
 
 GROUP = "engines"
 ERROR_TTL_S = 60  # an error marker outlives any waiter that could still read it
+DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every job's in FIFO
 
-# Join the job queued or running for this key, else add one (bounded): {id, waiting, engines};
-# waiting -1: joined; id "" when full, "none" without a live engine.
+# Join the job queued or running for this key, else add one to its lane (bounded per lane),
+# keep the lane in the ring, its share known, and ring the doorbell: {id, waiting, engines};
+# waiting -1: joined; id "" when the lane is full, "none" without a live engine.
+# KEYS: stream, engines, marker, ring, lanes, shares, bell.
+# ARGV: group, per-engine max, live ms, marker ms, lane, share, stream prefix, then the job's
+# fields. Also answers the waiting jobs of every lane (the fleet's depth).
 _SUBMIT = """
 local current = redis.call('GET', KEYS[3])
 if current and #redis.call('XRANGE', KEYS[1], current, current) > 0 then
@@ -65,14 +75,30 @@ end
 local waiting = redis.call('XLEN', KEYS[1]) - pending[1]
 if engines == 0 then return {'none', waiting, engines} end
 if waiting >= tonumber(ARGV[2]) * engines then return {'', waiting, engines} end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 8))
 redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
-return {id, waiting + 1, engines}
+if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('RPUSH', KEYS[4], ARGV[5]) end
+redis.call('SADD', KEYS[5], ARGV[5])
+redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
+redis.call('LPUSH', KEYS[7], '1')
+redis.call('LTRIM', KEYS[7], 0, engines - 1)
+local total = 0
+for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  local stream = ARGV[7] .. other
+  local found, others = pcall(redis.call, 'XPENDING', stream, ARGV[1])
+  total = total + redis.call('XLEN', stream) - (found and others[1] or 0)
+end
+return {id, waiting + 1, engines, total}
 """
-# Is the job still queued or running (its marker names it, its entry is in the stream)?
+# Is the job still queued or running (its marker names it, its entry is in the stream)? Then
+# its lane stays schedulable: back in the ring and the lanes if the LRU took them.
+# KEYS: stream, marker, ring, lanes. ARGV: job id, lane.
 _ALIVE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-return #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
+if not redis.call('LPOS', KEYS[3], ARGV[2]) then redis.call('RPUSH', KEYS[3], ARGV[2]) end
+redis.call('SADD', KEYS[4], ARGV[2])
+return 1
 """
 # Delete a job no consumer has read yet (1), else leave it (0): it runs or has run.
 _CANCEL = """
@@ -97,6 +123,7 @@ class Job:
     archive: bool = True  # may go to the cold tier (not when the caller chose its own TTL)
     id: str = ""
     deliveries: int = 1
+    lane: str = DEFAULT_LANE  # the lane it was read from (the feeders' side)
 
     def fields(self) -> list[str | bytes]:
         params = json.dumps(asdict(self.params), separators=(",", ":"))
@@ -105,7 +132,9 @@ class Job:
                 "data", self.data, "archive", "1" if self.archive else "0"]  # fmt: skip
 
     @classmethod
-    def from_fields(cls, job_id: str, raw: dict[bytes, bytes], deliveries: int = 1) -> Job:
+    def from_fields(
+        cls, job_id: str, raw: dict[bytes, bytes], deliveries: int = 1, lane: str = DEFAULT_LANE
+    ) -> Job:
         text = {k.decode(): v for k, v in raw.items()}
         params = json.loads(text["params"])
         params["task_args"] = tuple(tuple(pair) for pair in params.get("task_args", ()))
@@ -113,7 +142,7 @@ class Job:
             key=text["key"].decode(), sha256=text["sha256"].decode(),
             params=OcrParams(**params), namespace=text["ns"].decode(), ttl=int(text["ttl"]),
             deadline=float(text["deadline"]), data=text["data"], id=job_id,
-            archive=text.get("archive", b"1") == b"1", deliveries=deliveries,
+            archive=text.get("archive", b"1") == b"1", deliveries=deliveries, lane=lane,
         )  # fmt: skip
 
 
@@ -143,7 +172,9 @@ Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
 
 
 class JobQueue:
-    """One per front door (per process): submits its misses and waits for their entries."""
+    """One per front door (per process): submits its misses and waits for their entries.
+    ``fair``: each tenant's jobs in a lane of their own (``DISPATCH_FAIRNESS=drr``), else
+    every job in the default lane (arrival order); ``share(namespace)``: a tenant's share."""
 
     def __init__(
         self,
@@ -156,20 +187,31 @@ class JobQueue:
         poll_seconds: float,
         mean_seconds: Callable[[], float],
         writer: str = "",
+        fair: bool = True,
+        share: Callable[[str], float] = lambda namespace: 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._keys = keys
         self._notifier = notifier
-        self.stream, self.engines = keys.dispatch(writer)
+        self.names = keys.dispatch(writer)
         self._per_engine_max = per_engine_max
         self._live_ms = live_ms
         self._poll_seconds = poll_seconds
         self._mean_seconds = mean_seconds
+        self._fair = fair
+        self._share = share
         self._clock = clock
 
+    def lane(self, namespace: str) -> str:
+        """The lane of a tenant's jobs."""
+        return namespace if self._fair and namespace else DEFAULT_LANE
+
+    def stream(self, job: Job) -> str:
+        return self.names.stream(self.lane(job.namespace))
+
     def marker(self, job: Job) -> str:
-        return self._keys.job_marker(self.stream, job.key, job.sha256)
+        return self.names.marker(job.key, job.sha256)
 
     def request(self, job: Job, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
         """(``job``'s result once an engine stored it, whether it joined a job another
@@ -195,26 +237,32 @@ class JobQueue:
         """(job id, created by us), or None: no queue to use."""
         marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
 
+        lane, names = self.lane(job.namespace), self.names
+        share = f"{self._share(job.namespace):g}"
+
         def run(client: Any) -> Any:
-            keys = (self.stream, self.engines, self.marker(job))
-            limits = (self._per_engine_max, self._live_ms, marker_ttl)
-            return client.eval(_SUBMIT, 3, *keys, GROUP, *limits, *job.fields())
+            keys = (names.stream(lane), names.engines, self.marker(job), names.ring,
+                    names.lanes, names.shares, names.bell)  # fmt: skip
+            limits = (self._per_engine_max, self._live_ms, marker_ttl, lane, share)
+            return client.eval(
+                _SUBMIT, len(keys), *keys, GROUP, *limits, names.stream_prefix, *job.fields()
+            )
 
         ok, answer = self._store.run("dispatch", run)
         if not ok:
             return None
-        raw_id, waiting, engines = answer
+        raw_id, waiting, engines = answer[:3]
+        if len(answer) > 3:
+            metrics.DISPATCH_QUEUE_DEPTH.set(int(answer[3]))
         job_id = as_text(raw_id)
-        if int(waiting) >= 0:
-            metrics.DISPATCH_QUEUE_DEPTH.set(int(waiting))
         if job_id == "none":
             return None  # no engine reported in: this process computes (or waits to load)
         if not job_id:
             metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
             retry = max(1, math.ceil(self._mean_seconds() * int(waiting) / max(1, int(engines))))
+            whose = "the engine queue" if lane == DEFAULT_LANE else f"tenant {lane!r}'s lane"
             raise EngineBusy(
-                f"the engine queue is full ({waiting} waiting for {engines} engines); retry later",
-                retry,
+                f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
             )
         return job_id, int(waiting) >= 0
 
@@ -275,8 +323,10 @@ class JobQueue:
         self._store.run("dispatch", lambda c: c.delete(self._keys.job_error(key, job_id)))
 
     def _alive(self, job_id: str, job: Job) -> bool:
+        lane, names = self.lane(job.namespace), self.names
+        keys = (names.stream(lane), self.marker(job), names.ring, names.lanes)
         ok, alive = self._store.run(
-            "dispatch", lambda c: c.eval(_ALIVE, 2, self.stream, self.marker(job), job_id)
+            "dispatch", lambda c: c.eval(_ALIVE, len(keys), *keys, job_id, lane)
         )
         return not ok or bool(alive)  # Redis unsure: the next read tells
 
@@ -287,7 +337,7 @@ class JobQueue:
             return False
         ok, deleted = self._store.run(
             "dispatch",
-            lambda c: c.eval(_CANCEL, 2, self.stream, self.marker(job), GROUP, job_id),
+            lambda c: c.eval(_CANCEL, 2, self.stream(job), self.marker(job), GROUP, job_id),
         )
         if ok and deleted and reason:
             metrics.ENGINE_QUEUE_DROPPED.labels(reason=reason).inc()

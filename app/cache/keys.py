@@ -15,7 +15,60 @@ from app.vocabulary import OcrParams
 
 # Bump when the key layout or the entry envelope changes.
 KEY_SCHEMA = "v1"
-DISPATCH_SCHEMA = "v2"  # the global miss queue's format (jobs.py, feeders.py)
+DISPATCH_SCHEMA = "v3"  # the global miss queue's format (jobs.py, feeders.py)
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Every name of one global miss queue, all under its hash tag (one slot, so one script
+    reads any of them): a stream per lane (a tenant's jobs; ``~`` the default tenant's, and
+    every job's with ``DISPATCH_FAIRNESS=fifo``), the ring of lanes with waiting jobs and
+    their deficits, shares and job costs (deficit round robin, ``feeders.py``), every
+    lane that has a stream, the doorbell that wakes an idle engine, the live-engine register
+    and the job markers. Any of them may be evicted under ``allkeys-lru``: ``jobs.py`` says
+    what that costs."""
+
+    tag: str
+
+    def stream(self, lane: str) -> str:
+        return f"{self.tag}:jobs:{lane}"
+
+    @property
+    def stream_prefix(self) -> str:
+        return f"{self.tag}:jobs:"
+
+    @property
+    def engines(self) -> str:
+        return f"{self.tag}:engines"
+
+    @property
+    def ring(self) -> str:
+        return f"{self.tag}:ring"
+
+    @property
+    def deficits(self) -> str:
+        return f"{self.tag}:deficits"
+
+    @property
+    def shares(self) -> str:
+        return f"{self.tag}:shares"
+
+    @property
+    def costs(self) -> str:
+        return f"{self.tag}:costs"
+
+    @property
+    def lanes(self) -> str:
+        return f"{self.tag}:lanes"
+
+    @property
+    def bell(self) -> str:
+        return f"{self.tag}:bell"
+
+    def marker(self, entry: str, sha256: str) -> str:
+        """Which job computes ``entry`` for the image ``sha256`` (its id), while one does.
+        Per SHA-256: two images with one MD5 share a key, never a job."""
+        return f"{self.tag}:job:{entry}:{sha256}"
 
 
 @dataclass(frozen=True)
@@ -142,24 +195,21 @@ class KeySpace:
         deployment (the base prefix), whatever the engine, task or tenant."""
         return f"{self.base_prefix}:ratelimit:{{{client or 'unknown'}}}"
 
-    def dispatch(self, writer: str = "") -> tuple[str, str]:
-        """The global miss queue of this engine (a stream) and its live-engine register (a
-        sorted set): one hash tag, one slot. Per fingerprint: a job is computed only by an
-        engine whose results it may store. Per ``writer`` (``Codec.writer``: which key seals
-        new entries, "" for none): only by a process whose entries the requester can read,
-        so fronts amid a key rotation never wait for an entry they cannot open. ``v2``: the
-        queue with job markers (issue 24); replicas of the release before it keep their own
-        queue during a rolling upgrade, neither side reads the other's jobs."""
-        scope = f"{self.fingerprint}:{writer}" if writer else self.fingerprint
-        tag = f"{{{self.base_prefix}:dispatch:{DISPATCH_SCHEMA}:{scope}}}"
-        return f"{tag}:jobs", f"{tag}:engines"
+    def quota(self, kind: str, tenant: str) -> str:
+        """A tenant's quota state (``app/cache/quotas.py``: ``inflight``, ``engine``): per
+        deployment, whatever the engine, so every front of one Redis counts one budget."""
+        return f"{self.base_prefix}:quota:{kind}:{{{tenant or '~'}}}"
 
-    @staticmethod
-    def job_marker(stream: str, entry: str, sha256: str) -> str:
-        """Which job of the queue ``stream`` computes ``entry`` for the image ``sha256`` (its
-        id), while one does: in the queue's slot (its hash tag comes first), so one script
-        reads both. Per SHA-256: two images with one MD5 share a key, never a job."""
-        return f"{stream.rsplit(':', 1)[0]}:job:{entry}:{sha256}"
+    def dispatch(self, writer: str = "") -> QueueKeys:
+        """The global miss queue of this engine: one hash tag, one slot. Per fingerprint: a
+        job is computed only by an engine whose results it may store. Per ``writer``
+        (``Codec.writer``: which key seals new entries, "" for none): only by a process whose
+        entries the requester can read, so fronts amid a key rotation never wait for an
+        entry they cannot open. ``v3``: one lane per tenant, taken by deficit round robin
+        (issue 26); replicas of an earlier release keep their own queue during a rolling
+        upgrade, neither side reads the other's jobs."""
+        scope = f"{self.fingerprint}:{writer}" if writer else self.fingerprint
+        return QueueKeys(f"{{{self.base_prefix}:dispatch:{DISPATCH_SCHEMA}:{scope}}}")
 
     @staticmethod
     def job_error(entry: str, job_id: str) -> str:

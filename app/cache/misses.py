@@ -11,6 +11,9 @@
    a request that recomputes (``no-cache``) or stores nothing (``no-store``: its result has
    no way back through Redis), or a job that ended without an entry to read.
 
+Before any of that, a tenant's miss quotas (``quotas.Quotas.miss``: misses in flight, engine
+seconds per minute) may refuse the miss (429); hits never meet them.
+
 A waiting request never waits past its deadline (``OCR_TIMEOUT_SECONDS``) and is never
 answered with another input's result: flights are keyed by the entry key, the image's
 SHA-256, whether it accepts similar answers and whether it recomputes (`no-cache`).
@@ -25,6 +28,7 @@ from app.cache.codec import Codec
 from app.cache.compute import Computer
 from app.cache.jobs import Job, JobQueue
 from app.cache.keys import KeySpace
+from app.cache.quotas import Quotas
 from app.cache.singleflight import SingleFlight
 from app.cache.store import Store
 from app.cache.tier import Probe
@@ -42,9 +46,11 @@ class MissPath:
         timeout_seconds: float,
         keep: Callable[[Probe, OcrResult, float], None] = lambda probe, result, ttl: None,
         clock: Callable[[], float] = time.time,
+        quotas: Quotas | None = None,
     ) -> None:
         """``keep``: a result another process stored, read from L2, for the tiers before it
-        (L1)."""
+        (L1); ``quotas``: the tenants' miss quotas (none: unlimited)."""
+        self._quotas = quotas
         self._computer = computer
         self._queue = queue
         self._store = store
@@ -73,6 +79,13 @@ class MissPath:
             if probe.outcome is not None:
                 return probe.outcome
         probe.image  # noqa: B018 - an invalid image is the client's error, before any queue
+        if self._quotas is None:
+            return self._compute(probe)
+        with self._quotas.miss(controls.namespace):
+            return self._compute(probe)
+
+    def _compute(self, probe: Probe) -> Outcome:
+        controls = probe.controls
         timeout = None  # the engine call's own (OCR_TIMEOUT_SECONDS)
         if self._queue is not None and not controls.no_cache and not controls.no_store:
             job, expires = self._job(probe), [0.0]

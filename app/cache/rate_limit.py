@@ -27,7 +27,8 @@ from app.cache.keys import KeySpace
 from app.cache.store import NullStore, RedisStore
 
 # KEYS[1]: the client's TAT (microseconds on Redis's clock). ARGV: the emission interval
-# 1/R and the tolerance B/R, in microseconds. Returns {1, 0} (allowed) or {0, wait_ms}.
+# 1/R and the tolerance B/R, in microseconds, and "1" to only look (no cell spent).
+# Returns {1, 0} (allowed) or {0, wait_ms}.
 # Numbers are written with %.0f: Lua's tostring keeps 14 digits, a TAT has 16.
 _GCRA = """
 if redis.replicate_commands then redis.replicate_commands() end
@@ -39,6 +40,7 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
 if tat < now then tat = now end
 local wait = tat - tolerance - now
 if wait > 0 then return {0, math.ceil(wait / 1000)} end
+if ARGV[3] == '1' then return {1, 0} end
 tat = tat + interval
 redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
 return {1, 0}
@@ -60,11 +62,17 @@ ALLOWED = Decision(True)
 
 
 class RateLimiter:
-    """``check(client)`` for one protocol's requests (``protocol`` labels the metric):
-    ``rate`` requests per second, ``burst`` more at once (``RATE_LIMIT=rate:burst``)."""
+    """``check(client)`` for one protocol's requests (``protocol`` labels the metric, when
+    given): ``rate`` requests per second, ``burst`` more at once (``RATE_LIMIT=rate:burst``).
+    Also the tenants' request quotas and the failed-key budget (``quotas.py``)."""
 
     def __init__(
-        self, store: RedisStore | NullStore, keys: KeySpace, rate: float, burst: int, protocol: str
+        self,
+        store: RedisStore | NullStore,
+        keys: KeySpace,
+        rate: float,
+        burst: int,
+        protocol: str | None,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -76,22 +84,24 @@ class RateLimiter:
         self._local: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def check(self, client: str) -> Decision:
+    def check(self, client: str, spend: bool = True) -> Decision:
+        """Whether ``client`` may send now; ``spend=False`` only looks (no cell spent)."""
         if isinstance(self._store, RedisStore):
-            decision = self._check_redis(self._store, client)
+            decision = self._check_redis(self._store, client, spend)
         else:
-            decision = self._check_local(client)
-        if not decision.allowed:
+            decision = self._check_local(client, spend)
+        if not decision.allowed and self._protocol:
             metrics.RATE_LIMITED.labels(protocol=self._protocol).inc()
         return decision
 
-    def _check_redis(self, store: RedisStore, client: str) -> Decision:
+    def _check_redis(self, store: RedisStore, client: str, spend: bool) -> Decision:
         key = self._keys.rate_limit(client)
+        args = (*self._args, "0" if spend else "1")
 
         def run(redis: Any) -> Any:
             if self._script is None:
                 self._script = redis.register_script(_GCRA)
-            return self._script(keys=[key], args=self._args, client=redis)
+            return self._script(keys=[key], args=args, client=redis)
 
         ok, answer = store.run("rate_limit", run)
         if not ok:
@@ -101,7 +111,7 @@ class RateLimiter:
             return ALLOWED
         return Decision(False, _seconds(int(wait_ms) / 1000))
 
-    def _check_local(self, client: str) -> Decision:
+    def _check_local(self, client: str, spend: bool) -> Decision:
         """The same GCRA, in this process only."""
         now = time.monotonic() * 1_000_000
         with self._lock:
@@ -109,6 +119,8 @@ class RateLimiter:
             wait = tat - self._tolerance_us - now
             if wait > 0:
                 return Decision(False, _seconds(wait / 1_000_000))
+            if not spend:
+                return ALLOWED
             if len(self._local) >= _LOCAL_MAX_CLIENTS:
                 self._local = {c: t for c, t in self._local.items() if t > now}
             self._local[client] = tat + self._interval_us

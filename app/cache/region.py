@@ -13,6 +13,7 @@ one protocol is a hit over all of them. Caching off is a store that holds nothin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from app import metrics
 from app.cache.compute import Computer
@@ -22,6 +23,7 @@ from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
 from app.cache.l3 import ColdTier
 from app.cache.misses import MissPath
+from app.cache.quotas import Quotas
 from app.cache.store import Store
 from app.cache.tier import Chain, Probe
 from app.engines.base import Engine
@@ -46,8 +48,11 @@ class OcrCache:
         l1: L1Cache,
         l3: ColdTier | None = None,
         feeders: Feeders | None = None,
+        quotas: Quotas,
     ) -> None:
         self.engine = engine
+        self.quotas = quotas  # the tenants' quotas (admission asks for the request rate)
+        self._label = quotas.book.label
         self.store = store
         self.keys = keys
         self.chain = chain
@@ -64,6 +69,7 @@ class OcrCache:
             metrics.CACHE_REQUESTS.labels(result="hit"),
             metrics.CACHE_TIER_HITS.labels(tier="l2"),
         )  # bound once: a labels() lookup per hit is measurable on the L2 hit path
+        self._tenant_children: dict[tuple[str, str], Any] = {}
 
     def dispatch_ready(self, timeout: float) -> bool:
         """True once this process's engine takes jobs from the global queue (at once when
@@ -104,10 +110,13 @@ class OcrCache:
         params = params or self.engine.default_params
         self.engine.check_params(params)  # UnsupportedParams: a client error
         if not self.store.enabled or controls.bypass:
+            tenant = self._label(controls.namespace)
             for _ in images:
                 metrics.CACHE_REQUESTS.labels(result="bypass").inc()
+                metrics.TENANT_REQUESTS.labels(tenant=tenant, result="bypass").inc()
             probes = [self.probe(data, params, controls) for data in images]
-            return [Outcome(self._computer.compute(p), CacheStatus.BYPASS) for p in probes]
+            with self.quotas.miss(controls.namespace):
+                return [Outcome(self._computer.compute(p), CacheStatus.BYPASS) for p in probes]
         return self._walk([self.probe(data, params, controls) for data in images])
 
     def _walk(self, probes: list[Probe]) -> list[Outcome]:
@@ -116,12 +125,13 @@ class OcrCache:
         for probe in probes:
             found = probe.outcome
             if found is not None:
-                self._count(found)
+                self._count(found, probe.controls.namespace)
                 continue
             probe.entry_key(self.keys)
             outcome = self._misses.resolve(probe, self._look_again)
             label = "error" if probe.redis_failed else outcome.status.value.lower()
             metrics.CACHE_REQUESTS.labels(result=label).inc()
+            self._tenant_count(probe.controls.namespace, outcome.status.value.lower())
             if outcome.tier and outcome.status is CacheStatus.HIT:
                 metrics.CACHE_TIER_HITS.labels(tier=outcome.tier).inc()
             probe.outcome = outcome
@@ -133,13 +143,23 @@ class OcrCache:
         failed = probe.redis_failed
         self.chain.lookup([probe], start=self._second_look if not failed else self._fast)
 
-    def _count(self, outcome: Outcome) -> None:
+    def _count(self, outcome: Outcome, namespace: str) -> None:
         if outcome.tier == "l2":
             self._l2_hits[0].inc()
             self._l2_hits[1].inc()
         else:
             metrics.CACHE_REQUESTS.labels(result="hit").inc()
             metrics.CACHE_TIER_HITS.labels(tier=outcome.tier).inc()
+        self._tenant_count(namespace, "hit")
+
+    def _tenant_count(self, namespace: str, result: str) -> None:
+        """``ocr_tenant_requests_total``: its children kept, as the L2 hit's are."""
+        index = (self._label(namespace), result)
+        child = self._tenant_children.get(index)
+        if child is None:
+            child = metrics.TENANT_REQUESTS.labels(tenant=index[0], result=result)
+            self._tenant_children[index] = child
+        child.inc()
 
     def get_or_compute_document(
         self,
@@ -167,7 +187,7 @@ class OcrCache:
                 found = [probe.outcome for probe in probes if probe.outcome is not None]
                 if len(found) == len(probes):
                     for outcome in found:
-                        self._count(outcome)
+                        self._count(outcome, controls.namespace)
                     return None, found
         images = render()
         outcomes = self.get_or_compute_many(images, params, controls)

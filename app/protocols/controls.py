@@ -6,7 +6,8 @@
 - ``X-Cache-Similar: off`` keeps this request off the similarity tier (``CACHE_SIMILAR``):
   only exact and pixel hits answer it. It changes nothing shared: any caller may send it.
 - the header named by ``CACHE_TENANT_HEADER`` (when set) selects a tenant namespace: its own
-  keys, its own L1 entries, never another tenant's.
+  keys, its own L1 entries, never another tenant's. A tenant named by the request's API key
+  (``AUTH=keys``, ``app/admission.py``) is its namespace instead, whatever the header says.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def parse(
     settings: ControlSettings,
     bypass: bool = False,
     trusted: bool = True,
+    tenant: str | None = None,
 ) -> CacheControls:
     """``headers`` is case-insensitive for HTTP; gRPC metadata keys are lower-case.
     Untrusted callers (app/protocols/trust.py): no-cache and X-Cache-TTL are ignored, a
-    tenant header is refused."""
+    tenant header is refused. ``tenant``: the namespace the request's API key decided."""
 
     def get(name: str) -> str | None:
         return headers.get(name) or headers.get(name.lower())
@@ -55,8 +57,8 @@ def parse(
     similar = (get(SIMILAR_HEADER) or "on").strip().lower()
     if similar not in ("on", "off"):
         raise BadRequest(f"{SIMILAR_HEADER} must be on or off", "invalid_similar")
-    namespace = ""
-    if settings.tenant_header:
+    namespace = tenant or ""
+    if settings.tenant_header and tenant is None:
         tenant = get(settings.tenant_header)
         if tenant is not None:
             if not trusted:

@@ -26,6 +26,8 @@ from app.vocabulary import (
     OcrLine,
     OcrParams,
     OcrResult,
+    QuotaExceeded,
+    Unauthorized,
 )
 
 INVALID_FILE = "Invalid input file"  # upstream's message for any file it cannot read
@@ -36,6 +38,8 @@ ERRORS: dict[type[OcrCacheError], tuple[int, str | None]] = {
     ImageTooLarge: (422, None),  # upstream also says why
     InvalidImage: (422, INVALID_FILE),  # upstream's words for any unreadable file
     ClientError: (422, None),  # BadRequest, UnsupportedParams
+    Unauthorized: (Unauthorized.status, None),  # with WWW-Authenticate
+    QuotaExceeded: (QuotaExceeded.status, None),  # with Retry-After
     EngineBusy: (503, None),  # with Retry-After
     EngineError: (500, None),
 }

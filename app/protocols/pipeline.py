@@ -23,6 +23,7 @@ from app.vocabulary import (
     OcrCacheError,
     OcrParams,
     Outcome,
+    Refused,
     tiers_of,
 )
 
@@ -55,7 +56,8 @@ class PipelineError(OcrCacheError):
 # a PipelineError carries its own.
 PARSE_ERRORS: dict[type[Exception], int] = {BadRequest: INPUT_PARAMS_ERROR}
 # Failures of the cache call -> (err_no, the op's function its message names). EngineBusy
-# (overload) is not here: the transport answers it (HTTP 503, gRPC RESOURCE_EXHAUSTED).
+# (overload) and Refused (a tenant's quota) are not here: the transport answers them (HTTP
+# 503/429, gRPC RESOURCE_EXHAUSTED).
 CALL_ERRORS: dict[type[Exception], tuple[int, str]] = {
     ClientError: (UNKNOWN_ERROR, "preprocess"),  # base64, InvalidImage, UnsupportedParams
     EngineTimeout: (TIMEOUT, "process"),
@@ -182,12 +184,13 @@ def answer(
     controls: CacheControls = CacheControls(),
 ) -> PipelineAnswer:
     """Parse -> cache -> render for a parsed request; errors come back as ``err_no``
-    (``CALL_ERRORS``), except ``EngineBusy``, raised for the transport to answer."""
+    (``CALL_ERRORS``), except ``EngineBusy`` and ``Refused``, raised for the transport to
+    answer."""
     try:
         images = decode_images(req, max_images)
         started = time.perf_counter()
         outcomes = cache.get_or_compute_many(images, controls=controls_for(req, controls))
-    except EngineBusy:
+    except (EngineBusy, Refused):
         raise
     except _CALL_FAILURES as exc:
         failed = failure(req, exc)

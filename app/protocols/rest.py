@@ -28,10 +28,16 @@ from app.vocabulary import (
     OcrCacheError,
     OcrParams,
     Outcome,
+    QuotaExceeded,
+    Refused,
+    Unauthorized,
 )
 
 # The error table: exception -> HTTP status; the body's ``error.code`` is the exception's own.
 ERRORS: dict[type[OcrCacheError], int] = {
+    Refused: 400,  # Unauthorized 401, QuotaExceeded 429: their own status
+    Unauthorized: Unauthorized.status,  # with WWW-Authenticate
+    QuotaExceeded: QuotaExceeded.status,  # with Retry-After
     ClientError: 400,  # BadRequest, InvalidImage, UnsupportedParams
     EngineBusy: 503,  # with Retry-After
     EngineTimeout: 504,

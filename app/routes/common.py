@@ -19,7 +19,7 @@ from app.cache import similarity
 from app.config import Settings
 from app.protocols import controls as cache_controls
 from app.protocols import trust
-from app.vocabulary import CacheControls, EngineError
+from app.vocabulary import CacheControls, EngineError, Refused, Unauthorized
 
 JSON = "application/json"
 TIER_HEADER = "X-Cache-Tier"
@@ -43,6 +43,8 @@ class Call:
     started: float = field(default_factory=time.perf_counter)
     request_id: str = ""
     trusted: bool = True
+    tenant: str | None = None  # the tenant its API key named (``app/admission.py``)
+    address: str = ""  # the client's (app/protocols/trust.py)
 
     @classmethod
     def begin(cls, request: Request, settings: Settings) -> Call:
@@ -51,7 +53,7 @@ class Call:
         request_id = given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(8)
         address = trust.http_client_address(environ)
         trusted = trust.is_trusted(address, _EnvironHeaders(environ), settings.controls)
-        return cls(request, settings, time.perf_counter(), request_id, trusted)
+        return cls(request, settings, time.perf_counter(), request_id, trusted, address=address)
 
     @property
     def via_edge(self) -> bool:
@@ -105,7 +107,9 @@ class Answer:
 
 def controls(call: Call) -> CacheControls:
     """The request's cache controls (headers; trust decided in ``Call.begin``)."""
-    return cache_controls.parse(call.headers, call.settings.controls, trusted=call.trusted)
+    return cache_controls.parse(
+        call.headers, call.settings.controls, trusted=call.trusted, tenant=call.tenant
+    )
 
 
 def observe(call: Call, protocol: str, status: int, cache_status: str) -> None:
@@ -138,9 +142,12 @@ def cache_headers(
 
 def error(body: bytes, status: int, exc: Exception) -> Answer:
     """An error answer; an engine that is failing or overloaded (``EngineError``,
-    ``EngineBusy``) says when to come back."""
-    retry = exc.retry_after if isinstance(exc, EngineError) else 0
+    ``EngineBusy``) or a quota (``QuotaExceeded``) says when to come back, a missing or
+    unknown key how to authenticate."""
+    retry = exc.retry_after if isinstance(exc, EngineError | Refused) else 0
     headers = [("Retry-After", str(retry))] if retry else []
+    if isinstance(exc, Unauthorized):
+        headers.append(("WWW-Authenticate", 'Bearer realm="ocr"'))
     return Answer(status, body, [("Content-Type", JSON), *headers])
 
 

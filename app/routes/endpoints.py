@@ -25,12 +25,12 @@ from werkzeug.wrappers import Request
 
 from app import metrics
 from app.protocols import paddlex as paddlex_protocol
-from app.protocols import pipeline, rest
-from app.protocols import pipeline_http as pipeline_protocol
+from app.protocols import rest
 from app.routes import common, paddlex, pipeline_http
 from app.routes import rest as rest_routes
 from app.routes.common import JSON, Answer, Call
 from app.service import OcrService
+from app.vocabulary import Refused
 
 log = logging.getLogger("app.web")  # the name its log lines have always carried
 
@@ -44,6 +44,7 @@ class Endpoint:
     handle: Callable[[OcrService, Call], Answer]
     http_error: Callable[[str, int, str], bytes]  # werkzeug's errors (code, status, message)
     last_resort: Callable[[str, str], bytes]  # a bug's answer, from (request id, message)
+    refused: Callable[[str, int, str], bytes]  # admission's 401/429 (code, status, message)
 
 
 def _rest_http_error(code: str, status: int, message: str) -> bytes:
@@ -59,20 +60,21 @@ REST = Endpoint(
     rest_routes.handle,
     _rest_http_error,
     lambda _, message: rest.error_body("internal_error", message),
+    _rest_http_error,
 )
 PADDLEX = Endpoint(
     "paddlex",
     paddlex.handle,
     _paddlex_http_error,
     lambda request_id, message: paddlex_protocol.error(request_id, 500, message),
+    _paddlex_http_error,
 )
 PIPELINE = Endpoint(
     "pipeline_http",
     pipeline_http.handle,
     _rest_http_error,  # as the pipeline's gateway answers what it cannot route
-    lambda _, message: pipeline_protocol.render(
-        pipeline.PipelineAnswer(err_no=pipeline.UNKNOWN_ERROR, err_msg=message)
-    ),
+    lambda _, message: pipeline_http.refusal(message),
+    lambda code, status, message: pipeline_http.refusal(message),  # as the edge's 429
 )
 
 
@@ -103,6 +105,7 @@ class Endpoints:
         ``admin``, ``ui``): a two-segment path under one of them is Flask's, any other is
         the pipeline's (``/{name}/{method}``; a name not the service's gets its error)."""
         self._service = service
+        self._admission = service.admission
         self._next = next_app
         self._settings = service.settings
         self._limit = service.settings.server.max_request_bytes
@@ -141,10 +144,15 @@ class Endpoints:
         try:
             if method == "POST":
                 self._limit_streamed_body(call.request)
+                call.tenant = self._admission.admit(call.headers, call.address, call.trusted)
                 return endpoint.handle(self._service, call)
             if method == "OPTIONS":
                 return Answer(200, b"", [("Allow", ALLOW), ("Content-Type", "text/html")])
             raise MethodNotAllowed(valid_methods=["OPTIONS", "POST"])
+        except Refused as exc:
+            common.observe(call, endpoint.protocol, exc.status, "none")
+            body = endpoint.refused(exc.code, exc.status, str(exc))
+            return common.error(body, exc.status, exc)
         except HTTPException as exc:
             return self._http_error(endpoint, exc, call.request.content_length)
         except Exception:
