@@ -42,6 +42,7 @@ IMAGE_SUFFIXES = frozenset(
 )
 PDF_SUFFIX = ".pdf"
 TOKEN_ENV = ("OCR_CACHE_ADMIN_TOKEN", "ADMIN_TOKEN")
+API_KEY_ENV = "OCR_CACHE_API_KEY"  # the API key of `ocr`, `warm` and `stats` (AUTH=keys)
 SAVED = frozenset({"HIT", "COALESCED"})  # answers that did not call the engine
 
 
@@ -75,15 +76,23 @@ class FileResult:
 class Client:
     """The service's HTTP API, with connection failures turned into one-line reasons."""
 
-    def __init__(self, server: str, timeout: float) -> None:
+    def __init__(self, server: str, timeout: float, api_key: str | None = None) -> None:
+        """``api_key``: sent as ``Authorization: Bearer`` (a service with ``AUTH=keys``)."""
         self.server = server.rstrip("/")
         self.timeout = timeout
+        self._api_key = api_key
         self._local = threading.local()
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Client:
+        return cls(args.server, args.timeout, api_key(args.api_key_file))
 
     @property
     def session(self) -> requests.Session:
         if not hasattr(self._local, "session"):  # one connection pool per thread
             self._local.session = requests.Session()
+            if self._api_key:
+                self._local.session.headers["Authorization"] = f"Bearer {self._api_key}"
         return self._local.session
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
@@ -275,7 +284,7 @@ def summarize(
 
 
 def command_ocr(args: argparse.Namespace, warm: bool = False) -> int:
-    client = Client(args.server, args.timeout)
+    client = Client.of(args)
     files = collect(args.paths)
     client.check_reachable()
     console = Console(stderr=True)
@@ -322,7 +331,7 @@ def _engine_mean(client: Client) -> float | None:
 
 
 def command_stats(args: argparse.Namespace) -> int:
-    client = Client(args.server, args.timeout)
+    client = Client.of(args)
     response = client.request("GET", "/v1/stats")
     if response.status_code != 200:
         raise CliError(f"GET /v1/stats answered {response.status_code}")
@@ -358,6 +367,8 @@ def command_stats(args: argparse.Namespace) -> int:
             f"{_bytes(limit) if limit else 'no limit'} ({redis.get('maxmemory_policy')})"
         )
         print(f"evictions      {redis.get('evicted_keys')}")
+    if args.tenants:
+        _print_tenants(stats.get("tenants") or {})
     else:
         print(f"redis          {redis.get('state', 'unknown')}")
     return 0
@@ -378,6 +389,19 @@ def _bytes(value: Any) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+def api_key(key_file: str | None) -> str | None:
+    """The API key to send: the file's, else ``OCR_CACHE_API_KEY``, else none."""
+    if key_file:
+        try:
+            key = Path(key_file).read_text().strip()
+        except OSError as exc:
+            raise CliError(f"cannot read the API key file {key_file}: {exc.strerror}") from None
+        if not key:
+            raise CliError(f"the API key file {key_file} is empty")
+        return key
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def admin_token(token_file: str | None) -> str:
@@ -401,7 +425,7 @@ def command_purge(args: argparse.Namespace) -> int:
             "say what to purge: --namespace N, --md5 H, or --all (the default namespace)"
         )
     token = admin_token(args.token_file)
-    client = Client(args.server, args.timeout)
+    client = Client.of(args)
     body: dict[str, str] = {}
     if args.namespace:
         body["namespace"] = args.namespace
@@ -424,6 +448,21 @@ def command_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_tenants(tenants: dict[str, Any]) -> None:
+    """Who costs what, one line per tenant (``default``: no tenant; ``other``: tenants the
+    tenants file does not name)."""
+    print()
+    print(f"{'tenant':<16} {'hits':>8} {'misses':>8} {'engine s':>10} {'refused':>8} "
+          f"{'waiting':>8}  refused by reason")  # fmt: skip
+    for name, t in tenants.items():
+        reasons = ", ".join(f"{k} {v}" for k, v in t.get("rejected_by_reason", {}).items())
+        print(
+            f"{name:<16} {t['hits'] + t.get('coalesced', 0):>8} {t['misses']:>8} "
+            f"{t['engine_seconds']:>10.1f} {t['rejected']:>8} {t.get('queue_waiting', 0):>8}  "
+            f"{reasons or '-'}"
+        )
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="ocr-cache", description="Command line for the OCR cache service."
@@ -435,6 +474,9 @@ def parser() -> argparse.ArgumentParser:
         help=f"service URL (env OCR_CACHE_SERVER, default {DEFAULT_SERVER})",
     )
     common.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    common.add_argument(
+        "--api-key-file", help=f"file holding your API key (AUTH=keys; else env {API_KEY_ENV})"
+    )
     sub = top.add_subparsers(dest="command", required=True)
     ocr = sub.add_parser("ocr", parents=[common], help="recognise files and folders")
     ocr.add_argument("paths", nargs="+", metavar="PATH", help="images, PDFs or folders")
@@ -446,6 +488,7 @@ def parser() -> argparse.ArgumentParser:
     warm.add_argument("--concurrency", type=_positive, default=4)
     stats = sub.add_parser("stats", parents=[common], help="hit ratio, engine calls, cache size")
     stats.add_argument("--json", action="store_true", help="the raw /v1/stats answer")
+    stats.add_argument("--tenants", action="store_true", help="also who costs what, per tenant")
     purge = sub.add_parser("purge", parents=[common], help="drop cache entries (admin token)")
     purge.add_argument("--namespace", help="a tenant namespace")
     purge.add_argument("--md5", help="one image's entries (MD5 of its bytes)")

@@ -21,10 +21,13 @@ def summarize(exposition: str, cache: OcrCache) -> dict[str, Any]:
     counters: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     buckets: dict[float, float] = defaultdict(float)
     sums: dict[str, float] = defaultdict(float)
+    tenants: dict[str, dict[str, Any]] = defaultdict(_tenant)
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
-            if name == "ocr_cache_requests_total":
+            if name.startswith(_TENANT_METRICS):
+                _tenant_sample(tenants[labels.get("tenant", "other")], name, labels, value)
+            elif name == "ocr_cache_requests_total":
                 counters["lookups"][labels.get("result", "")] += value
             elif name == "ocr_engine_calls_total":
                 counters["engine"][labels.get("outcome", "")] += value
@@ -79,6 +82,7 @@ def summarize(exposition: str, cache: OcrCache) -> dict[str, Any]:
                 else None
             ),
         },
+        "tenants": {name: _tenant_summary(t) for name, t in sorted(tenants.items())},
         "latency": {
             "requests": int(request_count),
             "mean_seconds": (
@@ -89,6 +93,50 @@ def summarize(exposition: str, cache: OcrCache) -> dict[str, Any]:
             "p50_seconds": _quantile(buckets, 0.5),
             "p95_seconds": _quantile(buckets, 0.95),
         },
+    }
+
+
+_TENANT_METRICS = (
+    "ocr_tenant_requests_total",
+    "ocr_tenant_engine_seconds_total",
+    "ocr_tenant_rejections_total",
+    "ocr_dispatch_tenant_waiting",
+    "ocr_tenant_queue_hold_seconds",
+)
+
+
+def _tenant() -> dict[str, Any]:
+    return {"lookups": defaultdict(float), "rejected": defaultdict(float), "engine": 0.0,
+            "waiting": 0.0, "hold": 0.0}  # fmt: skip
+
+
+def _tenant_sample(tenant: dict[str, Any], name: str, labels: dict[str, str], value: float) -> None:
+    if name == "ocr_tenant_requests_total":
+        tenant["lookups"][labels.get("result", "")] += value
+    elif name == "ocr_tenant_engine_seconds_total":
+        tenant["engine"] += value
+    elif name == "ocr_tenant_rejections_total":
+        tenant["rejected"][labels.get("reason", "")] += value
+    elif name == "ocr_dispatch_tenant_waiting":
+        tenant["waiting"] = max(tenant["waiting"], value)
+    elif name == "ocr_tenant_queue_hold_seconds":
+        tenant["hold"] = max(tenant["hold"], value)
+
+
+def _tenant_summary(tenant: dict[str, Any]) -> dict[str, Any]:
+    """Who costs what: a tenant's hits and misses, engine seconds, refusals by reason, and
+    its share of the miss queue now (``AUTH=keys`` or a tenant header names the tenant)."""
+    lookups, rejected = tenant["lookups"], tenant["rejected"]
+    return {
+        "hits": int(lookups.get("hit", 0)),
+        "coalesced": int(lookups.get("coalesced", 0)),
+        "misses": int(lookups.get("miss", 0)),
+        "bypassed": int(lookups.get("bypass", 0)),
+        "engine_seconds": round(tenant["engine"], 3),
+        "rejected": int(sum(rejected.values())),
+        "rejected_by_reason": {k: int(v) for k, v in sorted(rejected.items()) if v},
+        "queue_waiting": int(tenant["waiting"]),
+        "queue_hold_seconds": round(tenant["hold"], 1),
     }
 
 

@@ -62,7 +62,7 @@ class Tenant:
 class _TenantEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=TENANT_NAME.pattern)
+    name: str = Field(pattern=f"^{TENANT_NAME.pattern}$")
     key_sha256: list[str] = Field(default_factory=list)
     rate: str | None = None
     misses_in_flight: int | None = Field(default=None, ge=1, le=1_000_000)

@@ -153,7 +153,7 @@ def build(
         feeders = Feeders(
             redis, keys, queue, slots=slots, claim_ms=dispatch.claim_ms,
             max_deliveries=dispatch.max_deliveries, batch_max=engine_settings.batch_max,
-            mean_seconds=lambda: runner.mean_seconds, label=book.label,
+            mean_seconds=lambda: runner.mean_seconds, label=book.label, labels=book.labels,
             hold_seconds=tenants.queue_hold_seconds,
         )  # fmt: skip
         feeders.start(wait_for_engine, lambda jobs: computer.serve(feeders, jobs),

@@ -189,8 +189,8 @@ Serve = Callable[[Sequence[Job]], Mapping[str, float]]
 class Feeders:
     """This process's engine slots, feeding on the queue of ``queue``. ``mean_seconds``: an
     engine call's mean here (the round robin's quantum and a job's cost when taken);
-    ``label``: a tenant's metrics label; ``hold_seconds``: when one tenant's hold on the
-    queue is reported (``TENANT_QUEUE_HOLD_SECONDS``)."""
+    ``label``: a tenant's metrics label (``labels``: all of them now); ``hold_seconds``:
+    when one tenant's hold on the queue is alerted on (``TENANT_QUEUE_HOLD_SECONDS``)."""
 
     def __init__(
         self,
@@ -204,6 +204,7 @@ class Feeders:
         batch_max: int,
         mean_seconds: Callable[[], float] = lambda: 1.0,
         label: Callable[[str], str] = lambda namespace: namespace or "default",
+        labels: Callable[[], list[str]] = lambda: ["default"],
         hold_seconds: float = 300.0,
     ) -> None:
         self._store = store
@@ -216,6 +217,7 @@ class Feeders:
         self._batch_max = batch_max
         self._mean_seconds = mean_seconds
         self._label = label
+        self._labels = labels  # every tenant label there is now: each reported, 0 or not
         self._stopped = threading.Event()
         self.reported = threading.Event()  # a feeder has reported in: jobs can be taken
         self._threads: list[threading.Thread] = []
@@ -326,7 +328,7 @@ class Feeders:
             label = self._label("" if lane == DEFAULT_LANE else lane)
             per_label[label] = per_label.get(label, 0) + max(0, waiting)
         now = time.monotonic()
-        for label in self._hold_labels | per_label.keys():
+        for label in self._hold_labels | per_label.keys() | set(self._labels()):
             waiting = per_label.get(label, 0)
             metrics.TENANT_QUEUE_WAITING.labels(tenant=label).set(waiting)
             if waiting > 0 and 2 * waiting >= total:
