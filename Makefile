@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-near parity clean fuzz chaos chaos-soak
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-near parity clean fuzz chaos chaos-soak
 
 install: $(STAMP) install-edge
 
@@ -107,9 +107,14 @@ bench: install
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.l3
+	$(BIN)/python -m bench.fairness
 
 # Issue 23 alone: the nginx edge against the h11 front, the seed design and an echo app (wrk).
 bench-edge: install ; $(BIN)/python -m bench.edge
+
+# Issue 26 alone: tenant B's misses while tenant A floods the queue, FIFO against deficit
+# round robin (about 10 minutes on 2 cores); bench/results/fairness.json.
+bench-fairness: install ; $(BIN)/python -m bench.fairness
 
 # The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of
 # the corpus, with the real engine as ground truth (about 15 minutes on 2 shared cores);

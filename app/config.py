@@ -441,13 +441,13 @@ class EngineSettings(Section):
 @dataclass(frozen=True)
 class DispatchSettings(Section):
     TITLE = "Global miss dispatch"
-    INTRO = "Misses go to one Redis stream per engine fingerprint that every free engine pulls from ([ARCHITECTURE.md](ARCHITECTURE.md))."
+    INTRO = "Misses go to one queue per engine fingerprint that every free engine pulls from, a lane per tenant taken by deficit round robin ([ARCHITECTURE.md](ARCHITECTURE.md#the-miss-path))."
 
     queue_max: int = env(
         "DISPATCH_QUEUE_MAX",
         e.integer(0, 100_000),
         0,
-        "jobs waiting per live engine before new ones are refused (0: `ENGINE_QUEUE_MAX`'s bound)",
+        "jobs waiting per live engine in one tenant's lane before its new ones are refused (0: `ENGINE_QUEUE_MAX`'s bound)",
     )
     claim_ms: int = env(
         "DISPATCH_CLAIM_MS",

@@ -215,3 +215,29 @@ def test_purge_with_token_from_env_or_file(live_service, tmp_path):  # noqa: F81
                    env={"OCR_CACHE_ADMIN_TOKEN": "x"}).stderr.endswith(
         "(start it with ADMIN_TOKEN set)\n"
     )  # fmt: skip
+
+
+def test_keys_from_a_file_and_stats_per_tenant(live_service, tmp_path):  # noqa: F811
+    """AUTH=keys: the CLI sends its key (file or env), and `stats --tenants` shows who costs
+    what, one line per tenant."""
+    key = "cli-tenant-key-0123456789abcdef"
+    tenants = tmp_path / "tenants.json"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    tenants.write_text(json.dumps({"tenants": [{"name": "scans", "key_sha256": digest}]}))
+    base = live_service(auth="keys", api_keys_file=str(tenants))
+    refused = run_cli("ocr", str(WORD_EN), "--server", base, env={"OCR_CACHE_API_KEY": ""})
+    assert refused.returncode == 1 and "401" in refused.stderr
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    sent = run_cli("ocr", str(WORD_EN), "--server", base, "--api-key-file", str(key_file))
+    assert sent.returncode == 0, sent.stderr
+    again = run_cli("ocr", str(WORD_EN), "--server", base, env={"OCR_CACHE_API_KEY": key})
+    assert again.returncode == 0 and "1 hits" in again.stdout
+    shown = run_cli("stats", "--tenants", "--server", base)
+    assert shown.returncode == 0, shown.stderr
+    rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines() if line.strip()}
+    assert {"tenant", "default", "scans", "other"} <= rows.keys()
+    figures = stats(base)["tenants"]["scans"]
+    assert rows["scans"][1:3] == [str(figures["hits"] + figures["coalesced"]),
+                                  str(figures["misses"])]  # fmt: skip
+    assert figures["misses"] >= 1 and figures["hits"] >= 1

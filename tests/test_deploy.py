@@ -38,7 +38,8 @@ DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring", "l3"]
-OVERLAYS = ["cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "l3"]
+TENANTS_EXAMPLE = ROOT / "k8s/components/api-keys/tenants.example.json"
+OVERLAYS = ["cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "l3", "tenants"]
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}
@@ -548,6 +549,25 @@ def test_front_deployment_service_and_scaling(overlay: str) -> None:
     assert int(config["WEB_CONCURRENCY"]) >= 1
 
 
+def test_the_tenants_overlay_reads_its_keys_from_a_secret_mounted_whole() -> None:
+    """AUTH=keys with the tenants file from the Secret ocr-api-keys: mounted read-only as a
+    folder (a subPath mount would never see the kubelet's update, so no key could be
+    rotated without a restart), readable by the front's group."""
+    objects = _objects("tenants")
+    pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    front = _container(pod, "front")
+    env = {e["name"]: e.get("value") for e in front["env"]}
+    assert env["AUTH"] == "keys" and env["API_KEYS_FILE"] == "/etc/ocr-api-keys/tenants.json"
+    (mount,) = [m for m in front["volumeMounts"] if m["name"] == "api-keys"]
+    assert mount == {"name": "api-keys", "mountPath": "/etc/ocr-api-keys", "readOnly": True}
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-keys"]
+    assert volume["secret"]["secretName"] == "ocr-api-keys" and pod["securityContext"]["fsGroup"]
+    assert "AUTH" not in {e["name"] for e in _container(pod, "edge")["env"]}
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    settings = Settings.from_env({**config, **_literal_env(front)})  # the example file parses
+    assert settings.tenants.auth == "keys" and settings.tenants.reload_seconds == 10
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_redis_statefulset_is_lru_and_only_the_front_reaches_it(overlay: str) -> None:
     objects = _objects(overlay)
@@ -577,7 +597,12 @@ def _port(container: dict, name: str) -> int:
 
 
 def _literal_env(container: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    """A container's literal environment; the tenants file it mounts from its Secret is the
+    component's example here (the Secret is created out of band)."""
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    if "API_KEYS_FILE" in env:
+        env["API_KEYS_FILE"] = str(TENANTS_EXAMPLE)
+    return env
 
 
 def _pre_stop_seconds(container: dict) -> int:
@@ -607,7 +632,8 @@ def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
     }
     shared = mounts["front"][socket_dir]
     assert mounts["edge"][socket_dir] == shared and "emptyDir" in volumes[shared]
-    assert "readOnly" not in str(front["volumeMounts"])  # gunicorn creates the socket there
+    socket_mount = next(m for m in front["volumeMounts"] if m["mountPath"] == socket_dir)
+    assert not socket_mount.get("readOnly")  # gunicorn creates the socket there
     tmp_volumes = {mounts["front"]["/tmp"], mounts["edge"]["/tmp"]}
     assert len(tmp_volumes) == 2 and all("emptyDir" in volumes[v] for v in tmp_volumes)
     # Ports: HTTP through the edge, gRPC from the front's workers (not through nginx).

@@ -39,10 +39,13 @@ def _wait_ready(base: str, proc: subprocess.Popen, timeout: float = 120) -> None
 
 
 @contextmanager
-def serving(overrides: dict[str, str], stop_seconds: float = 60) -> Iterator[tuple[object, str]]:
+def serving(
+    overrides: dict[str, str], stop_seconds: float = 60, output: list[str] | None = None
+) -> Iterator[tuple[object, str]]:
     """`python -m app serve` (its own process group) with ``overrides`` on the environment
     (``HTTP_PORT`` among them; no inherited metrics folder), once ready: (process, base URL).
-    Then SIGTERM, and a clean stop: exit status 0, and no edge (nginx) that died under it."""
+    Then SIGTERM, and a clean stop: exit status 0, and no edge (nginx) that died under it;
+    ``output`` gets everything it wrote (read at the end: keep it short)."""
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(overrides)
     proc = subprocess.Popen(
@@ -56,12 +59,14 @@ def serving(overrides: dict[str, str], stop_seconds: float = 60) -> Iterator[tup
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            output, _ = proc.communicate(timeout=stop_seconds)
+            text, _ = proc.communicate(timeout=stop_seconds)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-    assert proc.returncode == 0, output[-3000:]
-    assert "nginx exited" not in output, output[-3000:]
+            text, _ = proc.communicate()
+        if output is not None:
+            output.append(text)
+    assert proc.returncode == 0, text[-3000:]
+    assert "nginx exited" not in text, text[-3000:]
 
 
 def _port_open(port: int) -> bool:

@@ -196,6 +196,7 @@ class Computer:
                 continue
             if job.deadline <= time.time():  # its requester stopped waiting since it was read
                 metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()  # as _wanted
                 feeders.fail(job, "timeout:the requester's deadline passed before the engine")
                 continue
             try:

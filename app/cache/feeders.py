@@ -4,14 +4,15 @@ replica frees up first (``jobs.py`` is the requester's side).
 
 - **Which job next: deficit round robin over engine time**, across the tenants' lanes, in one
   script (``_TAKE``) so every worker and replica shares one schedule. The ring holds the lanes
-  with waiting jobs; the lane at its head gets a quantum (this engine's mean call, times the
-  tenant's ``share``) added to its deficit once per visit and is served while its deficit is
-  positive, each job spending the mean call when taken; the true engine time corrects it when
-  the job is done. A lane whose deficit is spent goes to the ring's tail; a lane with nothing
-  waiting leaves the ring and forgets its deficit (no banked credit). So a tenant that floods
-  gets the engines only while nobody else waits, and a tenant that sends one page waits at
-  most for the calls already running and one more turn. Work-conserving: when every lane is
-  in deficit the head is served anyway. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+  with waiting jobs, in turn; the first with credit left (a deficit above 0) is served, each
+  job charged its lane's mean engine time (learnt from the lane's finished jobs), and goes to
+  the ring's tail once its credit is spent. When no lane has credit, each gets as many rounds
+  of a quantum (the cheapest lane's job) times its tenant's ``share`` as it takes for one to
+  have some, in one step. A finished job corrects its lane's deficit to the engine time it
+  really took. A lane with nothing waiting leaves the ring and forgets its deficit (no banked
+  credit). So a tenant that floods gets the engines only while nobody else waits, and a
+  tenant that sends one page waits for the calls already running and at most one turn.
+  Work-conserving: whoever waits is served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
 - An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
   looks again at least every ``BLOCK_MS``.
 - A feeder reports its engine live (a sorted set scored by Redis's clock) every

@@ -26,6 +26,8 @@ function options() {
   if ($("no-cache").checked) directives.push("no-cache");
   if ($("no-store").checked) directives.push("no-store");
   if (directives.length) headers["Cache-Control"] = directives.join(", ");
+  const key = $("api-key").value.trim();
+  if (key) headers.Authorization = `Bearer ${key}`;
   return {
     minScore,
     task: $("task").value,
