@@ -161,8 +161,9 @@ class PaddleOcrEngine(EngineBase):
     def _predict_here(self, requests: list[OcrRequest], reuse: bool = True) -> list[OcrResult]:
         if self._pipeline is None:
             raise EngineError("engine not loaded")
-        if reuse and self._lines is not None:
-            return [self._predict_reusing(request, *self._lines) for request in requests]
+        lines = self._lines if reuse else None  # read once: use_line_store may run meanwhile
+        if lines is not None:
+            return [self._predict_reusing(request, *lines) for request in requests]
         # The whole page goes in, as upstream's serving passes it: detection resizes by itself
         # (limit_side_len, max_side_limit 4000) and recognition crops from the full image.
         # Memory is bounded by MAX_IMAGE_PIXELS at decode time.
