@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-near parity clean fuzz chaos chaos-soak
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak
 
 install: $(STAMP) install-edge
 
@@ -121,6 +121,18 @@ bench-fairness: install ; $(BIN)/python -m bench.fairness
 # writes bench/results/near_duplicates.json.
 bench-near: install
 	$(BIN)/python -m bench.near_duplicates
+
+# Line reuse (issue 27, CACHE_LINES): the template set (three layouts x 20 copies, clean and
+# re-scanned, and the invoice with word boxes), reuse off and on side by side on the real
+# engine (about 10 minutes on 2 shared cores); writes bench/results/lines.json. The batch-
+# neighbour experiment behind it: python -m bench.line_neighbours (about 8 minutes).
+bench-lines: install
+	$(BIN)/python -m bench.lines
+
+# Line reuse's answers against reuse off on every corpus image (make test runs three), with
+# default parameters and with word boxes + textline orientation (about 15 minutes).
+lines-exact: install
+	LINES_CORPUS=all $(BIN)/python -m pytest tests/test_lines.py -k reuse_answers $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -360,6 +360,25 @@ class SimilarSettings(Section):
 
 
 @dataclass(frozen=True)
+class LinesSettings(Section):
+    TITLE = "Line reuse"
+    INTRO = "The in-process PaddleOCR engine (`OCR_ENGINE=paddle`) with Redis: each text-line crop's reading kept by the exact digest of its pixels, so template documents recognise only their new lines; the answers are those of reuse off ([ARCHITECTURE.md](ARCHITECTURE.md#line-reuse-cache_lines), figures in [PERFORMANCE.md](PERFORMANCE.md#line-reuse-issue-27))."
+
+    enabled: bool = env(
+        "CACHE_LINES",
+        e.boolean,
+        False,
+        "reuse recognised text lines across images (template documents); other engines ignore it",
+    )
+    ttl_seconds: int = env(
+        "CACHE_LINES_TTL_SECONDS",
+        e.integer(1, 10 * 365 * 86400),
+        604_800,
+        "how long a line's reading is kept (`SET ... EX`, with `CACHE_TTL_JITTER`)",
+    )
+
+
+@dataclass(frozen=True)
 class L3Settings(Section):
     TITLE = "L3: the cold tier"
     INTRO = "S3-compatible object storage, off when `CACHE_L3_URL` is unset; endpoint, region and credentials from the standard AWS variables ([L3.md](L3.md))."
@@ -686,6 +705,7 @@ SECTIONS: dict[str, type[Section]] = {
     "tenants": TenantSettings,
     "redaction": RedactionSettings,
     "similar": SimilarSettings,
+    "lines": LinesSettings,
     "l3": L3Settings,
     "engine": EngineSettings,
     "dispatch": DispatchSettings,
@@ -710,6 +730,7 @@ class Settings:
     tenants: TenantSettings = field(default_factory=TenantSettings)
     redaction: RedactionSettings = field(default_factory=RedactionSettings)
     similar: SimilarSettings = field(default_factory=SimilarSettings)
+    lines: LinesSettings = field(default_factory=LinesSettings)
     l3: L3Settings = field(default_factory=L3Settings)
     engine: EngineSettings = field(default_factory=EngineSettings)
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)

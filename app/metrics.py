@@ -126,6 +126,12 @@ PDF_PAGES_RENDERED = Counter(
     "ocr_pdf_pages_rendered_total",
     "PDF pages rendered to images (a repeated document whose pages are all cached renders none)",
 )
+LINES = Counter(
+    "ocr_lines_total",
+    "Text-line crops of computed pages with line reuse on (CACHE_LINES): reused (answered "
+    "from Redis or an identical crop of the same page) or recognized",
+    ["outcome"],
+)
 UNEXPECTED_ERRORS = Counter(
     "ocr_unexpected_errors_total",
     "Requests answered by the last-resort handler (a bug: logged with its request id)",
@@ -221,6 +227,8 @@ def initialise(engine_kind: str) -> None:
     for result in ("hit", "miss"):
         DOCUMENT_LOOKUPS.labels(result=result)
     RATE_LIMITED.labels(protocol="grpc")
+    for outcome in ("reused", "recognized"):
+        LINES.labels(outcome=outcome)
 
 
 def render() -> tuple[bytes, str]:

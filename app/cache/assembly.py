@@ -32,6 +32,7 @@ from app.cache.keys import KeySpace
 from app.cache.l1 import L1Cache, L1Tier
 from app.cache.l2 import L2Tier
 from app.cache.l3 import ColdTier, L3Tier
+from app.cache.lines import RedisLineStore
 from app.cache.misses import MissPath
 from app.cache.notify import Notifier
 from app.cache.pixel_index import PixelIndex, PixelTier
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         DispatchSettings,
         EngineSettings,
         L3Settings,
+        LinesSettings,
         Settings,
         SimilarSettings,
         TenantSettings,
@@ -74,6 +76,7 @@ def for_settings(
         l3=settings.l3,
         tenants=settings.tenants,
         book=book if book is not None else tenant_book(settings.tenants),
+        lines=settings.lines,
         engine=engine,
         store=store,
         decode=decode,
@@ -100,6 +103,7 @@ def build(
     queue_size: int,
     wait_for_engine: Callable[[], None] = lambda: None,
     on_engine_outcome: Callable[[bool], None] = lambda ok: None,
+    lines: LinesSettings | None = None,
 ) -> OcrCache:
     """``callers``: threads of a worker that may call the engine at once (HTTP and gRPC):
     a remote engine serves them concurrently, an in-process one says how many it takes;
@@ -125,6 +129,7 @@ def build(
         else None,
     ]
     chain = Chain([tier for tier in tiers if tier is not None])
+    _use_lines(engine, redis, keys, codec, lines, cache.ttl_jitter)
 
     slots = getattr(engine, "max_concurrency", None) or callers
     runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds)
@@ -173,6 +178,25 @@ def build(
 def tenant_book(tenants: TenantSettings) -> TenantBook:
     """The tenants file's book (an empty one without a file)."""
     return TenantBook(tenants.keys_file, tenants.reload_seconds)
+
+
+def _use_lines(
+    engine: Engine,
+    redis: RedisStore | None,
+    keys: KeySpace,
+    codec: Codec,
+    lines: LinesSettings | None,
+    jitter: float,
+) -> None:
+    """Line reuse into the engine (``CACHE_LINES``, an engine with ``use_line_store``, Redis),
+    or out of it: an engine shared by several caches (the tests') takes the last one's say."""
+    attach = getattr(engine, "use_line_store", None)
+    if attach is None:
+        return
+    if lines is None or not lines.enabled or redis is None:
+        attach(None)
+    else:
+        attach(RedisLineStore(redis, keys, codec, Ttl(lines.ttl_seconds, jitter)))
 
 
 def _thresholds(similar: SimilarSettings) -> verify.Thresholds:

@@ -88,7 +88,7 @@ class Computer:
         seconds are charged to the probe's tenant (and appended to ``seconds``)."""
         self._wait_for_engine()
         kind, spent = self._engine.kind, list[float]()
-        request = OcrRequest(probe.data, probe.image, probe.params)
+        request = OcrRequest(probe.data, probe.image, probe.params, probe.controls.namespace)
         try:
             result = self.runner.run(
                 self._engine.recognize, request, timeout=timeout, elapsed=spent
@@ -139,7 +139,7 @@ class Computer:
         if len(probes) > 1 and many is not None:
             self._wait_for_engine()
             kind, spent = self._engine.kind, list[float]()
-            requests = [OcrRequest(p.data, p.image, p.params) for p in probes]
+            requests = [OcrRequest(p.data, p.image, p.params, p.controls.namespace) for p in probes]
             try:
                 results = self.runner.run(
                     many, requests, timeout=max(deadlines) - time.time(), elapsed=spent

@@ -168,6 +168,12 @@ class KeySpace:
         the entry, so a purge of one image removes it too)."""
         return f"{entry}:simref"
 
+    def line(self, context: str, digest: str, namespace: str = "") -> str:
+        """A text-line crop's reading (line reuse, ``app/cache/lines.py``): per engine (the
+        fingerprint holds the models, versions, device and redaction policy), namespace and
+        recognition context; no hash tag (a page's lines spread over a cluster's nodes)."""
+        return f"{self.prefix(namespace)}:{KEY_SCHEMA}:{self.fingerprint}:line:{context}:{digest}"
+
     def entry_scope(self, task: str, namespace: str = "") -> str:
         """What every entry key of this engine, task and namespace starts with (``:``
         included): an index pointer outside it is refused."""

@@ -14,11 +14,13 @@ from app.vocabulary import OcrParams, OcrResult
 
 @dataclass(frozen=True)
 class OcrRequest:
-    """One image to recognize: its original bytes (what remote engines send on) and pixels."""
+    """One image to recognize: its original bytes (what remote engines send on) and pixels;
+    ``namespace``, its tenant's (line reuse keeps each tenant's crops apart)."""
 
     data: bytes
     image: DecodedImage
     params: OcrParams
+    namespace: str = ""
 
 
 def fingerprint_of(identity: dict[str, Any]) -> str:

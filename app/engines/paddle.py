@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ import numpy as np
 
 from app.engines import paddle_models, tasks
 from app.engines.base import EngineBase, OcrRequest, fingerprint_of
+from app.engines.lines import LineStore
+from app.engines.paddle_lines import ReusingRecognizer
 from app.imaging import DecodedImage
 from app.vocabulary import (
     DETECTION_PARAMS,
@@ -76,6 +79,7 @@ class PaddleOcrEngine(EngineBase):
         }
         self._fingerprint = fingerprint_of(identity)
         self._pipeline: Any = None
+        self._lines: tuple[LineStore, Callable[[str], bool]] | None = None  # use_line_store
         # The predictors are built and always called on this one thread: Paddle Inference
         # with oneDNN failed with an opaque std::exception here when one predictor was called
         # from many threads in turn, even one at a time. It also serializes the calls.
@@ -123,7 +127,8 @@ class PaddleOcrEngine(EngineBase):
     def _load_here(self) -> None:
         if self._pipeline is None:
             self._pipeline = self._build()
-            self._recognize_here(OcrRequest(b"", _warmup_image(), self._default_params))
+            warmup = OcrRequest(b"", _warmup_image(), self._default_params)
+            self._predict_here([warmup], reuse=False)  # nothing of the warm-up is stored
 
     def _build(self) -> Any:
         # paddlex checks model hosters on import unless told not to; we never download.
@@ -145,28 +150,60 @@ class PaddleOcrEngine(EngineBase):
     def _recognize_here(self, request: OcrRequest) -> OcrResult:
         return self._predict_here([request])[0]
 
-    def _predict_here(self, requests: list[OcrRequest]) -> list[OcrResult]:
+    def use_line_store(
+        self, store: LineStore | None, storable: Callable[[str], bool] = lambda text: True
+    ) -> None:
+        """Line reuse on (a store) or off (None): each line crop that reaches the recognizer
+        is looked up in ``store`` first (``paddle_lines``); ``storable`` says which texts
+        may be kept there (the redaction wrapper's say)."""
+        self._lines = None if store is None else (store, storable)
+
+    def _predict_here(self, requests: list[OcrRequest], reuse: bool = True) -> list[OcrResult]:
         if self._pipeline is None:
             raise EngineError("engine not loaded")
+        lines = self._lines if reuse else None  # read once: use_line_store may run meanwhile
+        if lines is not None:
+            return [self._predict_reusing(request, *lines) for request in requests]
         # The whole page goes in, as upstream's serving passes it: detection resizes by itself
         # (limit_side_len, max_side_limit 4000) and recognition crops from the full image.
         # Memory is bounded by MAX_IMAGE_PIXELS at decode time.
         p = requests[0].params
         images = [np.ascontiguousarray(r.image.pixels[:, :, ::-1]) for r in requests]
+        outputs = self._predict_pages(images[0] if len(images) == 1 else images, p)
+        if len(outputs) != len(requests):
+            raise EngineError(f"paddle answered {len(outputs)} results for {len(requests)}")
+        return [_result(r.image, raw, p) for r, raw in zip(requests, outputs, strict=True)]
+
+    def _predict_pages(self, images: Any, p: OcrParams) -> list[Any]:
         try:
             outputs = self._pipeline.predict(
-                images[0] if len(images) == 1 else images,
+                images,
                 **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
                 text_rec_score_thresh=0.0,
                 return_word_box=p.return_word_box,
             )
-            outputs = list(outputs)
+            return list(outputs)
         except Exception as exc:  # the runtime raises anything; never let it be cached
             log.warning("paddle inference failed: %s", str(exc)[-500:])
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
-        if len(outputs) != len(requests):
-            raise EngineError(f"paddle answered {len(outputs)} results for {len(requests)}")
-        return [_result(r.image, raw, p) for r, raw in zip(requests, outputs, strict=True)]
+
+    def _predict_reusing(
+        self, request: OcrRequest, store: LineStore, storable: Callable[[str], bool]
+    ) -> OcrResult:
+        """One page with line reuse: the pipeline's recognizer stands in for this call only
+        (one page a call, so each page's crops are looked up in its own tenant namespace;
+        the stock pipeline computes a list one page at a time too: batch size 1)."""
+        inner = self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
+        model = inner.text_rec_model
+        inner.text_rec_model = ReusingRecognizer(model, store, request.namespace, storable)
+        try:
+            image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
+            outputs = self._predict_pages(image, request.params)
+        finally:
+            inner.text_rec_model = model
+        if len(outputs) != 1:
+            raise EngineError(f"paddle answered {len(outputs)} results for 1")
+        return _result(request.image, outputs[0], request.params)
 
 
 def _result(image: Any, raw: Any, p: OcrParams) -> OcrResult:

@@ -8,10 +8,12 @@ inner engine's fingerprint, so entries made under another policy (or none) are o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from app.engines.base import Engine, OcrRequest, fingerprint_of
+from app.engines.lines import LineStore
 from app.redaction import RedactionPolicy, build_policy, install_log_redaction
 from app.vocabulary import OcrLine, OcrResult
 
@@ -46,6 +48,18 @@ class RedactingEngine:
         described["fingerprint"] = self._fingerprint
         described["redaction"] = {"types": list(self._policy.names), "digest": self._policy.digest}
         return described
+
+    def use_line_store(
+        self, store: LineStore | None, storable: Callable[[str], bool] = lambda text: True
+    ) -> None:
+        """Line reuse for the inner engine (if it has it), keeping no text this policy would
+        mask: such a crop is recognised every time (exact: its reading is then always the
+        recognizer's own, masked here like any other), and its raw text never stored."""
+        attach = getattr(self._inner, "use_line_store", None)
+        if attach is None:
+            return
+        policy = self._policy
+        attach(store, lambda text: policy.redact(text) == text and storable(text))
 
     def recognize(self, request: OcrRequest) -> OcrResult:
         return redact_result(self._inner.recognize(request), self._policy)
