@@ -373,6 +373,49 @@ def test_a_failed_job_fails_every_waiter_at_once(settings, double, redis_client)
     assert first.get_or_compute(IMAGES[0]).status is CacheStatus.MISS
 
 
+def test_a_failure_announced_late_is_still_the_joiners_error(settings, double, redis_client):
+    """The first waiter to read a failed job's error marker deletes it, and the job leaves
+    the queue: a joiner that wakes (its poll) before its copy of the announcement arrives
+    (its notifier's own connection) must not take the vanished job for one to submit again,
+    which would compute the failing image a second time."""
+    first = make_cache(settings, double, ocr_timeout_seconds=3600.0)
+    second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
+    notifier = second._misses._queue._notifier  # type: ignore[union-attr]
+    wake, gate = notifier._wake, threading.Event()
+
+    def held_back(channel: object, data: object = None) -> None:
+        if "error:" in str(data):
+            gate.wait(WAIT)  # the announcement is late
+        wake(channel, data)  # type: ignore[arg-type]
+
+    notifier._wake = held_back  # type: ignore[method-assign]
+    second_joined = joined(second)
+    double.hold()
+    double.fail = 1
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(first.get_or_compute, IMAGES[0])
+        assert double.entered.wait(WAIT)
+        b = pool.submit(second.get_or_compute, IMAGES[0])
+        assert second_joined.wait(WAIT)
+        double.release.set()
+        with pytest.raises(EngineError):
+            a.result(WAIT)  # the first waiter read the marker, and deleted it
+        names = first.keys.dispatch()
+        stream = names.stream("~")
+        deadline = time.monotonic() + WAIT
+        while redis_client.xlen(stream):  # the failed job has left the queue
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for events in list(notifier._waiters.values()):
+            for event in events:
+                event.set()  # the joiner's poll comes round now
+        time.sleep(0.05)
+        gate.set()
+        with pytest.raises(EngineError):
+            b.result(WAIT)
+    assert double.calls == 1
+
+
 @pytest.mark.parametrize("evicted", ["marker", "stream"])
 def test_evicted_queue_keys_cost_a_resubmission_not_the_deadline(
     settings, double, redis_client, evicted

@@ -50,6 +50,7 @@ from app.vocabulary import (
 
 GROUP = "engines"
 ERROR_TTL_S = 60  # an error marker outlives any waiter that could still read it
+SETTLE_SECONDS = 0.2  # how long a vanished job's last announcement is waited for
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every job's in FIFO
 
 # Join the job queued or running for this key, else add one to its lane (bounded per lane),
@@ -304,12 +305,32 @@ class JobQueue:
                 raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({job_id})")
             if not self._alive(job_id, job):
                 # Finished since the read (its entry is stored before it leaves the queue),
-                # or dropped, or its marker or stream evicted: then submit again.
+                # or dropped, or its marker or stream evicted: then submit again. But a job
+                # that failed is announced before it leaves the queue, and the first waiter
+                # to read its error marker deletes it: the announcement may still be on its
+                # way to this process, and must win over a second computation.
                 ok, result, _ = read(job_id)
                 if result is not None:
                     return False, result, not created or self._give_up(job_id, job, created, "")
+                if self._announced(event, seen, job_id):
+                    continue  # the loop's top reads the announcement
                 return True, None, False
             event.wait(min(remaining, self._poll_seconds))
+            event.clear()
+
+    @staticmethod
+    def _announced(event: Any, seen: int, job_id: str) -> bool:
+        """Whether the job's end (an error, a lost entry) is announced within a moment:
+        its done channel's messages reach this process on their own connection."""
+        ends = (f"error:{job_id}:", f"lost:{job_id}")
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            if any(m.startswith(ends) for m in event.messages[seen:]):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            event.wait(left)
             event.clear()
 
     def _outlives(self, error: str, created: bool, deadline: float) -> bool:
