@@ -5,9 +5,11 @@ parsed.
 - ``AUTH=keys``: the request's API key (``Authorization: Bearer``, ``X-Api-Key``; gRPC
   metadata the same) names its tenant, and so its key namespace, over any tenant header. No
   key: served only from ``KEYLESS_NETWORKS`` (stock Paddle Serving clients send no headers),
-  as the default tenant; else, or an unknown key, ``Unauthorized`` (401). An address whose
-  keys were refused past ``AUTH_FAILURE_LIMIT`` gets 429 before its key is looked at. Keys
-  are never logged.
+  as the default tenant whatever a tenant header says; else, or an unknown key,
+  ``Unauthorized`` (401). A known key is always served; an address that keeps presenting
+  missing or unknown keys past ``AUTH_FAILURE_LIMIT`` gets 429 + ``Retry-After`` for them
+  instead (it is told to back off; clients behind the same address with good keys are
+  not). Keys are never logged.
 - Then the tenant's request-rate quota (``quotas.py``), whichever way it was named (its key,
   or a trusted tenant header).
 
@@ -40,25 +42,26 @@ class Admission:
         self.active = self._keys or bool(tenants.keys_file)
 
     def admit(self, headers: Mapping[str, str], address: str, trusted: bool) -> str | None:
-        """The tenant the request's key names (None: its namespace is decided as without
-        keys: the tenant header, if any); raises ``Unauthorized`` or ``QuotaExceeded``."""
+        """The tenant the request's key names ("": the default tenant, a keyless request
+        under ``AUTH=keys``; None: decided as without keys, by the tenant header if any);
+        raises ``Unauthorized`` or ``QuotaExceeded``."""
         if not self.active:
             return None
         tenant = self._identify(headers, address) if self._keys else None
         self._quotas.admit(tenant if tenant is not None else self._header(headers, trusted))
         return tenant
 
-    def _identify(self, headers: Mapping[str, str], address: str) -> str | None:
+    def _identify(self, headers: Mapping[str, str], address: str) -> str:
         key = presented_key(headers)
         if key is None and self._is_keyless(address):
-            return None
-        self._quotas.key_refusals_allowed(address)
+            return ""  # the default tenant: a tenant header names nothing here
         tenant = self._book.identify(key) if key is not None else None
-        if tenant is None:
-            self._quotas.key_refused(address)
-            metrics.TENANT_REJECTIONS.labels(tenant="other", reason="unauthorized").inc()
-            raise Unauthorized("an API key is required" if key is None else "unknown API key")
-        return tenant.name
+        if tenant is not None:
+            return tenant.name
+        self._quotas.key_refusals_allowed(address)
+        self._quotas.key_refused(address)
+        metrics.TENANT_REJECTIONS.labels(tenant="other", reason="unauthorized").inc()
+        raise Unauthorized("an API key is required" if key is None else "unknown API key")
 
     def _is_keyless(self, address: str) -> bool:
         if not self._keyless:

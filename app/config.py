@@ -300,7 +300,7 @@ class TenantSettings(Section):
         "TENANT_QUEUE_HOLD_SECONDS",
         e.number(1.0, 86400.0),
         300.0,
-        "the `OcrTenantHoldsQueue` alert: one tenant holds at least half the waiting misses this long",
+        "the `OcrTenantHoldsQueue` alert: one tenant holds at least half the waiting misses, while others wait too, this long",
     )
 
 

@@ -172,8 +172,8 @@ TENANT_QUEUE_WAITING = Gauge(
 )
 TENANT_QUEUE_HOLD = Gauge(
     "ocr_tenant_queue_hold_seconds",
-    "How long a tenant has held at least half of the waiting misses without a break (0: it "
-    "does not)",
+    "How long a tenant has held at least half of the waiting misses, while others waited "
+    "too, without a break (0: it does not)",
     ["tenant"],
     multiprocess_mode="livemax",
 )

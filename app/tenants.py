@@ -2,7 +2,8 @@
 
 The tenants file (``API_KEYS_FILE``, JSON; a Kubernetes secret mounted as a file works) is
 read at start-up and again whenever it changes, checked at most every
-``API_KEYS_RELOAD_SECONDS``: a key is added, rotated or revoked without a restart. It holds
+``API_KEYS_RELOAD_SECONDS`` (its content compared): a key is added, rotated or revoked
+without a restart. It holds
 the SHA-256 of each key, never the key, so the file itself grants nothing::
 
     {"tenants": [{"name": "expenses", "key_sha256": ["<hex>", "<next hex>"],
@@ -23,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import re
 import threading
 import time
@@ -153,12 +153,13 @@ class TenantBook:
         self._clock = clock
         self._lock = threading.Lock()
         self._tenants: dict[str, Tenant] = {}
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: bytes | None = None
         self._checked = clock()
+        self.generation = 0  # grows with every reload taken (labels may have changed)
         if path:
             try:
-                self._stamp = _stamp(path)
-                self._tenants = parse(_read(path))
+                text = _read(path)
+                self._tenants, self._stamp = parse(text), _stamp(text)
             except OSError as exc:
                 raise ConfigError(f"API_KEYS_FILE: cannot read {path} ({exc.strerror})") from None
 
@@ -209,26 +210,37 @@ class TenantBook:
         try:
             self._checked = self._clock()
             try:
-                stamp = _stamp(self._path)
-                if stamp == self._stamp:
-                    return
-                tenants = parse(_read(self._path))
-            except (OSError, ConfigError) as exc:
-                log.error("API_KEYS_FILE not reloaded, the tenants already loaded stay: %s", exc)
-                metrics.API_KEYS_RELOADS.labels(result="error").inc()
+                text = _read(self._path)
+            except OSError as exc:
+                _refused(exc)
                 return
-            self._tenants, self._stamp = tenants, stamp
+            stamp = _stamp(text)
+            if stamp == self._stamp:
+                return
+            self._stamp = stamp  # each version of the file is looked at once, taken or not
+            try:
+                tenants = parse(text)
+            except ConfigError as exc:
+                _refused(exc)
+                return
+            self._tenants = tenants
+            self.generation += 1
             metrics.API_KEYS_RELOADS.labels(result="ok").inc()
             log.info("API_KEYS_FILE reloaded: %d tenants", len(tenants))
         finally:
             self._lock.release()
 
 
-def _stamp(path: str) -> tuple[int, int, int]:
-    """What changes when the file does (a Kubernetes secret is swapped by a symlink, so the
-    target's inode changes too)."""
-    st = os.stat(path)
-    return st.st_ino, st.st_mtime_ns, st.st_size
+def _refused(exc: Exception) -> None:
+    log.error("API_KEYS_FILE not reloaded, the tenants already loaded stay: %s", exc)
+    metrics.API_KEYS_RELOADS.labels(result="error").inc()
+
+
+def _stamp(text: bytes) -> bytes:
+    """What changes when the file does: its content's digest (at most 1 MiB, read every
+    ``API_KEYS_RELOAD_SECONDS``), so a key swapped in place at the same size and time, or a
+    Kubernetes secret's symlink swap, is seen either way."""
+    return hashlib.sha256(text).digest()
 
 
 def _read(path: str) -> bytes:

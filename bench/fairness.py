@@ -11,9 +11,9 @@ Pages are corpus documents, receipts and cards with one pixel changed (a new ima
 so every request is a miss). Reported per phase: B's latency p50/p95/max and refusals, A's
 wall time, pages per second and refusals, the engines' busy fraction (engine seconds / 2 /
 wall) and A's engine call (its mean under the flood, from ``ocr_tenant_engine_seconds_total``
-over its misses, and the median of the engine's own histogram). The target: B's p95 under the
-flood with ``drr`` at most 1.5 x its p95 alone plus A's engine call; A's throughput the same
-with either order (the engines stay busy).
+over its misses, and the median of the engine's own histogram, nearly all A's calls). The
+target: B's p95 under the flood with ``drr`` at most 1.5 x its p95 alone plus the median
+engine call; A's throughput the same with either order (the engines stay busy).
 
 Results: bench/results/fairness.json. About 10 minutes on 2 cores with the default 200 pages.
 """
@@ -83,6 +83,7 @@ class Service:
             REDIS_URL=redis_url, HTTP_PORT=str(self.port), GRPC_ENABLED="false",
             HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS), WEB_THREADS="16",
             LOG_LEVEL="warning", EDGE_ACCESS_LOG="false", OCR_TIMEOUT_SECONDS="600",
+            REDIS_TIMEOUT_MS="250",  # as bench/dispatch.py: a shared machine's pauses
             AUTH="keys", API_KEYS_FILE=keys_file, DISPATCH_FAIRNESS=fairness,
         )  # fmt: skip
         self.proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env)
@@ -277,12 +278,13 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
                 finally:
                     service.stop()
     solo, drr, fifo = results["b_alone"], results["drr"], results["fifo"]
-    engine_call = drr["a"]["mean_engine_call_s"]
+    engine_call = drr["engine_median_call_s"] or drr["a"]["mean_engine_call_s"]
     bound = 1.5 * solo["p95_s"] + engine_call
     results["target"] = {
         "b_p95_drr_s": drr["b"]["p95_s"],
         "bound_s": round(bound, 3),
-        "formula": "1.5 x B's p95 alone + A's mean engine call under the flood",
+        "formula": "1.5 x B's p95 alone + the median engine call under the flood (nearly "
+        "all A's: ocr_engine_duration_seconds' buckets, interpolated)",
         "met": drr["b"]["p95_s"] is not None and drr["b"]["p95_s"] <= bound,
         "b_p95_fifo_over_drr": round(fifo["b"]["p95_s"] / drr["b"]["p95_s"], 2)
         if fifo["b"]["p95_s"] and drr["b"]["p95_s"]

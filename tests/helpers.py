@@ -44,10 +44,12 @@ class FlakyEngine:
         return self._engine.recognize(request)
 
 
-_INDEX_PARTS = (b":px2:", b":simband:", b":simref")
+# Keys beside the entries: the near-duplicate indexes, and a failed job's error marker
+# (app/cache/jobs.py: read by that job's waiters only, expiring within a minute).
+_INDEX_PARTS = (b":px2:", b":simband:", b":simref", b":error:")
 
 
 def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:
-    """The cache entries matching ``pattern``, without the near-duplicate index keys
-    (app/cache/pixel_index.py, similarity.py) written beside them."""
+    """The cache entries matching ``pattern``, without the keys written beside them (the
+    near-duplicate indexes of app/cache/pixel_index.py and similarity.py, error markers)."""
     return [k for k in client.keys(pattern) if not any(p in k for p in _INDEX_PARTS)]

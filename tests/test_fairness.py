@@ -10,16 +10,19 @@ import io
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
 from PIL import Image
 
+from app.cache.jobs import Job
+from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.engines.base import OcrRequest
 from app.tenants import Tenant, TenantBook
-from app.vocabulary import CacheControls, CacheStatus, OcrResult
+from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult
 from tests.test_cache_unit import WAIT, CountingEngine, make_cache
 
 pytestmark = pytest.mark.unit
@@ -167,3 +170,103 @@ def test_one_tenant_alone_keeps_every_engine_busy(
         for future in futures:
             assert future.result(WAIT).status is CacheStatus.MISS
     assert fleet.running[1] == 2 and len(fleet.order) == 12
+
+
+def plant(client: redis.Redis, names: Any, lane: str, job: Job) -> str:
+    """A job written straight into a lane (as submitting leaves it, ring and lanes too)."""
+    try:
+        client.xgroup_create(names.stream(lane), "engines", id="0", mkstream=True)
+    except redis.ResponseError:  # BUSYGROUP
+        pass
+    fields = job.fields()
+    entry = client.xadd(names.stream(lane), dict(zip(fields[::2], fields[1::2], strict=True)))
+    client.sadd(names.lanes, lane)
+    client.rpush(names.ring, lane)
+    return entry.decode()
+
+
+def a_job(cache: OcrCache, tenant: str, n: int) -> Job:
+    data = page(tenant, n)
+    digest = digest_image(data)
+    key = cache.keys.entry(digest, cache.keys.task(OcrParams()), tenant)
+    return Job(key, digest.sha256, OcrParams(), tenant, 60, time.time() + 60, data)
+
+
+def test_an_undeliverable_lane_does_not_stall_the_others(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A lane whose entries are neither pending nor deliverable (their consumer was deleted
+    holding them) still counts as waiting: the round robin must pass it over, delete those
+    entries (their waiters then submit again), and serve the next lane."""
+    fleet = Fleet(settings, TenantBook())
+    names = fleet.front._misses._queue.names  # type: ignore[union-attr]
+    plant(redis_client, names, "x", a_job(fleet.front, "x", 0))
+    redis_client.xreadgroup("engines", "gone", {names.stream("x"): ">"}, count=1)
+    redis_client.xgroup_delconsumer(names.stream("x"), "engines", "gone")
+    redis_client.hset(names.deficits, "x", "5.0")  # credit: it would be chosen first
+    with ThreadPoolExecutor(1) as pool:
+        single = ask(pool, fleet.front, "b", page("b", 0))
+        wait_for(lambda: fleet.waiting(redis_client, "b") == 1, "b's page was not queued")
+        fleet.start_workers()
+        assert single.result(WAIT).status is CacheStatus.MISS
+    assert redis_client.xlen(names.stream("x")) == 0
+
+
+def test_queue_keys_taken_by_the_lru_cost_no_waiting_job(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """allkeys-lru may take the ring, the lanes, the deficits, shares and costs: the jobs
+    queued meanwhile are still taken (waiters and heartbeats put their lanes back)."""
+    fleet = Fleet(settings, TenantBook.of([Tenant("a", share=2.0)]))
+    names = fleet.front._misses._queue.names  # type: ignore[union-attr]
+    with ThreadPoolExecutor(8) as pool:
+        futures = [ask(pool, fleet.front, t, page(t, i)) for i in range(3) for t in "ab"]
+        wait_for(lambda: fleet.waiting(redis_client, "b") == 3, "the jobs were not queued")
+        redis_client.delete(names.ring, names.lanes, names.deficits, names.shares, names.costs)
+        fleet.start_workers()
+        assert all(f.result(WAIT).status is CacheStatus.MISS for f in futures)
+    assert len(fleet.order) == 6
+
+
+def test_a_rounding_remainder_never_leaves_the_engines_without_a_lane(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A deficit the rounds leave at exactly 0 (-0.29 with jobs of 0.01: a batch's charge)
+    still gives a lane to serve: the one with the most credit."""
+    cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
+    cache.close()
+    feeders, names = cache._feeders, cache._misses._queue.names  # type: ignore[union-attr]
+    assert feeders is not None
+    entry = plant(redis_client, names, "a", a_job(cache, "a", 0))
+    redis_client.hset(names.deficits, "a", "-0.290000")
+    redis_client.hset(names.costs, "a", "0.010000")
+    jobs, cost = feeders._take(redis_client, "consumer")
+    assert [job.id for job in jobs] == [entry] and cost == pytest.approx(0.01)
+
+
+def test_a_tenant_holds_the_queue_only_while_others_wait_behind_it(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """``ocr_tenant_queue_hold_seconds``: how long one tenant has had at least half of the
+    waiting jobs while others waited too; a tenant alone in the queue holds nobody up."""
+    from app import metrics
+
+    cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()),
+                       book=TenantBook.of([Tenant("a"), Tenant("b")]))  # fmt: skip
+    cache.close()
+    feeders = cache._feeders
+    assert feeders is not None
+
+    def held(tenant: str) -> float:
+        return metrics.TENANT_QUEUE_HOLD.labels(tenant=tenant)._value.get()
+
+    feeders._report({"a": 9})
+    time.sleep(0.05)
+    feeders._report({"a": 9})
+    assert held("a") == 0.0  # alone
+    feeders._report({"a": 9, "b": 1})
+    time.sleep(0.05)
+    feeders._report({"a": 8, "b": 2, "~": 1})
+    assert held("a") >= 0.05 and held("b") == 0.0 and held("default") == 0.0
+    feeders._report({"a": 1, "b": 3})
+    assert held("a") == 0.0 and held("b") == 0.0  # b's start

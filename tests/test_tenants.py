@@ -208,7 +208,7 @@ def test_a_killed_workers_slots_expire_with_its_deadline(store: RedisStore) -> N
 
 
 def test_engine_seconds_per_minute_refuse_misses_not_hits(store: RedisStore) -> None:
-    tenant = Tenant("a", engine_seconds_per_minute=60.0)
+    tenant = Tenant("a", rate=RateLimit(100.0, 100), engine_seconds_per_minute=60.0)
     one, two = quotas(store, tenant), quotas(store, tenant)
     one.charge("a", 45.0)
     with two.miss("a"):  # 45 of 60 spent: still allowed
@@ -216,7 +216,7 @@ def test_engine_seconds_per_minute_refuse_misses_not_hits(store: RedisStore) -> 
     two.charge("a", 20.0)
     error = refused(lambda: one.miss("a").__enter__())
     assert error.reason == "engine_seconds" and 1 <= error.retry_after <= 6
-    one.admit("a")  # the request itself (a hit) is not refused by a miss quota
+    one.admit("a")  # the request itself (a hit) meets its rate only, not the miss quotas
     with one.miss("b"):
         pass
 

@@ -283,17 +283,38 @@ def test_engine_seconds_per_minute_stop_misses_and_are_counted(keyed, tenants_pa
 
 
 def test_repeated_refused_keys_from_one_address_are_slowed_down(keyed) -> None:  # type: ignore[no-untyped-def]
-    """AUTH_FAILURE_LIMIT 1:2: after three refused keys the address gets 429 first, even
-    with a good key; another address is not affected."""
+    """AUTH_FAILURE_LIMIT 0.05:2: after three refused keys the address's next bad (or
+    missing) keys get 429 + Retry-After; a good key from the same address (another client
+    behind one NAT) is still served, and another address's bad key is still a 401."""
     from app.env import RateLimit
 
     client = keyed(auth_failure_limit=RateLimit(0.05, 2)).test_client()
     for _ in range(3):
         assert rest(client, WORD_EN, bearer("guess")).status_code == 401
-    slowed = rest(client, WORD_EN, bearer(EXPENSES))
-    assert slowed.status_code == 429 and int(slowed.headers["Retry-After"]) >= 1
-    elsewhere = rest(client, WORD_EN, bearer(EXPENSES), environ_overrides={"REMOTE_ADDR": "::1"})
-    assert elsewhere.status_code == 200
+    for headers in (bearer("guess"), {}):
+        slowed = rest(client, WORD_EN, headers)
+        assert slowed.status_code == 429 and 1 <= int(slowed.headers["Retry-After"]) <= 20
+        assert slowed.json["error"]["code"] == "quota_exceeded"
+    assert rest(client, WORD_EN, bearer(EXPENSES)).status_code == 200
+    elsewhere = rest(client, WORD_EN, bearer("guess"), environ_overrides={"REMOTE_ADDR": "::1"})
+    assert elsewhere.status_code == 401
+
+
+def test_a_keyless_request_is_the_default_tenant_whatever_its_header_says(
+    keyed, redis_client: redis.Redis
+) -> None:  # type: ignore[no-untyped-def]
+    """From KEYLESS_NETWORKS without a key, a tenant header names nobody: the request is the
+    default tenant's, so it can neither read nor spend another tenant's namespace."""
+    client = keyed(
+        keyless_networks=(ipaddress.ip_network("10.9.0.0/16"),), cache_tenant_header="X-Tenant"
+    ).test_client()
+    assert rest(client, SHORT, bearer(EXPENSES)).headers["X-Cache"] == "MISS"
+    inside = {"REMOTE_ADDR": "10.9.1.2"}
+    keyless = rest(client, SHORT, {"X-Tenant": "expenses"}, environ_overrides=inside)
+    assert keyless.status_code == 200 and keyless.headers["X-Cache"] == "MISS"  # not expenses'
+    md5 = hashlib.md5(SHORT.read_bytes()).hexdigest()
+    prefixes = sorted(k.split(b":", 1)[0] for k in redis_client.keys(f"*:v1:*{{{md5}}}"))
+    assert prefixes == [b"ocr", b"ocr.expenses"]
 
 
 def test_a_key_is_rotated_and_revoked_without_a_restart(keyed, tenants_path) -> None:  # type: ignore[no-untyped-def]

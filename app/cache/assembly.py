@@ -154,6 +154,7 @@ def build(
             writer=codec.writer,
             fair=dispatch.fairness == "drr",
             share=book.share,
+            label=book.label,
         )  # fmt: skip
         feeders = Feeders(
             redis, keys, queue, slots=slots, claim_ms=dispatch.claim_ms,

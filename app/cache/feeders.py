@@ -86,9 +86,9 @@ return out
 _TAKE = """
 local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local fallback, prefix = tonumber(ARGV[4]), ARGV[5]
+local fallback, prefix = math.max(tonumber(ARGV[4]) or 1, 0.001), ARGV[5]
 -- The lanes with jobs waiting, in ring order; the others leave it and forget their deficit.
-local lanes, cost, share, credit, seen, quantum = {}, {}, {}, {}, {}, nil
+local lanes, cost, share, credit, seen = {}, {}, {}, {}, {}
 for _ = 1, redis.call('LLEN', ring) do
   local lane = redis.call('LPOP', ring)
   if not lane then break end
@@ -97,49 +97,70 @@ for _ = 1, redis.call('LLEN', ring) do
   local waiting = ok and (redis.call('XLEN', stream) - pending[1]) or 0
   if waiting > 0 and not seen[lane] then
     seen[lane] = true
-    redis.call('RPUSH', ring, lane)
     local i = #lanes + 1
     lanes[i] = lane
-    cost[i] = tonumber(redis.call('HGET', costs, lane) or '') or fallback
-    share[i] = tonumber(redis.call('HGET', shares, lane) or '') or 1
+    cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
+    share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
     credit[i] = tonumber(redis.call('HGET', deficits, lane) or '') or 0
-    if not quantum or cost[i] < quantum then quantum = cost[i] end
   elseif not seen[lane] then
     redis.call('HDEL', deficits, lane)
   end
 end
-if #lanes == 0 then return {} end
--- The first lane in ring order with credit left; none has: as many rounds of a quantum
--- (the cheapest lane's job) times each lane's share as it takes for one to have some.
-local chosen = nil
-for i = 1, #lanes do
-  if not chosen and credit[i] > 0 then chosen = i end
+local function ringed(first, spent)
+  -- The ring again: from the lane served on (behind it the lanes passed over), and the
+  -- served lane last once its credit is spent.
+  redis.call('DEL', ring)
+  for i = (spent and first + 1 or first), #lanes do redis.call('RPUSH', ring, lanes[i]) end
+  for i = 1, first - 1 do redis.call('RPUSH', ring, lanes[i]) end
+  if spent and lanes[first] then redis.call('RPUSH', ring, lanes[first]) end
 end
-if not chosen then
-  local rounds = nil
+while #lanes > 0 do
+  -- The first lane in ring order with credit left; none has: as many rounds of a quantum
+  -- (the cheapest lane's job) times each lane's share as it takes for one to have some,
+  -- else (rounding) the one with the most.
+  local chosen = nil
   for i = 1, #lanes do
-    local need = math.floor(-credit[i] / (quantum * share[i])) + 1
-    if not rounds or need < rounds then rounds = need end
-  end
-  for i = 1, #lanes do
-    credit[i] = credit[i] + rounds * quantum * share[i]
-    redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
     if not chosen and credit[i] > 0 then chosen = i end
   end
+  if not chosen then
+    local quantum, rounds, best = cost[1], nil, 1
+    for i = 2, #lanes do quantum = math.min(quantum, cost[i]) end
+    for i = 1, #lanes do
+      local need = math.floor(-credit[i] / (quantum * share[i])) + 1
+      if not rounds or need < rounds then rounds = need end
+    end
+    for i = 1, #lanes do
+      credit[i] = credit[i] + rounds * quantum * share[i]
+      redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
+      if not chosen and credit[i] > 0 then chosen = i end
+      if credit[i] > credit[best] then best = i end
+    end
+    chosen = chosen or best
+  end
+  local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                         'STREAMS', prefix .. lanes[chosen], '>')
+  local entries = got and got[1] and got[1][2] or {}
+  if #entries > 0 then
+    credit[chosen] = credit[chosen] - cost[chosen] * #entries
+    redis.call('HSET', deficits, lanes[chosen], string.format('%.6f', credit[chosen]))
+    ringed(chosen, credit[chosen] <= 0)
+    return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
+  end
+  -- Counted as waiting, yet nothing to deliver: entries neither pending nor deliverable
+  -- (their consumer was deleted holding them). They are deleted, so their waiters submit
+  -- again; the lane leaves the ring, and the next is asked.
+  local stream, held = prefix .. lanes[chosen], {}
+  local ok, pend = pcall(redis.call, 'XPENDING', stream, group, '-', '+', 1000)
+  if ok then for _, e in ipairs(pend) do held[e[1]] = true end end
+  for _, e in ipairs(redis.call('XRANGE', stream, '-', '+', 'COUNT', 1000)) do
+    if not held[e[1]] then redis.call('XDEL', stream, e[1]) end
+  end
+  redis.call('HDEL', deficits, lanes[chosen])
+  table.remove(lanes, chosen); table.remove(cost, chosen)
+  table.remove(share, chosen); table.remove(credit, chosen)
 end
--- Its jobs, each charged its lane's mean cost. The lanes passed over go behind it, and it
--- too once its credit is spent.
-local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-                       'STREAMS', prefix .. lanes[chosen], '>')
-local entries = got and got[1] and got[1][2] or {}
-credit[chosen] = credit[chosen] - cost[chosen] * #entries
-redis.call('HSET', deficits, lanes[chosen], string.format('%.6f', credit[chosen]))
 redis.call('DEL', ring)
-local spent = credit[chosen] <= 0
-for i = (spent and chosen + 1 or chosen), #lanes do redis.call('RPUSH', ring, lanes[i]) end
-for i = 1, chosen - 1 do redis.call('RPUSH', ring, lanes[i]) end
-if spent then redis.call('RPUSH', ring, lanes[chosen]) end
-return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
+return {}
 """
 # Jobs idle past the claim time in any lane: {lane, id, consumer, deliveries, ...}.
 # KEYS: lanes. ARGV: stream prefix, group, idle ms, count.
@@ -299,10 +320,18 @@ class Feeders:
         _close(client)
 
     def _forget_consumer(self, client: Any, consumer: str) -> None:
+        """Leave the consumer group of every lane, except where this consumer still holds
+        jobs (a finish that failed): deleting it would drop them from the pending list
+        unacknowledged, never delivered or reclaimed again, yet still counted as waiting.
+        Kept, they are reclaimed once idle, like a dead consumer's."""
         try:
             for lane in client.smembers(self._names.lanes):
+                stream = self._names.stream(as_text(lane))
                 try:
-                    client.xgroup_delconsumer(self._names.stream(as_text(lane)), GROUP, consumer)
+                    if not client.xpending_range(
+                        stream, GROUP, min="-", max="+", count=1, consumername=consumer
+                    ):
+                        client.xgroup_delconsumer(stream, GROUP, consumer)
                 except redis.ResponseError:
                     pass  # that lane's stream or group is gone
         except _REDIS_ERRORS:
@@ -321,7 +350,8 @@ class Feeders:
 
     def _report(self, lanes: dict[str, int]) -> None:
         """The queue's depth, per tenant too, and how long one tenant has held at least
-        half of it (the ``OcrTenantHoldsQueue`` alert)."""
+        half of it while others wait as well (the ``OcrTenantHoldsQueue`` alert: a tenant
+        alone in the queue holds nobody up)."""
         total = sum(max(0, waiting) for waiting in lanes.values())
         metrics.DISPATCH_QUEUE_DEPTH.set(total)
         per_label: dict[str, int] = {}
@@ -332,7 +362,7 @@ class Feeders:
         for label in self._hold_labels | per_label.keys() | set(self._labels()):
             waiting = per_label.get(label, 0)
             metrics.TENANT_QUEUE_WAITING.labels(tenant=label).set(waiting)
-            if waiting > 0 and 2 * waiting >= total:
+            if 0 < waiting < total and 2 * waiting >= total:  # and another tenant waits
                 held = now - self._holds.setdefault(label, now)
             else:
                 self._holds.pop(label, None)

@@ -49,8 +49,10 @@ from app.vocabulary import (
 )
 
 GROUP = "engines"
-ERROR_TTL_S = 60  # an error marker outlives any waiter that could still read it
-SETTLE_SECONDS = 0.2  # how long a vanished job's last announcement is waited for
+# An error marker outlives any waiter that could still read it: each of a failed job's
+# waiters finds it, whether or not the announcement on the done channel reached it first
+# (each job's marker is its own: a later request of the image queues a new job).
+ERROR_TTL_S = 60
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every job's in FIFO
 
 # Join the job queued or running for this key, else add one to its lane (bounded per lane),
@@ -175,7 +177,8 @@ Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
 class JobQueue:
     """One per front door (per process): submits its misses and waits for their entries.
     ``fair``: each tenant's jobs in a lane of their own (``DISPATCH_FAIRNESS=drr``), else
-    every job in the default lane (arrival order); ``share(namespace)``: a tenant's share."""
+    every job in the default lane (arrival order); ``share(namespace)``: a tenant's share,
+    ``label(namespace)`` its metrics label."""
 
     def __init__(
         self,
@@ -190,6 +193,7 @@ class JobQueue:
         writer: str = "",
         fair: bool = True,
         share: Callable[[str], float] = lambda namespace: 1.0,
+        label: Callable[[str], str] = lambda namespace: namespace or "default",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
@@ -202,6 +206,7 @@ class JobQueue:
         self._mean_seconds = mean_seconds
         self._fair = fair
         self._share = share
+        self._label = label
         self._clock = clock
 
     def lane(self, namespace: str) -> str:
@@ -260,6 +265,9 @@ class JobQueue:
             return None  # no engine reported in: this process computes (or waits to load)
         if not job_id:
             metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
+            metrics.TENANT_REJECTIONS.labels(
+                tenant=self._label(job.namespace), reason="queue_full"
+            ).inc()
             retry = max(1, math.ceil(self._mean_seconds() * int(waiting) / max(1, int(engines))))
             whose = "the engine queue" if lane == DEFAULT_LANE else f"tenant {lane!r}'s lane"
             raise EngineBusy(
@@ -282,7 +290,6 @@ class JobQueue:
                 if message.startswith(f"error:{job_id}:"):
                     if self._outlives(message.split(":", 2)[2], created, deadline):
                         return True, None, False
-                    self._forget(job.key, job_id)
                     raise failure(message.split(":", 2)[2])
             finished = f"ok:{job_id}" in messages
             ok, result, error = read(job_id)
@@ -292,7 +299,6 @@ class JobQueue:
             if error is not None:
                 if self._outlives(error, created, deadline):
                     return True, None, False
-                self._forget(job.key, job_id)
                 raise failure(error)
             if not ok:  # Redis stopped answering: this process's own engine
                 self._give_up(job_id, job, created)
@@ -304,44 +310,22 @@ class JobQueue:
                 self._give_up(job_id, job, created)
                 raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({job_id})")
             if not self._alive(job_id, job):
-                # Finished since the read (its entry is stored before it leaves the queue),
-                # or dropped, or its marker or stream evicted: then submit again. But a job
-                # that failed is announced before it leaves the queue, and the first waiter
-                # to read its error marker deletes it: the announcement may still be on its
-                # way to this process, and must win over a second computation.
-                ok, result, _ = read(job_id)
+                # Finished since the read (its entry is stored before it leaves the queue, a
+                # failure's marker too), or dropped, or its marker or stream evicted: then
+                # submit again.
+                ok, result, error = read(job_id)
                 if result is not None:
                     return False, result, not created or self._give_up(job_id, job, created, "")
-                if self._announced(event, seen, job_id):
-                    continue  # the loop's top reads the announcement
+                if error is not None and not self._outlives(error, created, deadline):
+                    raise failure(error)
                 return True, None, False
             event.wait(min(remaining, self._poll_seconds))
-            event.clear()
-
-    @staticmethod
-    def _announced(event: Any, seen: int, job_id: str) -> bool:
-        """Whether the job's end (an error, a lost entry) is announced within a moment:
-        its done channel's messages reach this process on their own connection."""
-        ends = (f"error:{job_id}:", f"lost:{job_id}")
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while True:
-            if any(m.startswith(ends) for m in event.messages[seen:]):
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            event.wait(left)
             event.clear()
 
     def _outlives(self, error: str, created: bool, deadline: float) -> bool:
         """A joined job ran out of its creator's time (the job's deadline), not ours: this
         waiter submits again rather than fail before its own deadline."""
         return not created and error.startswith("timeout:") and self._clock() < deadline
-
-    def _forget(self, key: str, job_id: str) -> None:
-        """The error reached a requester: its marker has served (the job's other waiters
-        were told on the done channel), so nothing stays behind."""
-        self._store.run("dispatch", lambda c: c.delete(self._keys.job_error(key, job_id)))
 
     def _alive(self, job_id: str, job: Job) -> bool:
         lane, names = self.lane(job.namespace), self.names

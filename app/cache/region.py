@@ -70,6 +70,7 @@ class OcrCache:
             metrics.CACHE_TIER_HITS.labels(tier="l2"),
         )  # bound once: a labels() lookup per hit is measurable on the L2 hit path
         self._tenant_children: dict[tuple[str, str], Any] = {}
+        self._tenant_generation = quotas.book.generation
 
     def dispatch_ready(self, timeout: float) -> bool:
         """True once this process's engine takes jobs from the global queue (at once when
@@ -153,12 +154,18 @@ class OcrCache:
         self._tenant_count(namespace, "hit")
 
     def _tenant_count(self, namespace: str, result: str) -> None:
-        """``ocr_tenant_requests_total``: its children kept, as the L2 hit's are."""
-        index = (self._label(namespace), result)
-        child = self._tenant_children.get(index)
+        """``ocr_tenant_requests_total``: its children kept per namespace, as the L2 hit's
+        are (a hit pays one dict lookup), and forgotten when the tenants file changed (a
+        namespace's label may have) or too many namespaces came by."""
+        book = self.quotas.book
+        children = self._tenant_children
+        if book.generation != self._tenant_generation or len(children) > 4096:
+            children.clear()
+            self._tenant_generation = book.generation
+        child = children.get((namespace, result))
         if child is None:
-            child = metrics.TENANT_REQUESTS.labels(tenant=index[0], result=result)
-            self._tenant_children[index] = child
+            child = metrics.TENANT_REQUESTS.labels(tenant=book.label(namespace), result=result)
+            children[(namespace, result)] = child
         child.inc()
 
     def get_or_compute_document(
