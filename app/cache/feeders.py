@@ -4,15 +4,16 @@ replica frees up first (``jobs.py`` is the requester's side).
 
 - **Which job next: deficit round robin over engine time**, across the tenants' lanes, in one
   script (``_TAKE``) so every worker and replica shares one schedule. The ring holds the lanes
-  with waiting jobs, in turn; the first with credit left (a deficit above 0) is served, each
-  job charged its lane's mean engine time (learnt from the lane's finished jobs), and goes to
-  the ring's tail once its credit is spent. When no lane has credit, each gets as many rounds
-  of a quantum (the cheapest lane's job) times its tenant's ``share`` as it takes for one to
-  have some, in one step. A finished job corrects its lane's deficit to the engine time it
-  really took. A lane with nothing waiting leaves the ring and forgets its deficit (no banked
-  credit). So a tenant that floods gets the engines only while nobody else waits, and a
-  tenant that sends one page waits for the calls already running and at most one turn.
-  Work-conserving: whoever waits is served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+  with waiting jobs (a lane that becomes active joins at its head); the lane with the most
+  credit left (a deficit above 0; ties: ring order) is served, each job charged its lane's
+  mean engine time (learnt from the lane's finished jobs), and goes to the ring's tail once
+  its credit is spent. When no lane has credit, each gets as many rounds of a quantum (the
+  cheapest lane's job) times its tenant's ``share`` as it takes for one to have some, in one
+  step. A finished job corrects its lane's deficit to the engine time it really took. A lane
+  with nothing waiting leaves the ring and forgets its deficit (no banked credit, no debt).
+  So a tenant that floods gets the engines only while nobody else waits, and a tenant that
+  sends one page is served by the next engine that frees up. Work-conserving: whoever waits
+  is served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
 - An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
   looks again at least every ``BLOCK_MS``.
 - A feeder reports its engine live (a sorted set scored by Redis's clock) every
@@ -115,27 +116,26 @@ local function ringed(first, spent)
   if spent and lanes[first] then redis.call('RPUSH', ring, lanes[first]) end
 end
 while #lanes > 0 do
-  -- The first lane in ring order with credit left; none has: as many rounds of a quantum
-  -- (the cheapest lane's job) times each lane's share as it takes for one to have some,
-  -- else (rounding) the one with the most.
+  -- The lane with the most credit left (ties: ring order); none has any: first as many
+  -- rounds of a quantum (the cheapest lane's job) times each lane's share as it takes for
+  -- one to have some.
   local chosen = nil
   for i = 1, #lanes do
-    if not chosen and credit[i] > 0 then chosen = i end
+    if credit[i] > 0 and (not chosen or credit[i] > credit[chosen]) then chosen = i end
   end
   if not chosen then
-    local quantum, rounds, best = cost[1], nil, 1
+    local quantum, rounds = cost[1], nil
     for i = 2, #lanes do quantum = math.min(quantum, cost[i]) end
     for i = 1, #lanes do
       local need = math.floor(-credit[i] / (quantum * share[i])) + 1
       if not rounds or need < rounds then rounds = need end
     end
+    chosen = 1
     for i = 1, #lanes do
       credit[i] = credit[i] + rounds * quantum * share[i]
       redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
-      if not chosen and credit[i] > 0 then chosen = i end
-      if credit[i] > credit[best] then best = i end
+      if credit[i] > credit[chosen] then chosen = i end
     end
-    chosen = chosen or best
   end
   local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                          'STREAMS', prefix .. lanes[chosen], '>')

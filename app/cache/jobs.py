@@ -56,7 +56,8 @@ ERROR_TTL_S = 60
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every job's in FIFO
 
 # Join the job queued or running for this key, else add one to its lane (bounded per lane),
-# keep the lane in the ring, its share known, and ring the doorbell: {id, waiting, engines};
+# keep the lane in the ring (a lane becoming active at its head: it was served least lately),
+# its share known, and ring the doorbell: {id, waiting, engines, all lanes' waiting};
 # waiting -1: joined; id "" when the lane is full, "none" without a live engine.
 # KEYS: stream, engines, marker, ring, lanes, shares, bell.
 # ARGV: group, per-engine max, live ms, marker ms, lane, share, stream prefix, then the job's
@@ -80,7 +81,7 @@ if engines == 0 then return {'none', waiting, engines} end
 if waiting >= tonumber(ARGV[2]) * engines then return {'', waiting, engines} end
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 8))
 redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
-if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('RPUSH', KEYS[4], ARGV[5]) end
+if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('LPUSH', KEYS[4], ARGV[5]) end
 redis.call('SADD', KEYS[5], ARGV[5])
 redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
 redis.call('LPUSH', KEYS[7], '1')
