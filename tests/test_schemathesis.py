@@ -156,13 +156,17 @@ def test_openapi_document_is_served_and_names_every_route(make_app: Any) -> None
         # The protocol endpoints are served in front of Flask (app/routes/endpoints.py).
         served = method == "POST" and app.wsgi_app.match(path) is not None
         assert served or (path, method) in routes, (path, method)
-    # Every response status a route can give for bad input is documented.
+    # Every response status a route can give for bad input is documented (401 and 429:
+    # AUTH=keys and the tenants' quotas, the edge's RATE_LIMIT).
     assert set(document["paths"]["/v1/ocr"]["post"]["responses"]) == {
-        "200", "400", "413", "500", "503", "504",
+        "200", "400", "401", "413", "429", "500", "503", "504",
     }  # fmt: skip
     assert set(document["paths"]["/ocr"]["post"]["responses"]) == {
-        "200", "413", "422", "500", "503",
+        "200", "401", "413", "422", "429", "500", "503",
     }  # fmt: skip
+    schemes = document["components"]["securitySchemes"]
+    assert {schemes["bearerAuth"]["scheme"], schemes["apiKey"]["name"]} == {"bearer", "X-Api-Key"}
+    assert {} in document["security"]  # optional: with AUTH unset no key is asked for
     json.dumps(document)  # plain JSON, no YAML leftovers
 
 
