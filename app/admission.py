@@ -18,12 +18,12 @@ With ``AUTH=off`` and no tenants file this is one attribute test per request.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from app import metrics
 from app.cache.quotas import Quotas
+from app.protocols import trust
 from app.tenants import TenantBook, presented_key
 from app.vocabulary import TENANT_NAME, Unauthorized
 
@@ -64,13 +64,7 @@ class Admission:
         raise Unauthorized("an API key is required" if key is None else "unknown API key")
 
     def _is_keyless(self, address: str) -> bool:
-        if not self._keyless:
-            return False
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in network for network in self._keyless)
+        return bool(self._keyless) and trust.in_networks(address, self._keyless)
 
     def _header(self, headers: Mapping[str, str], trusted: bool) -> str:
         """The namespace a trusted tenant header names ("" for none or an invalid one: the

@@ -391,28 +391,27 @@ def _bytes(value: Any) -> str:
     return f"{size:.1f} GiB"
 
 
+def _secret_file(path: str, what: str) -> str:
+    """A secret kept in a file (its first line's worth, stripped)."""
+    try:
+        secret = Path(path).read_text().strip()
+    except OSError as exc:
+        raise CliError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+    if not secret:
+        raise CliError(f"the {what} file {path} is empty")
+    return secret
+
+
 def api_key(key_file: str | None) -> str | None:
     """The API key to send: the file's, else ``OCR_CACHE_API_KEY``, else none."""
     if key_file:
-        try:
-            key = Path(key_file).read_text().strip()
-        except OSError as exc:
-            raise CliError(f"cannot read the API key file {key_file}: {exc.strerror}") from None
-        if not key:
-            raise CliError(f"the API key file {key_file} is empty")
-        return key
+        return _secret_file(key_file, "API key")
     return os.environ.get(API_KEY_ENV) or None
 
 
 def admin_token(token_file: str | None) -> str:
     if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise CliError(f"cannot read the token file {token_file}: {exc.strerror}") from None
-        if not token:
-            raise CliError(f"the token file {token_file} is empty")
-        return token
+        return _secret_file(token_file, "token")
     for name in TOKEN_ENV:
         if os.environ.get(name):
             return os.environ[name]

@@ -76,8 +76,9 @@ class Service:
         full.update(
             REDIS_URL=redis_url, HTTP_PORT=str(self.port), GRPC_ENABLED="false",
             HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS), WEB_THREADS=str(THREADS),
-            LOG_LEVEL="warning", CACHE_L1_BYTES="0", REDIS_TIMEOUT_MS="250", **env,
+            LOG_LEVEL="warning", CACHE_L1_BYTES="0", REDIS_TIMEOUT_MS="250",
         )  # fmt: skip
+        full.update(env)  # a caller's settings over these (bench/fairness.py)
         self.proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=full)
         self.base = f"http://127.0.0.1:{self.port}"
         self.session = requests.Session()

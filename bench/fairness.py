@@ -28,8 +28,6 @@ import itertools
 import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,12 +38,13 @@ from typing import Any
 import requests
 from PIL import Image
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from bench import dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
 RESULTS = ROOT / "bench" / "results"
-WORKERS = 2
+WORKERS = dispatch.WORKERS
 A_KEY, B_KEY = "bench-tenant-a-0123456789abcdef", "bench-tenant-b-0123456789abcdef"
 B_EVERY_S = 2.0
 A_CLIENTS = 16
@@ -73,35 +72,16 @@ def fresh(pages: list[Image.Image], tenant: str, n: int) -> bytes:
     return out.getvalue()
 
 
-class Service:
+class Service(dispatch.Service):
     """``python -m app serve`` with the two tenants, as deployed (nginx, gunicorn)."""
 
     def __init__(self, redis_url: str, keys_file: str, fairness: str) -> None:
-        self.port = free_port()
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-        env.update(
-            REDIS_URL=redis_url, HTTP_PORT=str(self.port), GRPC_ENABLED="false",
-            HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS), WEB_THREADS="16",
-            LOG_LEVEL="warning", EDGE_ACCESS_LOG="false", OCR_TIMEOUT_SECONDS="600",
-            REDIS_TIMEOUT_MS="250",  # as bench/dispatch.py: a shared machine's pauses
+        super().__init__(
+            redis_url, WEB_THREADS="16", EDGE_ACCESS_LOG="false", OCR_TIMEOUT_SECONDS="600",
             AUTH="keys", API_KEYS_FILE=keys_file, DISPATCH_FAIRNESS=fairness,
         )  # fmt: skip
-        self.proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env)
-        self.base = f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline, streak = time.monotonic() + timeout, 0
-        while streak < 3 * WORKERS:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("service did not become ready")
-            try:
-                streak = streak + 1 if requests.get(f"{self.base}/readyz", timeout=2).ok else 0
-            except requests.RequestException:
-                streak = 0
-            time.sleep(0.3)
-        time.sleep(2)  # every worker's feeder has reported in
-
-    def ocr(self, key: str, data: bytes) -> tuple[float, int, int]:
+    def ocr_as(self, key: str, data: bytes) -> tuple[float, int, int]:
         """(seconds, status, refusals before it): a refusal is retried after Retry-After."""
         body = {"image": base64.b64encode(data).decode()}
         headers = {"Authorization": f"Bearer {key}"}
@@ -115,10 +95,6 @@ class Service:
 
     def metrics(self) -> str:
         return requests.get(f"{self.base}/metrics", timeout=10).text
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -168,7 +144,7 @@ def b_sends(
     n = start
     while not until(sent):
         began = time.monotonic()
-        seconds, status, refusals = service.ocr(B_KEY, fresh(pages, "b", n))
+        seconds, status, refusals = service.ocr_as(B_KEY, fresh(pages, "b", n))
         sent.append({"seconds": round(seconds, 3), "status": status, "refusals": refusals})
         n += 1
         time.sleep(max(0.0, B_EVERY_S - (time.monotonic() - began)))
@@ -188,7 +164,7 @@ def phase(service: Service, pages: list[Image.Image], count: int, offset: int) -
                 n = next(todo, None)
             if n is None:
                 return
-            answer = service.ocr(A_KEY, fresh(pages, "a", n))
+            answer = service.ocr_as(A_KEY, fresh(pages, "a", n))
             with lock:
                 a_results.append(answer)
 
@@ -269,7 +245,7 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
                     service.wait_ready()
                     if fairness == "drr":  # B alone first (the order does not matter to it)
                         for n in range(2):  # warm-up: each worker's first call is slower
-                            service.ocr(B_KEY, fresh(pages, "w", n))
+                            service.ocr_as(B_KEY, fresh(pages, "w", n))
                         offset = next(offsets)
                         sent = b_sends(service, pages, offset, lambda s: len(s) >= solo_count)
                         results["b_alone"] = summarize_b(sent)

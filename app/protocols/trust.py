@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.config import ControlSettings
@@ -30,11 +30,16 @@ def is_trusted(address: str, headers: Mapping[str, str], settings: ControlSettin
         given = headers.get(TOKEN_HEADER) or headers.get(TOKEN_HEADER.lower()) or ""
         if hmac.compare_digest(given.encode(), settings.token.encode()):
             return True
+    return in_networks(address, settings.trusted_networks)
+
+
+def in_networks(address: str, networks: tuple[Any, ...]) -> bool:
+    """Whether ``address`` (text) is in one of ``networks``; not an address: no."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
-    return any(ip in network for network in settings.trusted_networks)
+    return any(ip in network for network in networks)
 
 
 def shows_cache_status(trusted: bool, settings: ControlSettings) -> bool:
