@@ -9,7 +9,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 import redis
@@ -361,19 +361,28 @@ def joined(cache: OcrCache) -> threading.Event:
     return done
 
 
-def test_a_failed_job_fails_every_waiter_at_once(settings, double, redis_client):
-    first = make_cache(settings, double, ocr_timeout_seconds=3600.0)
-    second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
+def failing_job_joined(
+    pool: ThreadPoolExecutor, first: OcrCache, second: OcrCache, double: CountingEngine
+) -> tuple[Future, Future]:
+    """A job of ``first``'s whose engine call will fail (held until the caller releases the
+    double), joined by ``second``: both requests' futures."""
     second_joined = joined(second)
     double.hold()
     double.fail = 1
+    a = pool.submit(first.get_or_compute, IMAGES[0])
+    assert double.entered.wait(WAIT)
+    b = pool.submit(second.get_or_compute, IMAGES[0])
+    assert second_joined.wait(WAIT)
+    return a, b
+
+
+def test_a_failed_job_fails_every_waiter_at_once(settings, double, redis_client):
+    first = make_cache(settings, double, ocr_timeout_seconds=3600.0)
+    second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     with ThreadPoolExecutor(2) as pool:
-        a = pool.submit(first.get_or_compute, IMAGES[0])
-        assert double.entered.wait(WAIT)
-        b = pool.submit(second.get_or_compute, IMAGES[0])
-        assert second_joined.wait(WAIT)
+        futures = failing_job_joined(pool, first, second, double)
         double.release.set()
-        for future in (a, b):
+        for future in futures:
             with pytest.raises(EngineError):
                 future.result(WAIT)  # not after an hour: the consumer said so
     assert double.calls == 1 and only_error_markers(redis_client)
@@ -381,10 +390,10 @@ def test_a_failed_job_fails_every_waiter_at_once(settings, double, redis_client)
 
 
 def test_a_failure_announced_late_is_still_the_joiners_error(settings, double, redis_client):
-    """The first waiter to read a failed job's error marker deletes it, and the job leaves
-    the queue: a joiner that wakes (its poll) before its copy of the announcement arrives
-    (its notifier's own connection) must not take the vanished job for one to submit again,
-    which would compute the failing image a second time."""
+    """A joiner that wakes (its poll) after the failed job left the queue and before its copy
+    of the announcement arrives (its notifier's own connection) finds the job's error
+    marker, and does not take the vanished job for one to submit again, which would compute
+    the failing image a second time."""
     first = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     notifier = second._misses._queue._notifier  # type: ignore[union-attr]
@@ -396,19 +405,12 @@ def test_a_failure_announced_late_is_still_the_joiners_error(settings, double, r
         wake(channel, data)  # type: ignore[arg-type]
 
     notifier._wake = held_back  # type: ignore[method-assign]
-    second_joined = joined(second)
-    double.hold()
-    double.fail = 1
     with ThreadPoolExecutor(2) as pool:
-        a = pool.submit(first.get_or_compute, IMAGES[0])
-        assert double.entered.wait(WAIT)
-        b = pool.submit(second.get_or_compute, IMAGES[0])
-        assert second_joined.wait(WAIT)
+        a, b = failing_job_joined(pool, first, second, double)
         double.release.set()
         with pytest.raises(EngineError):
-            a.result(WAIT)  # the first waiter read the marker, and deleted it
-        names = first.keys.dispatch()
-        stream = names.stream("~")
+            a.result(WAIT)
+        stream = first.keys.dispatch().stream("~")
         deadline = time.monotonic() + WAIT
         while redis_client.xlen(stream):  # the failed job has left the queue
             assert time.monotonic() < deadline
