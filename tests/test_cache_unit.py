@@ -105,11 +105,13 @@ def make_cache(
     double: object,
     gate: Callable[[], None] | None = None,
     book: TenantBook | None = None,
+    client: object = None,
     **overrides: object,
 ) -> OcrCache:
     """A front door as one process builds it (``app.service.build`` without the engine's
     loader): ``gate`` stands for the engine's loading (``wait_for_engine``); ``book``: the
-    tenants (none: the settings' file, if any)."""
+    tenants (none: the settings' file, if any); ``client``: the store's redis-py client
+    (default: one for the settings' URL)."""
     settings = settings.with_overrides(**overrides)
     r = settings.redis
     store = RedisStore(
@@ -117,6 +119,7 @@ def make_cache(
         r.timeout_ms,
         r.connect_timeout_ms,
         CircuitBreaker(r.breaker_failures, r.breaker_cooldown_seconds),
+        client=client,
     )
     return assembly.for_settings(
         settings,

@@ -121,6 +121,13 @@ def test_front_images_expose_http_and_grpc_and_run_the_entrypoint(name: str) -> 
     assert "healthcheck.py" in healthcheck
 
 
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
+def test_front_images_cap_the_malloc_arenas(name: str) -> None:
+    """glibc's arena per thread let each of a worker's 16 feeder threads (OCR_ENGINE=serving)
+    keep its own high-water mark: the soak's sidecar front grew for half an hour."""
+    assert dockerfile.env(DOCKER / name)["MALLOC_ARENA_MAX"] == "2"
+
+
 def test_cpu_image_is_multi_stage_slim_without_build_tools() -> None:
     path = DOCKER / "Dockerfile"
     assert sum(word == "FROM" for word, _ in dockerfile.instructions(path)) == 2

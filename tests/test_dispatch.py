@@ -5,8 +5,10 @@ doubles here take one call at a time, as the in-process Paddle engine does."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,7 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
+from app.cache import redis_client as redis_clients
 from app.cache.jobs import Job
 from app.cache.keys import QueueKeys, digest_image
 from app.config import Settings
@@ -39,6 +42,13 @@ class SerialEngine(CountingEngine):
     """One call at a time (one feeder per front door), like the in-process Paddle engine."""
 
     max_concurrency = 1
+
+
+class RemoteEngine(CountingEngine):
+    """Several calls at once, one feeder per slot, as a remote engine (``OCR_ENGINE=serving``:
+    16 slots per worker)."""
+
+    max_concurrency = 4
 
 
 class BatchingEngine(SerialEngine):
@@ -331,6 +341,43 @@ def test_batches_take_up_to_engine_batch_max_waiting_jobs(settings):
         outcomes = [f.result(WAIT) for f in [first, *rest]]
     assert engine.batches[-1] == 3  # the three waiting jobs went in one call
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES]
+
+
+def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
+    settings, redis_client, monkeypatch
+):
+    """The soak's ``OCR_ENGINE=serving`` workers (16 feeders each) gained two Redis
+    connections per feeder as jobs reached it, one feeder after another: the markers'
+    pipeline took a second connection from the feeder's own client, the L2 re-check a read
+    connection for the feeder's thread. Each feeder connects once, for all it does
+    (docs/RELIABILITY.md, "Soak"). The shared pool is filled beforehand, so that a thread
+    borrowing from it never has to connect and every connect counted is a feeder's own."""
+    opened: collections.Counter[str] = collections.Counter()
+    connect = socket.socket.connect
+
+    def counted(sock: socket.socket, address: object) -> None:
+        opened[threading.current_thread().name] += 1
+        connect(sock, address)
+
+    r = settings.redis
+    shared = redis_clients.connect(r.url, r.timeout_ms / 1000, r.connect_timeout_ms / 1000)
+    spare = [shared.connection_pool.get_connection() for _ in range(32)]
+    for connection in spare:
+        shared.connection_pool.release(connection)
+    monkeypatch.setattr(socket.socket, "connect", counted)
+    engine = RemoteEngine()
+    cache = make_cache(settings, engine, client=shared)
+    _, engines = cache.keys.dispatch()
+    wait_for(lambda: redis_client.zcard(engines) == 4, "the feeders never reported")
+    engine.hold()
+    with ThreadPoolExecutor(4) as pool:
+        asked = [pool.submit(cache.get_or_compute, data) for data in IMAGES]
+        wait_for(lambda: engine.calls == 4, "not every feeder took a job")  # each holds one
+        engine.release.set()
+        outcomes = [f.result(WAIT) for f in asked]
+    assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES]
+    feeders = {name: n for name, n in opened.items() if name.startswith("dispatch-")}
+    assert feeders == {f"dispatch-{slot}": 1 for slot in range(4)}
 
 
 def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):

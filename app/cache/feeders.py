@@ -275,6 +275,7 @@ class Feeders:
     def _feed(
         self, slot: int, wait_ready: Callable[[], None], serve: Serve, healthy: Callable[[], bool]
     ) -> None:
+        self._store.pooled_reads()  # its one connection of its own is ``client`` below
         while not self._stopped.is_set():
             try:
                 wait_ready()
@@ -461,10 +462,9 @@ class Feeders:
         """Jobs someone may still wait for: before their deadline, and their marker (when
         it survives) still naming them."""
         now = time.time()
-        pipe = client.pipeline(transaction=False)
-        for job in jobs:
-            pipe.get(self._queue.marker(job))
-        markers = pipe.execute()
+        # One MGET on the feeder's own connection (the markers share the queue's slot): a
+        # pipeline would take a second connection from that client's pool and keep it.
+        markers = client.mget([self._queue.marker(job) for job in jobs])
         wanted = []
         for job, marker in zip(jobs, markers, strict=True):
             if job.deadline > now and (marker is None or as_text(marker) == job.id):

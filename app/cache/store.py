@@ -81,7 +81,7 @@ class RedisStore:
         keys = list(keys)
         if self._cluster and len(keys) > 1:
             ok, values = self._call("get", lambda: self._client.mget_nonatomic(keys))
-        elif self._own_connections:
+        elif self._own_connections and not getattr(self._thread, "pooled", False):
             ok, values = self._call("get", lambda: self._read("MGET", *keys))
         else:
             ok, values = self._call("get", lambda: self._client.mget(keys))
@@ -102,6 +102,12 @@ class RedisStore:
             return connection.read_response()
 
         return connection.retry.call_with_retry(attempt, lambda _: connection.disconnect())
+
+    def pooled_reads(self) -> None:
+        """The calling thread reads through the shared pool, not on a connection of its own:
+        for threads that read once per job, not per hit (the feeders: one per engine slot,
+        16 per worker for a remote engine, each keeping an idle connection otherwise)."""
+        self._thread.pooled = True
 
     def set(self, key: str, value: bytes, ttl_seconds: int) -> bool:
         ok, _ = self._call("set", lambda: self._client.set(key, value, ex=ttl_seconds))
