@@ -367,7 +367,7 @@ def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
     monkeypatch.setattr(socket.socket, "connect", counted)
     engine = RemoteEngine()
     cache = make_cache(settings, engine, client=shared)
-    _, engines = cache.keys.dispatch()
+    engines = cache.keys.dispatch().engines
     wait_for(lambda: redis_client.zcard(engines) == 4, "the feeders never reported")
     engine.hold()
     with ThreadPoolExecutor(4) as pool:
