@@ -125,12 +125,12 @@ bench-near: install
 # Line reuse (issue 27, CACHE_LINES): the template set (three layouts x 20 copies, clean and
 # re-scanned, and the invoice with word boxes), reuse off and on side by side on the real
 # engine (about 10 minutes on 2 shared cores); writes bench/results/lines.json. The batch-
-# neighbour experiment behind it: python -m bench.line_neighbours (about 8 minutes).
+# neighbour experiment behind it: python -m bench.line_neighbours (9-13 minutes).
 bench-lines: install
 	$(BIN)/python -m bench.lines
 
 # Line reuse's answers against reuse off on every corpus image (make test runs three), with
-# default parameters and with word boxes + textline orientation (about 15 minutes).
+# default parameters and with word boxes + textline orientation (10-15 minutes).
 lines-exact: install
 	LINES_CORPUS=all $(BIN)/python -m pytest tests/test_lines.py -k reuse_answers $(PYTEST_ARGS)
 

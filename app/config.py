@@ -368,13 +368,13 @@ class LinesSettings(Section):
         "CACHE_LINES",
         e.boolean,
         False,
-        "reuse recognised text lines across images (template documents); other engines ignore it",
+        "reuse recognised text lines across images (template documents); needs `OCR_DEVICE=cpu` and `OCR_CPU_THREADS=1`; other engines ignore it (a warning at start-up)",
     )
     ttl_seconds: int = env(
         "CACHE_LINES_TTL_SECONDS",
-        e.integer(1, 10 * 365 * 86400),
-        604_800,
-        "how long a line's reading is kept (`SET ... EX`, with `CACHE_TTL_JITTER`)",
+        e.integer(0, 10 * 365 * 86400),
+        0,
+        "how long a line's reading is kept (`SET ... EX`, with `CACHE_TTL_JITTER`; a request's `X-Cache-TTL` if shorter); 0: `CACHE_TTL_SECONDS`, the entries' own",
     )
 
 
@@ -761,6 +761,17 @@ class Settings:
             raise ConfigError("TLS_CERT_FILE: TLS is served by the nginx edge, and EDGE=none")
         if self.tenants.auth == "keys" and not self.tenants.keys_file:
             raise ConfigError("API_KEYS_FILE: required when AUTH=keys (the tenants and their keys)")
+        paddle = self.paddle
+        if (
+            self.lines.enabled
+            and kind == "paddle"
+            and (paddle.device == "gpu" or paddle.cpu_threads > 1)
+        ):
+            raise ConfigError(
+                "CACHE_LINES: needs OCR_DEVICE=cpu and OCR_CPU_THREADS=1 (new lines are "
+                "recognised in smaller batches than the stock recognizer's, exact only where a "
+                "reading does not depend on the batch's size: measured on CPU with one thread)"
+            )
         if kind == "serving" and not self.serving.url:
             raise ConfigError("SERVING_URL: required when OCR_ENGINE=serving")
         if kind == "hunyuan":

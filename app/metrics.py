@@ -129,8 +129,14 @@ PDF_PAGES_RENDERED = Counter(
 LINES = Counter(
     "ocr_lines_total",
     "Text-line crops of computed pages with line reuse on (CACHE_LINES): reused (answered "
-    "from Redis or an identical crop of the same page) or recognized",
+    "from Redis: every crop of its recognizer batch was stored) or recognized",
     ["outcome"],
+)
+LINE_FAULTS = Counter(
+    "ocr_line_faults_total",
+    "Line reuse worked around a fault: fetch (a store read failed: its lines recognised), "
+    "keep (a store write failed), page (the page computed again with reuse off)",
+    ["what"],
 )
 UNEXPECTED_ERRORS = Counter(
     "ocr_unexpected_errors_total",
@@ -229,6 +235,8 @@ def initialise(engine_kind: str) -> None:
     RATE_LIMITED.labels(protocol="grpc")
     for outcome in ("reused", "recognized"):
         LINES.labels(outcome=outcome)
+    for what in ("fetch", "keep", "page"):
+        LINE_FAULTS.labels(what=what)
 
 
 def render() -> tuple[bytes, str]:

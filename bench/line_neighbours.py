@@ -3,11 +3,12 @@
 Every corpus image goes through the real pipeline with word boxes; each call of its text
 recognizer (one page's crops, sorted by aspect ratio, taken in batches of 6) is recorded
 with its answers. Then each crop is recognised again: alone (padded only to its own width),
-alone but padded to its stock batch's width and decoded with that batch's widest ratio (what
-``app/engines/paddle_lines.py`` does), and in batches of other crops of the same context (a
-subset, as if the others had been found in Redis). Counted: crops whose reading (text,
-score, word information) differs from the stock one. Writes
-``bench/results/line_neighbours.json`` (about 8 minutes on 2 cores).
+alone but padded to its stock batch's width and decoded with that batch's widest ratio, and
+in batches of other crops of the same context (a subset, as if the others had been found in
+Redis): what ``app/engines/paddle_lines.py`` does, with its own code (``Geometry``: the
+stock batches, their widest ratio and padded width, ``max_imgW`` included; ``PadTo``,
+``DecodeWith``). Counted: crops whose reading (text, score, word information) differs from
+the stock one. Writes ``bench/results/line_neighbours.json`` (about 10 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -23,19 +24,11 @@ import numpy as np
 from app.config import Settings
 from app.engines.base import OcrRequest
 from app.engines.paddle import PaddleOcrEngine
-from app.engines.paddle_lines import _DecodeWith, _PadTo
+from app.engines.paddle_lines import DecodeWith, Geometry, PadTo
 from app.imaging import decode_image
 
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
 OUT = Path(__file__).resolve().parent / "results" / "line_neighbours.json"
-
-
-def ratio(crop: np.ndarray) -> float:
-    return crop.shape[1] * 1.0 / crop.shape[0]
-
-
-def width(widest: float) -> int:
-    return max(320, int(48 * max(320 / 48, widest)))
 
 
 def main() -> None:
@@ -43,6 +36,7 @@ def main() -> None:
     engine.load()
     inner = engine._pipeline.paddlex_pipeline._pipeline
     model = inner.text_rec_model
+    geometry = Geometry(model)
     recorded: list[tuple[list[np.ndarray], list[dict[str, Any]]]] = []
 
     class Recorder:
@@ -60,8 +54,8 @@ def main() -> None:
     def run(crops: list[np.ndarray], widest: float | None = None) -> list[str]:
         to_batch, decode = model.pre_tfs["ToBatch"], model.post_op
         if widest is not None:
-            model.pre_tfs["ToBatch"] = _PadTo(to_batch, width(widest))
-            model.post_op = _DecodeWith(decode, max(320 / 48, widest))
+            model.pre_tfs["ToBatch"] = PadTo(to_batch, geometry.width(widest))
+            model.post_op = DecodeWith(decode, widest)
         try:
             return [full(r) for r in model(crops, return_word_box=True)]
         finally:
@@ -87,14 +81,12 @@ def main() -> None:
             continue
         counts["files"] += 1
         for crops, outs in recorded:
-            context = {}
-            for start in range(0, len(crops), 6):
-                chunk = range(start, min(len(crops), start + 6))
-                widest = max(ratio(crops[i]) for i in chunk)
-                context.update(dict.fromkeys(chunk, widest))
+            context: dict[int, float] = {}
+            for batch in geometry.batches(len(crops)):
+                context.update(dict.fromkeys(batch, geometry.widest([crops[i] for i in batch])))
             for i, crop in enumerate(crops):
                 stock, alone = full(outs[i]), run([crop])[0]
-                padded = width(ratio(crop)) < width(context[i])
+                padded = geometry.width(geometry.widest([crop])) < geometry.width(context[i])
                 counts["crops"] += 1
                 counts["padded"] += padded
                 text_score = json.loads(stock)[0][0], json.loads(stock)[1]
@@ -105,8 +97,8 @@ def main() -> None:
                 counts["stock_context_any"] += stock != run([crop], context[i])[0]
                 if text_score[0] != alone_ts[0] and len(examples) < 25:
                     examples.append({"file": path.name, "stock": text_score, "alone": alone_ts,
-                                     "own_width": width(ratio(crop)),
-                                     "batch_width": width(context[i])})  # fmt: skip
+                                     "own_width": geometry.width(geometry.widest([crop])),
+                                     "batch_width": geometry.width(context[i])})  # fmt: skip
             groups: dict[float, list[int]] = {}
             for i in range(len(crops)):
                 groups.setdefault(context[i], []).append(i)
@@ -117,6 +109,8 @@ def main() -> None:
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "seconds": round(time.time() - started),
+        "machine": "one run on 2 shared cores (other work beside it), CPU, OCR_CPU_THREADS=1",
+        "note": "padded: the crop's own width is below its stock batch's",
         "counts": counts,
         "examples": examples,
     }

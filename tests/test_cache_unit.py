@@ -619,3 +619,21 @@ def test_controls_parser(settings):
     with pytest.raises(BadRequest):
         controls.parse({"X-Tenant": "acme"}, tenanted, trusted=False)
     assert controls.parse({"X-Tenant": "acme"}, settings.controls).namespace == ""
+
+
+def test_a_cluster_error_outside_redis_error_is_a_failed_call_not_an_exception():
+    """redis-py's cluster client raises some errors outside ``RedisError``
+    (``SlotNotCoveredError``): the store answers a miss and counts a failure, as for any."""
+
+    class Uncovered:
+        def mget(self, keys: list[str]) -> list[bytes | None]:
+            raise redis.exceptions.SlotNotCoveredError("no node covers the slot")
+
+        def set(self, *args: object, **kwargs: object) -> bool:
+            raise redis.exceptions.SlotNotCoveredError("no node covers the slot")
+
+    breaker = CircuitBreaker(1, 60.0)
+    store = RedisStore("redis://unused:1", 100, 100, breaker, client=Uncovered())
+    assert store.get_many(["a", "b"]) == (False, [None, None])
+    assert not store.set("a", b"x", 10)
+    assert breaker.state == "open"

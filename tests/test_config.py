@@ -101,3 +101,18 @@ def test_bad_value_stops_start_up_with_one_line():
     assert proc.stderr.strip().splitlines() == [
         "configuration error: HTTP_PORT: expected an integer, got 'nope'"
     ]
+
+
+@pytest.mark.parametrize("runtime", [{"OCR_DEVICE": "gpu"}, {"OCR_CPU_THREADS": "2"}])
+def test_line_reuse_is_refused_where_its_exactness_is_unmeasured(runtime):
+    """CACHE_LINES recognises new lines in batches of other sizes than the stock
+    recognizer's: exact where a reading does not depend on the batch's size, which was
+    measured on CPU with one thread only. Other engines ignore the setting."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"CACHE_LINES": "on", **runtime})
+    assert str(info.value).startswith("CACHE_LINES:") and "\n" not in str(info.value)
+    assert Settings.from_env({"CACHE_LINES": "on"}).lines.enabled
+    assert Settings.from_env(
+        {"CACHE_LINES": "on", "OCR_ENGINE": "serving", "SERVING_URL": "http://s:9", **runtime}
+    ).lines.enabled
+    assert Settings.from_env({**runtime}).lines.ttl_seconds == 0  # 0: CACHE_TTL_SECONDS

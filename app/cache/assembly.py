@@ -17,6 +17,7 @@ Adding a tier: one module with a ``tier.Tier`` and one line below.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,8 @@ from app.cache.store import NullStore, RedisStore, Store
 from app.cache.tier import Chain, Tier
 from app.engines.base import Engine
 from app.tenants import TenantBook
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from app.config import (
@@ -129,7 +132,7 @@ def build(
         else None,
     ]
     chain = Chain([tier for tier in tiers if tier is not None])
-    _use_lines(engine, redis, keys, codec, lines, cache.ttl_jitter)
+    _use_lines(engine, redis, keys, codec, lines, Ttl(cache.ttl_seconds, cache.ttl_jitter))
 
     slots = getattr(engine, "max_concurrency", None) or callers
     runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds)
@@ -187,17 +190,29 @@ def _use_lines(
     keys: KeySpace,
     codec: Codec,
     lines: LinesSettings | None,
-    jitter: float,
+    ttl: Ttl,
 ) -> None:
     """Line reuse into the engine (``CACHE_LINES``, an engine with ``use_line_store``, Redis),
-    or out of it: an engine shared by several caches (the tests') takes the last one's say."""
+    or out of it: an engine shared by several caches (the tests') takes the last one's say.
+    ``ttl``: the entries' (``CACHE_LINES_TTL_SECONDS=0``, the default, means theirs)."""
     attach = getattr(engine, "use_line_store", None)
+    enabled = lines is not None and lines.enabled
+    if enabled and (attach is None or redis is None):
+        log.warning(
+            "CACHE_LINES=on has no effect: %s",
+            "no Redis (caching off or no REDIS_URL)"
+            if attach is not None
+            else f"the {engine.kind} engine does not reuse lines (only OCR_ENGINE=paddle does)",
+        )
     if attach is None:
         return
-    if lines is None or not lines.enabled or redis is None:
+    if not enabled or redis is None:
         attach(None)
-    else:
-        attach(RedisLineStore(redis, keys, codec, Ttl(lines.ttl_seconds, jitter)))
+        return
+    assert lines is not None
+    seconds = Ttl(lines.ttl_seconds, ttl.jitter) if lines.ttl_seconds else ttl
+    schema = str(getattr(engine, "line_schema", ""))
+    attach(RedisLineStore(redis, keys, codec, seconds, schema))
 
 
 def _thresholds(similar: SimilarSettings) -> verify.Thresholds:

@@ -21,7 +21,7 @@ from app.cache.feeders import Feeders
 from app.cache.jobs import Job
 from app.cache.keys import KeySpace, digest_image
 from app.cache.tier import Chain, Probe
-from app.engines.base import Engine, OcrRequest
+from app.engines.base import Engine, LineUse, OcrRequest
 from app.imaging import DecodedImage
 from app.vocabulary import (
     TENANT_NAME,
@@ -43,12 +43,27 @@ class Ttl:
 
     def __init__(self, seconds: int, jitter: float) -> None:
         self.seconds = seconds
+        self.jitter = jitter
         self._jitter = int(seconds * jitter)
 
     def __call__(self) -> int:
         if not self._jitter:
             return self.seconds
         return max(1, self.seconds - random.randint(0, self._jitter))
+
+
+def line_use(controls: CacheControls) -> LineUse:
+    """What line reuse may do for a request (``CACHE_LINES``), as its controls say for
+    entries: bypassed (``pipeline.profile``), neither read nor write; ``no-cache``, write
+    only (recompute, refresh); ``no-store``, read only; ``X-Cache-TTL`` caps the line TTL."""
+    if controls.bypass:
+        return LineUse(read=False, write=False)
+    return LineUse(read=not controls.no_cache, write=not controls.no_store, ttl=controls.ttl)
+
+
+def _request(probe: Probe) -> OcrRequest:
+    controls = probe.controls
+    return OcrRequest(probe.data, probe.image, probe.params, controls.namespace, line_use(controls))
 
 
 class Computer:
@@ -88,7 +103,7 @@ class Computer:
         seconds are charged to the probe's tenant (and appended to ``seconds``)."""
         self._wait_for_engine()
         kind, spent = self._engine.kind, list[float]()
-        request = OcrRequest(probe.data, probe.image, probe.params, probe.controls.namespace)
+        request = _request(probe)
         try:
             result = self.runner.run(
                 self._engine.recognize, request, timeout=timeout, elapsed=spent
@@ -139,7 +154,7 @@ class Computer:
         if len(probes) > 1 and many is not None:
             self._wait_for_engine()
             kind, spent = self._engine.kind, list[float]()
-            requests = [OcrRequest(p.data, p.image, p.params, p.controls.namespace) for p in probes]
+            requests = [_request(probe) for probe in probes]
             try:
                 results = self.runner.run(
                     many, requests, timeout=max(deadlines) - time.time(), elapsed=spent

@@ -168,11 +168,14 @@ class KeySpace:
         the entry, so a purge of one image removes it too)."""
         return f"{entry}:simref"
 
-    def line(self, context: str, digest: str, namespace: str = "") -> str:
+    def line(self, schema: str, context: str, digest: str, namespace: str = "") -> str:
         """A text-line crop's reading (line reuse, ``app/cache/lines.py``): per engine (the
-        fingerprint holds the models, versions, device and redaction policy), namespace and
-        recognition context; no hash tag (a page's lines spread over a cluster's nodes)."""
-        return f"{self.prefix(namespace)}:{KEY_SCHEMA}:{self.fingerprint}:line:{context}:{digest}"
+        fingerprint holds the models, versions, device and redaction policy), namespace,
+        line schema (the line format's version and what else shapes a reading after the
+        crop's digest, ``line1:{digest}``) and recognition context; no hash tag (a page's
+        lines spread over a cluster's nodes)."""
+        fp = self.fingerprint
+        return f"{self.prefix(namespace)}:{KEY_SCHEMA}:{fp}:{schema}:{context}:{digest}"
 
     def entry_scope(self, task: str, namespace: str = "") -> str:
         """What every entry key of this engine, task and namespace starts with (``:``

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 
 from app import metrics
 from app.cache import redis_client
@@ -21,7 +21,8 @@ from app.cache.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
 
-_REDIS_ERRORS = (redis.RedisError, OSError)
+# redis-py's cluster client raises some of its own outside RedisError (SlotNotCoveredError).
+_REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,14 +13,32 @@ from app.vocabulary import OcrParams, OcrResult
 
 
 @dataclass(frozen=True)
+class LineUse:
+    """What one request lets line reuse (``CACHE_LINES``) do, from its cache controls
+    (``app/cache/compute.py``): ``read`` stored readings (not with ``no-cache``, nor when the
+    cache is bypassed), ``write`` new ones (not with ``no-store``, nor when bypassed), and
+    keep them at most ``ttl`` seconds (``X-Cache-TTL``; None: the line TTL)."""
+
+    read: bool = True
+    write: bool = True
+    ttl: int | None = None
+
+    @property
+    def off(self) -> bool:
+        return not (self.read or self.write)
+
+
+@dataclass(frozen=True)
 class OcrRequest:
     """One image to recognize: its original bytes (what remote engines send on) and pixels;
-    ``namespace``, its tenant's (line reuse keeps each tenant's crops apart)."""
+    ``namespace``, its tenant's (line reuse keeps each tenant's crops apart); ``lines``,
+    what line reuse may do for it (engines without line reuse ignore both)."""
 
     data: bytes
     image: DecodedImage
     params: OcrParams
     namespace: str = ""
+    lines: LineUse = LineUse()
 
 
 def fingerprint_of(identity: dict[str, Any]) -> str:

@@ -5,19 +5,25 @@ The interface lives here, below the cache, so the engines stay below the cache l
 engine knows crops, their digests and what else reaches its recognizer (the ``context``);
 the store (``app/cache/lines.py``, wired in ``app/cache/assembly.py``) knows Redis, the
 key space (prefix, tenant namespace, engine fingerprint with the redaction policy) and the
-sealing. A reading is JSON; anything that does not decode to exactly the reading's shape
-is a miss (``decode_reading`` answers None), never an error.
+sealing. A reading is JSON; anything that does not decode to exactly the reading's shape,
+with every part consistent with the others, is a miss (``decode_reading`` answers None),
+never an error. A store that raises is a miss too: the engine guards every store call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
+
+# The format of a line's context and reading (``paddle_lines``, below): part of every line
+# key, so a change of either never serves a reading stored in the old one. Bump it then.
+LINE_FORMAT = "line1"
 
 
 @dataclass(frozen=True)
@@ -31,16 +37,25 @@ class LineId:
 
 
 class LineStore(Protocol):
-    """Where readings are kept (the cache's side: ``app/cache/lines.py``)."""
+    """Where readings are kept (the cache's side: ``app/cache/lines.py``). Any method may
+    raise: the engine takes a failed ``fetch`` for misses and a failed ``keep`` for nothing
+    stored, and counts it (``fault``)."""
 
     def fetch(self, namespace: str, lines: Sequence[LineId]) -> list[bytes | None]:
-        """The stored reading of each line (verified and opened), or None; never raises."""
+        """The stored reading of each line (verified and opened), or None."""
 
-    def keep(self, namespace: str, lines: Sequence[tuple[LineId, bytes]]) -> None:
-        """Store readings (best effort: a failure costs a later recognition, nothing else)."""
+    def keep(
+        self, namespace: str, lines: Sequence[tuple[LineId, bytes]], ttl: int | None = None
+    ) -> None:
+        """Store readings, each for the line TTL or ``ttl`` if shorter (best effort: a
+        failure costs a later recognition, nothing else)."""
 
     def count(self, reused: int, recognized: int) -> None:
         """One page's crops: answered from the store, sent to the recognizer."""
+
+    def fault(self, what: str) -> None:
+        """Something failed and was worked around: ``fetch`` (its lines recognised),
+        ``keep`` (nothing stored), ``page`` (the page computed again with reuse off)."""
 
 
 def crop_digest(crop: np.ndarray) -> str:
@@ -55,14 +70,25 @@ def crop_digest(crop: np.ndarray) -> str:
 # lists of characters, their column positions, their kinds]).
 Reading = tuple[str, float, list[Any] | None]
 
+# The kinds of word PaddleX's CTC decode groups characters into (``get_word_info``).
+_KINDS = frozenset(("cn", "en&num", "symbol"))
+
 
 def encode_reading(reading: Reading) -> bytes:
     text, score, words = reading
     return orjson.dumps([text, score] if words is None else [text, score, words])
 
 
-def decode_reading(value: bytes, with_words: bool) -> Reading | None:
-    """The reading, or None when ``value`` is not exactly one (damaged, forged, other form)."""
+def decode_reading(value: Any, with_words: bool) -> Reading | None:
+    """The reading, or None when ``value`` is not exactly one (damaged, forged, other form).
+
+    Checked strictly, since a reading goes on into PaddleX's own code (word boxes divide by
+    the column count and index each word's positions): a score in [0, 1]; with word boxes a
+    column count above 0, words of one or more characters whose concatenation is the text,
+    one position per character, ascending from 0 or more, and known kinds (every reading of
+    the corpus is of this form: ``make lines-exact`` finds each again)."""
+    if not isinstance(value, bytes):
+        return None
     try:
         item = orjson.loads(value)
     except orjson.JSONDecodeError:
@@ -70,26 +96,36 @@ def decode_reading(value: bytes, with_words: bool) -> Reading | None:
     if not isinstance(item, list) or len(item) != (3 if with_words else 2):
         return None
     text, score = item[0], item[1]
-    if not isinstance(text, str) or type(score) is not float:
+    if not isinstance(text, str) or type(score) is not float or not 0.0 <= score <= 1.0:
         return None
     if not with_words:
         return text, score, None
     words = item[2]
-    return (text, score, words) if _is_word_info(words) else None
+    return (text, score, words) if _is_word_info(words, text) else None
 
 
-def _is_word_info(words: Any) -> bool:
+def _is_word_info(words: Any, text: str) -> bool:
     if not isinstance(words, list) or len(words) != 4:
         return False
     columns, groups, positions, kinds = words
-    return (
-        type(columns) is float
-        and _list_of(groups, lambda g: _list_of(g, lambda c: isinstance(c, str)))
+    if type(columns) is not float or not math.isfinite(columns) or columns <= 0.0:
+        return False
+    if not (
+        _list_of(groups, lambda g: _list_of(g, lambda c: isinstance(c, str) and len(c) == 1))
         and _list_of(positions, lambda p: _list_of(p, lambda c: type(c) is int))
-        and _list_of(kinds, lambda k: isinstance(k, str))
+        and _list_of(kinds, lambda k: isinstance(k, str) and k in _KINDS)
         and len(groups) == len(positions) == len(kinds)
-        and all(len(g) == len(p) for g, p in zip(groups, positions, strict=True))
-    )
+        and all(g and len(g) == len(p) for g, p in zip(groups, positions, strict=True))
+    ):
+        return False
+    if "".join(c for group in groups for c in group) != text:
+        return False
+    # Positions are columns of the padded batch, so a character decoded in a crop's padding
+    # lies past its own (scaled) column count (2 crops of donut_cord_receipt_00004.png with
+    # word boxes): ascending and not negative, no upper bound (PaddleX only multiplies them).
+    flat = [p for group in positions for p in group]
+    ascending = all(a < b for a, b in zip(flat, flat[1:], strict=False))
+    return ascending and (not flat or flat[0] >= 0)
 
 
 def _list_of(value: Any, check: Any) -> bool:

@@ -7,6 +7,7 @@ to download models), and a fixed thread count that is part of the fingerprint.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import os
@@ -39,6 +40,13 @@ def _version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+
+
+def _opencv_versions() -> dict[str, str]:
+    """Each OpenCV distribution installed (one of them provides ``cv2``)."""
+    dists = ("opencv-python", "opencv-python-headless", "opencv-contrib-python",
+             "opencv-contrib-python-headless")  # fmt: skip
+    return {dist: _version(dist) for dist in dists if _version(dist) != "absent"}
 
 
 if TYPE_CHECKING:
@@ -78,6 +86,9 @@ class PaddleOcrEngine(EngineBase):
             "runtime": self._runtime,
         }
         self._fingerprint = fingerprint_of(identity)
+        # Line reuse's keys (not the entries'): what shapes a reading after the crop's digest
+        # besides the fingerprint - OpenCV resizes each crop to the recognizer's height.
+        self._line_schema = fingerprint_of({"opencv": _opencv_versions()})
         self._pipeline: Any = None
         self._lines: tuple[LineStore, Callable[[str], bool]] | None = None  # use_line_store
         # The predictors are built and always called on this one thread: Paddle Inference
@@ -150,6 +161,11 @@ class PaddleOcrEngine(EngineBase):
     def _recognize_here(self, request: OcrRequest) -> OcrResult:
         return self._predict_here([request])[0]
 
+    @property
+    def line_schema(self) -> str:
+        """Part of every line key (``app/cache/lines.py``), not of the fingerprint."""
+        return self._line_schema
+
     def use_line_store(
         self, store: LineStore | None, storable: Callable[[str], bool] = lambda text: True
     ) -> None:
@@ -162,8 +178,15 @@ class PaddleOcrEngine(EngineBase):
         if self._pipeline is None:
             raise EngineError("engine not loaded")
         lines = self._lines if reuse else None  # read once: use_line_store may run meanwhile
-        if lines is not None:
-            return [self._predict_reusing(request, *lines) for request in requests]
+        if lines is not None and any(not r.lines.off for r in requests):
+            return [
+                self._predict_plain([r])[0] if r.lines.off else self._predict_reusing(r, *lines)
+                for r in requests
+            ]
+        return self._predict_plain(requests)
+
+    def _predict_plain(self, requests: list[OcrRequest]) -> list[OcrResult]:
+        """The stock pipeline call, untouched (reuse off)."""
         # The whole page goes in, as upstream's serving passes it: detection resizes by itself
         # (limit_side_len, max_side_limit 4000) and recognition crops from the full image.
         # Memory is bounded by MAX_IMAGE_PIXELS at decode time.
@@ -176,34 +199,50 @@ class PaddleOcrEngine(EngineBase):
 
     def _predict_pages(self, images: Any, p: OcrParams) -> list[Any]:
         try:
-            outputs = self._pipeline.predict(
-                images,
-                **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
-                text_rec_score_thresh=0.0,
-                return_word_box=p.return_word_box,
-            )
-            return list(outputs)
+            return self._run_pipeline(images, p)
         except Exception as exc:  # the runtime raises anything; never let it be cached
             log.warning("paddle inference failed: %s", str(exc)[-500:])
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
+
+    def _run_pipeline(self, images: Any, p: OcrParams) -> list[Any]:
+        outputs = self._pipeline.predict(
+            images,
+            **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
+            text_rec_score_thresh=0.0,
+            return_word_box=p.return_word_box,
+        )
+        return list(outputs)
 
     def _predict_reusing(
         self, request: OcrRequest, store: LineStore, storable: Callable[[str], bool]
     ) -> OcrResult:
         """One page with line reuse: the pipeline's recognizer stands in for this call only
         (one page a call, so each page's crops are looked up in its own tenant namespace;
-        the stock pipeline computes a list one page at a time too: batch size 1)."""
+        the stock pipeline computes a list one page at a time too: batch size 1). Anything
+        that fails on the way (the reuse code, a reading, the store beyond its guards) costs
+        this page one more computation with reuse off, never its answer."""
         inner = self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
         model = inner.text_rec_model
-        inner.text_rec_model = ReusingRecognizer(model, store, request.namespace, storable)
         try:
-            image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
-            outputs = self._predict_pages(image, request.params)
-        finally:
-            inner.text_rec_model = model
-        if len(outputs) != 1:
-            raise EngineError(f"paddle answered {len(outputs)} results for 1")
-        return _result(request.image, outputs[0], request.params)
+            recognizer = ReusingRecognizer(model, store, request.namespace, storable, request.lines)
+            inner.text_rec_model = recognizer
+            try:
+                image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
+                outputs = self._run_pipeline(image, request.params)
+            finally:
+                inner.text_rec_model = model
+            if len(outputs) != 1:
+                raise ValueError(f"paddle answered {len(outputs)} results for 1")
+            return _result(request.image, outputs[0], request.params)
+        except Exception as exc:
+            log.warning("line reuse failed (%s): the page computed with reuse off", _named(exc))
+            with contextlib.suppress(Exception):  # counting a fault must not become one
+                store.fault("page")
+            return self._predict_plain([request])[0]
+
+
+def _named(exc: BaseException) -> str:
+    return exc.__class__.__name__
 
 
 def _result(image: Any, raw: Any, p: OcrParams) -> OcrResult:

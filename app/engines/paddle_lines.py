@@ -8,24 +8,33 @@ page is computed: each crop is looked up by its digest, only the unseen ones are
 recognised, and the readings come back in the pipeline's own order and form.
 
 A crop's reading depends on its batch neighbours (measured, docs/PERFORMANCE.md): each crop
-is resized to height 48 and zero-padded to the widest crop of its batch, and both the model
-(its global mixing layers see the padding) and the CTC decode read the padded columns;
-with word boxes the column count is also scaled by the batch's widest ratio. What the
-crop's reading does not depend on (measured over the corpus): the batch's size, the crop's
+is resized to height 48 and zero-padded to the widest crop of its batch (at most
+``max_imgW``), and both the model (its global mixing layers see the padding) and the CTC
+decode read the padded columns; with word boxes the column count is also scaled by the
+batch's widest ratio. What the crop's reading does not depend on, measured over the corpus
+on CPU with one oneDNN thread (``bench/line_neighbours.py``): the batch's size, the crop's
 place in it, the other crops' pixels. So the ``context`` of a crop is what the stock
 predictor would give it on this page - the padded width of its batch of 6 and, with word
-boxes, that batch's widest ratio - computed from the whole page (hits included), and the
-unseen crops are recognised in batches of one context each, padded to that width and
-decoded with that ratio. The readings are then those of reuse off, exactly.
+boxes, that batch's widest ratio - computed from the whole page (hits included)
+(``Geometry``), and the unseen crops are recognised in batches of one context each, padded
+to that width and decoded with that ratio. The readings are then those of reuse off,
+exactly, where that measurement holds: the configuration refuses ``CACHE_LINES=on`` on a
+GPU or with more than one CPU thread, where kernels may be chosen by the batch's size
+(``app/config.py``). Recognising every stock batch that has an unseen crop whole instead
+(exact on any device) would reuse almost nothing on template documents: a stock batch
+mixes labels with values (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from app.engines.base import LineUse
 from app.engines.lines import (
     LineId,
     LineStore,
@@ -36,9 +45,51 @@ from app.engines.lines import (
     texts_of,
 )
 
+log = logging.getLogger(__name__)
+
+
+class Geometry:
+    """How the stock text recognizer batches one page's crops, and what of its batch reaches
+    each crop's reading (``TextRecRunnerPredictor.process``, ``OCRReisizeNormImg``)."""
+
+    def __init__(self, model: Any) -> None:
+        resize = model.pre_tfs["ReisizeNorm"]
+        if resize.input_shape is not None:  # a static shape: no padding, not supported here
+            raise ValueError("line reuse needs the recognizer's dynamic width (no input_shape)")
+        _, self.height, width = resize.rec_image_shape[:3]
+        self.base_ratio = width / self.height
+        self.max_width = resize.max_imgW
+        self.batch = model.batch_sampler.batch_size
+
+    def batches(self, count: int) -> list[range]:
+        """The stock batches of a page's ``count`` crops (their indices)."""
+        return [range(s, min(count, s + self.batch)) for s in range(0, count, self.batch)]
+
+    def widest(self, crops: Sequence[np.ndarray]) -> float:
+        """A batch's ``max_wh_ratio`` as ``TextRecRunnerPredictor.process`` computes it."""
+        widest = self.base_ratio
+        for crop in crops:
+            widest = max(widest, crop.shape[1] * 1.0 / crop.shape[0])
+        return widest
+
+    def width(self, widest: float) -> int:
+        """The padded width of a batch: each crop's own width, the widest of them; at most
+        ``max_imgW`` (a wider crop is squeezed to it)."""
+        return min(self.max_width, int(self.height * widest))
+
+    def context(self, crops: Sequence[np.ndarray], with_words: bool) -> str:
+        """What of its stock batch reaches a crop's reading: without word boxes the padded
+        width, with them the ratio itself (the column count is scaled by it; its exact
+        float, in hex)."""
+        widest = self.widest(crops)
+        return f"b{widest.hex()}" if with_words else f"w{self.width(widest)}"
+
 
 class ReusingRecognizer:
-    """Stands in for the pipeline's ``text_rec_model`` during one page's computation."""
+    """Stands in for the pipeline's ``text_rec_model`` during one page's computation.
+
+    Every call on the store is guarded: a store that raises (or answers nonsense) is a miss
+    for reads and nothing stored for writes, counted in ``store.fault``."""
 
     def __init__(
         self,
@@ -46,18 +97,14 @@ class ReusingRecognizer:
         store: LineStore,
         namespace: str,
         storable: Callable[[str], bool],
+        use: LineUse = LineUse(),
     ) -> None:
         self._model = model
+        self._geometry = Geometry(model)
         self._store = store
         self._namespace = namespace
         self._storable = storable
-        resize = model.pre_tfs["ReisizeNorm"]
-        if resize.input_shape is not None:  # a static shape: no padding, not supported here
-            raise ValueError("line reuse needs the recognizer's dynamic width (no input_shape)")
-        _, self._height, width = resize.rec_image_shape[:3]
-        self._base_ratio = width / self._height
-        self._max_width = resize.max_imgW
-        self._batch = model.batch_sampler.batch_size
+        self._use = use
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -65,22 +112,17 @@ class ReusingRecognizer:
     def __call__(self, crops: Sequence[np.ndarray], return_word_box: bool = False) -> Iterator[Any]:
         ids = self._ids(crops, return_word_box)
         unique = list(dict.fromkeys(ids))
-        found: dict[LineId, Reading] = {}
-        for line, value in zip(unique, self._store.fetch(self._namespace, unique), strict=True):
-            reading = None if value is None else decode_reading(value, return_word_box)
-            if reading is not None:
-                found[line] = reading
+        found = self._fetch(unique, return_word_box) if self._use.read else {}
         first: dict[LineId, int] = {}
         for at, line in enumerate(ids):
             if line not in found and line not in first:
                 first[line] = at
         fresh = self._recognize(crops, first, return_word_box)
         found.update(fresh)
-        self._store.keep(
-            self._namespace,
-            [(line, encode_reading(r)) for line, r in fresh.items() if self._may_keep(r)],
-        )
-        self._store.count(reused=len(ids) - len(fresh), recognized=len(fresh))
+        if self._use.write:
+            self._keep(fresh, return_word_box)
+        counted = (len(ids) - len(fresh), len(fresh))
+        self._guarded("count", lambda: self._store.count(*counted))
         font = self._model.vis_font
         for line in ids:
             text, score, words = found[line]
@@ -90,34 +132,55 @@ class ReusingRecognizer:
                 "vis_font": font,
             }
 
-    def _may_keep(self, reading: Reading) -> bool:
-        return all(self._storable(text) for text in texts_of(reading))
-
     def _ids(self, crops: Sequence[np.ndarray], with_words: bool) -> list[LineId]:
         """Each crop's digest and context, as the stock predictor would batch this page."""
         ids = []
-        for start in range(0, len(crops), self._batch):
-            batch = crops[start : start + self._batch]
-            context = self._context(self._widest(batch), with_words)
-            ids += [LineId(crop_digest(crop), context) for crop in batch]
+        for batch in self._geometry.batches(len(crops)):
+            context = self._geometry.context([crops[i] for i in batch], with_words)
+            ids += [LineId(crop_digest(crops[i]), context) for i in batch]
         return ids
 
-    def _widest(self, batch: Sequence[np.ndarray]) -> float:
-        """The batch's ``max_wh_ratio`` as ``TextRecRunnerPredictor.process`` computes it."""
-        widest = self._base_ratio
-        for crop in batch:
-            widest = max(widest, crop.shape[1] * 1.0 / crop.shape[0])
-        return widest
+    def _fetch(self, lines: list[LineId], with_words: bool) -> dict[LineId, Reading]:
+        """The stored readings of ``lines`` that decode exactly; none when the store fails."""
+        values = self._guarded("fetch", lambda: self._store.fetch(self._namespace, lines))
+        if not isinstance(values, list) or len(values) != len(lines):
+            if values is not None:
+                self._fault("fetch", "an answer of %s for %d lines", type(values), len(lines))
+            return {}
+        found = {}
+        for line, value in zip(lines, values, strict=True):
+            reading = decode_reading(value, with_words) if value is not None else None
+            if reading is not None:
+                found[line] = reading
+        return found
 
-    def _width(self, widest: float) -> int:
-        """The padded width of a batch (``OCRReisizeNormImg``: each crop's own width, the
-        widest of them; at most ``max_imgW``)."""
-        return min(self._max_width, int(self._height * widest))
+    def _keep(self, fresh: dict[LineId, Reading], with_words: bool) -> None:
+        kept = []
+        for line, reading in fresh.items():
+            value = encode_reading(reading)
+            # Never a text the redaction policy would mask; never a value that would not
+            # decode (a reading outside the checked form: recognised every time instead).
+            if self._may_keep(reading) and decode_reading(value, with_words) is not None:
+                kept.append((line, value))
+        if kept:
+            ttl = self._use.ttl
+            self._guarded("keep", lambda: self._store.keep(self._namespace, kept, ttl))
 
-    def _context(self, widest: float, with_words: bool) -> str:
-        # Without word boxes only the padded width reaches the output; with them the ratio
-        # itself does (the column count is scaled by it): its exact float, in hex.
-        return f"b{widest.hex()}" if with_words else f"w{self._width(widest)}"
+    def _may_keep(self, reading: Reading) -> bool:
+        return all(self._storable(text) for text in texts_of(reading))
+
+    def _guarded(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # a store's failure is a miss, never the page's
+            self._fault(what, "%s", exc.__class__.__name__)
+            return None
+
+    def _fault(self, what: str, detail: str, *args: Any) -> None:
+        log.debug("line store %s failed: " + detail, what, *args)
+        if what != "count":
+            with contextlib.suppress(Exception):  # counting a fault must not become one
+                self._store.fault(what)
 
     def _recognize(
         self, crops: Sequence[np.ndarray], first: dict[LineId, int], with_words: bool
@@ -127,10 +190,13 @@ class ReusingRecognizer:
         for line in first:  # dict order: the page's (ascending ratio) order
             by_context.setdefault(line.context, []).append(line)
         readings: dict[LineId, Reading] = {}
+        size = self._geometry.batch
         for context, lines in by_context.items():
-            for start in range(0, len(lines), self._batch):
-                batch = lines[start : start + self._batch]
+            for start in range(0, len(lines), size):
+                batch = lines[start : start + size]
                 outputs = self._run([crops[first[line]] for line in batch], context)
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"the recognizer answered {len(outputs)} of {len(batch)}")
                 readings.update(zip(batch, outputs, strict=True))
         return readings
 
@@ -139,27 +205,19 @@ class ReusingRecognizer:
         with its ratio (without them the decode does not read it)."""
         model, with_words = self._model, context.startswith("b")
         widest = float.fromhex(context[1:]) if with_words else None
-        width = self._width(widest) if widest is not None else int(context[1:])
+        width = self._geometry.width(widest) if widest is not None else int(context[1:])
         to_batch, decode = model.pre_tfs["ToBatch"], model.post_op
-        model.pre_tfs["ToBatch"] = _PadTo(to_batch, width)
+        model.pre_tfs["ToBatch"] = PadTo(to_batch, width)
         if widest is not None:
-            model.post_op = _DecodeWith(decode, widest)
+            model.post_op = DecodeWith(decode, widest)
         try:
             results = list(model(crops, return_word_box=with_words))
         finally:
             model.pre_tfs["ToBatch"], model.post_op = to_batch, decode
-        readings: list[Reading] = []
-        for result in results:
-            text, score = result["rec_text"], result["rec_score"]
-            if with_words:
-                text, words = text
-                readings.append((text, score, words))
-            else:
-                readings.append((text, score, None))
-        return readings
+        return [_reading(result, with_words) for result in results]
 
 
-class _PadTo:
+class PadTo:
     """``ToBatch`` with every crop zero-padded first to ``width`` (the stock batch's)."""
 
     def __init__(self, inner: Callable[[list[np.ndarray]], Any], width: int) -> None:
@@ -175,7 +233,7 @@ class _PadTo:
         return self._inner(padded)
 
 
-class _DecodeWith:
+class DecodeWith:
     """The CTC decode told the stock batch's ``max_wh_ratio`` (word boxes' column count)."""
 
     def __init__(self, inner: Callable[..., Any], widest: float) -> None:
@@ -184,3 +242,12 @@ class _DecodeWith:
     def __call__(self, preds: Any, **kwargs: Any) -> Any:
         kwargs["max_wh_ratio"] = self._widest
         return self._inner(preds, **kwargs)
+
+
+def _reading(result: Any, with_words: bool) -> Reading:
+    """The recognizer's answer for one crop as a reading."""
+    text, score = result["rec_text"], result["rec_score"]
+    if with_words:
+        text, words = text
+        return text, score, words
+    return text, score, None
