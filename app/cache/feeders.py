@@ -46,14 +46,13 @@ import redis
 from app import metrics
 from app.cache.jobs import DEFAULT_LANE, ERROR_TTL_S, GROUP, Job, JobQueue, as_text
 from app.cache.keys import KeySpace
-from app.cache.store import RedisStore
+from app.cache.store import REDIS_ERRORS, RedisStore
 from app.vocabulary import EngineError, OcrParams
 
 log = logging.getLogger(__name__)
 
 BLOCK_MS = 1000  # a feeder's longest wait for the doorbell: how stale its report may get idle
 UNHEALTHY_PAUSE_SECONDS = 5.0
-_REDIS_ERRORS = (redis.RedisError, OSError)
 
 # Report this engine live; the waiting jobs of every lane, {lane, waiting, ...}. A lane with
 # jobs waiting is put back in the ring if the LRU took it from there; one with no stream
@@ -305,7 +304,7 @@ class Feeders:
                 if not jobs and not self._stopped.is_set():
                     jobs, cost = self._read(client, consumer)
                 backoff = 0.1
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 log.debug("dispatch feeder: %s; retrying", exc.__class__.__name__)
                 self._client_ids.pop(slot, None)
                 _close(client)
@@ -335,7 +334,7 @@ class Feeders:
                         client.xgroup_delconsumer(stream, GROUP, consumer)
                 except redis.ResponseError:
                     pass  # that lane's stream or group is gone
-        except _REDIS_ERRORS:
+        except REDIS_ERRORS:
             pass
 
     def _heartbeat(self, client: Any, consumer: str, report: bool) -> None:
@@ -436,7 +435,7 @@ class Feeders:
         lanes' deficits corrected by the engine time they really took."""
         try:
             wanted = self._wanted(client, jobs)
-        except _REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
+        except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
             wanted = [job for job in jobs if job.deadline > time.time()]
         stop = threading.Event()
         toucher = threading.Thread(
@@ -455,7 +454,7 @@ class Feeders:
             toucher.join()
             try:
                 self._finish(client, jobs, seconds, cost)
-            except _REDIS_ERRORS:
+            except REDIS_ERRORS:
                 pass  # the jobs stay pending and are reclaimed, then dropped as done
 
     def _wanted(self, client: Any, jobs: list[Job]) -> list[Job]:

@@ -22,7 +22,8 @@ from app.cache.breaker import CircuitBreaker
 log = logging.getLogger(__name__)
 
 # redis-py's cluster client raises some of its own outside RedisError (SlotNotCoveredError).
-_REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
+# Every way a Redis call fails (redis-py's cluster errors are not RedisErrors).
+REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
 
 
 def _describe(exc: BaseException) -> str:
@@ -66,7 +67,7 @@ class RedisStore:
             return False, None
         try:
             value = fn()
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             if redis_client.server_answered(exc):
                 self._breaker.success()
             else:
@@ -234,7 +235,7 @@ class RedisStore:
         """The server's ``maxmemory-policy``, or None when it cannot be read (e.g. ACLs)."""
         try:
             policy = self._client.config_get("maxmemory-policy")
-        except _REDIS_ERRORS:
+        except REDIS_ERRORS:
             return None
         if policy and all(isinstance(v, dict) for v in policy.values()):
             policy = next(iter(policy.values()))  # per node on a cluster: the first one's
