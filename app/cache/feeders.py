@@ -4,8 +4,9 @@ replica frees up first (``jobs.py`` is the requester's side).
 
 - **Which job next: deficit round robin over engine time**, across the tenants' lanes, in one
   script (``_TAKE``) so every worker and replica shares one schedule. The ring holds the lanes
-  with waiting jobs (a lane that becomes active joins at its head); the lane with the most
-  credit left (a deficit above 0; ties: ring order) is served, each job charged its lane's
+  with waiting jobs (a lane that becomes active joins at its head, with one quantum times
+  its share of credit); the lane with the most credit left (a deficit above 0; ties: ring
+  order) is served, each job charged its lane's
   mean engine time (learnt from the lane's finished jobs), and goes to the ring's tail once
   its credit is spent. When no lane has credit, each gets as many rounds of a quantum (the
   cheapest lane's job) times its tenant's ``share`` as it takes for one to have some, in one
@@ -101,9 +102,20 @@ for _ = 1, redis.call('LLEN', ring) do
     lanes[i] = lane
     cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
     share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
-    credit[i] = tonumber(redis.call('HGET', deficits, lane) or '') or 0
+    credit[i] = tonumber(redis.call('HGET', deficits, lane) or '')  -- nil: just active
   elseif not seen[lane] then
     redis.call('HDEL', deficits, lane)
+  end
+end
+-- A lane that has just become active starts with one quantum (the cheapest lane's job)
+-- times its share, as a lane reaching the head of a round robin does: its first job is the
+-- next an engine takes, unless another lane's credit is still larger.
+local quantum = nil
+for i = 1, #lanes do quantum = math.min(quantum or cost[i], cost[i]) end
+for i = 1, #lanes do
+  if credit[i] == nil then
+    credit[i] = quantum * share[i]
+    redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
   end
 end
 local function ringed(first, spent)
@@ -123,8 +135,7 @@ while #lanes > 0 do
     if credit[i] > 0 and (not chosen or credit[i] > credit[chosen]) then chosen = i end
   end
   if not chosen then
-    local quantum, rounds = cost[1], nil
-    for i = 2, #lanes do quantum = math.min(quantum, cost[i]) end
+    local rounds = nil
     for i = 1, #lanes do
       local need = math.floor(-credit[i] / (quantum * share[i])) + 1
       if not rounds or need < rounds then rounds = need end
