@@ -7,6 +7,7 @@ import re
 import threading
 from typing import Any
 
+from app.cache.jobs import ERROR_TTL_S
 from app.vocabulary import EngineError
 
 
@@ -47,6 +48,14 @@ class FlakyEngine:
 # Keys beside the entries: the near-duplicate indexes, and a failed job's error marker
 # (app/cache/jobs.py: read by that job's waiters only, expiring within a minute).
 _INDEX_PARTS = (b":px2:", b":simband:", b":simref", b":error:")
+
+
+def stored_keys(client: Any, pattern: str = "*") -> list[bytes]:
+    """Every key matching ``pattern`` but a failed job's error markers, which must expire
+    within ERROR_TTL_S: what "nothing cached" means after a failed or refused request."""
+    markers = [k for k in client.keys(pattern) if b":error:" in k]
+    assert all(0 < client.ttl(k) <= ERROR_TTL_S for k in markers), markers
+    return [k for k in client.keys(pattern) if b":error:" not in k]
 
 
 def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:

@@ -12,7 +12,7 @@ import pytest
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import PHOTOTEST, SHARED, SHORT, WORD_CH, WORD_EN
-from tests.helpers import b64, entry_keys, metric_sum
+from tests.helpers import b64, entry_keys, metric_sum, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -161,13 +161,13 @@ def test_cache_disabled_is_bypass(make_app, redis_client):
     client = make_app(cache_enabled=False).test_client()
     for _ in range(2):
         assert ocr_json(client, WORD_EN.read_bytes()).headers["X-Cache"] == "BYPASS"
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
 
 
 def test_cache_control_no_store_and_no_cache(client, redis_client):
     data = WORD_EN.read_bytes()
     assert ocr_json(client, data, **{"Cache-Control": "no-store"}).headers["X-Cache"] == "MISS"
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
     assert ocr_json(client, data).headers["X-Cache"] == "MISS"
     assert ocr_json(client, data, **{"Cache-Control": "no-cache"}).headers["X-Cache"] == "MISS"
     assert ocr_json(client, data).headers["X-Cache"] == "HIT"
@@ -188,7 +188,7 @@ def test_bad_rest_input_is_400_and_not_cached(client, redis_client, kwargs, code
     resp = client.post("/v1/ocr", **kwargs)
     assert resp.status_code == 400
     assert resp.get_json()["error"]["code"] == code
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
 
 
 def test_body_over_limit_is_413(make_app):
@@ -218,7 +218,7 @@ def test_pipeline_errors_use_err_no(client, redis_client):
     assert json.loads(client.post("/wrong/x", data=b"{}").data)["err_msg"] == (
         "Failed to inference: Service name error."
     )
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
 
 
 def test_health_ready_metrics(client):

@@ -20,7 +20,7 @@ from PIL import Image, PngImagePlugin
 from app.imaging import ImageTooLarge, InvalidImage, decode_image
 from app.protocols.pipeline_stubs import METHOD, pb2, pb2_grpc
 from tests.conftest import WORD_CH, WORD_EN
-from tests.helpers import entry_keys
+from tests.helpers import entry_keys, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +145,7 @@ def client(make_app: Any) -> Any:
 def assert_ready_and_nothing_cached(client: Any, redis_client: Any) -> None:
     """Still ready after the bad input, and no entry (nor lease) was written for it."""
     assert client.get("/readyz").status_code == 200
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
 
 
 # --- the decoder itself -----------------------------------------------------------------------

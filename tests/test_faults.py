@@ -19,7 +19,7 @@ from app.cache.codec import Codec
 from app.cache.keys import digest_image
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
-from tests.helpers import FlakyEngine, b64, entry_keys
+from tests.helpers import FlakyEngine, b64, entry_keys, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ def test_engine_timeout_is_a_clean_error_per_protocol(make_app, redis_client, gr
     stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
     reply = stub.inference(pb2.Request(key=["image"], value=[b64(data)]), timeout=60)
     assert reply.err_no == 6000
-    assert redis_client.keys("ocr:*") == []  # nothing cached
+    assert stored_keys(redis_client, "ocr:*") == []  # nothing cached
     # The worker recovers: the same image with a normal timeout is computed and cached.
     healthy = make_app().test_client()
     resp = healthy.post("/v1/ocr", json={"image": b64(data)})
@@ -228,7 +228,7 @@ def test_engine_that_keeps_failing_makes_readyz_say_so(make_app, engine, redis_c
         assert resp.status_code == 503 and resp.headers["Retry-After"] == "5"
     ready = client.get("/readyz")
     assert ready.status_code == 503 and ready.get_json()["engine"] == "failing"
-    assert redis_client.keys("ocr:*") == []
+    assert stored_keys(redis_client, "ocr:*") == []
     failing.clear()
     assert client.post("/v1/ocr", json={"image": b64(WORD_EN.read_bytes())}).status_code == 200
     assert client.get("/readyz").status_code == 200

@@ -36,7 +36,7 @@ from app.vocabulary import EngineError, OcrLine, OcrParams, OcrResult, Unsupport
 from app.web import create_app
 from tests.conftest import CORPUS, PHOTOTEST
 from tests.fake_vllm import SPOTTING_10, FakeVllm
-from tests.helpers import b64
+from tests.helpers import b64, stored_keys
 
 pytestmark = pytest.mark.integration  # an OpenAI-protocol server (tests/fake_vllm.py)
 
@@ -372,7 +372,7 @@ def test_retries_are_bounded_and_failures_are_not_cached(front, fake, redis_clie
     assert fake.calls == 2
     fake.fail_next(2, 429)
     assert pipeline(client, PHOTOTEST.read_bytes()).get_json()["err_no"] == 10000
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
     fake.fail_next(1, 500)  # not a retried status: one call, an error
     assert ocr(client, PHOTOTEST.read_bytes()).status_code == 503 and fake.calls == 5
     assert ocr(client, PHOTOTEST.read_bytes()).headers["X-Cache"] == "MISS"
@@ -386,7 +386,7 @@ def test_timeouts_are_not_retried_and_not_cached(front, fake, redis_client):
     assert resp.status_code == 504 and "in time" in resp.get_json()["error"]["message"]
     assert time.monotonic() - started < 0.9 and fake.calls == 1
     assert pipeline(client, PHOTOTEST.read_bytes()).get_json()["err_no"] == 6000
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
 
 
 @pytest.mark.parametrize(
@@ -407,7 +407,7 @@ def test_unusable_answers_are_engine_errors_never_cached(
     extra = {"task": task, **({"fields": fields} if fields else {})}
     resp = ocr(client, PASSPORT.read_bytes(), **extra)
     assert resp.status_code == 503 and "unusable" in resp.get_json()["error"]["message"]
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
     fake.respond = None
     assert ocr(client, PASSPORT.read_bytes(), **extra).headers["X-Cache"] == "MISS"
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 
 from tests.conftest import PHOTOTEST, WORD_CH, WORD_EN
-from tests.helpers import entry_keys
+from tests.helpers import entry_keys, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -188,7 +188,7 @@ def test_validation_errors_are_422(client, redis_client, body, message):
     data = resp.get_json()
     assert data["errorCode"] == 422 and message in data["errorMsg"], data
     assert set(data) == {"logId", "errorCode", "errorMsg"}
-    assert redis_client.keys("*") == []
+    assert stored_keys(redis_client) == []
 
 
 def test_not_json_is_422_with_the_error_list(client):

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import PHOTOTEST, WORD_CH
-from tests.helpers import b64, metric_sum
+from tests.helpers import b64, metric_sum, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def test_failed_computation_is_not_shared_as_a_result(make_app, redis_client, en
     assert [r[0] for r in results] == [503] * 4
     assert all(r[2]["error"]["message"] == "engine crashed" for r in results)
     assert len(calls) == 1
-    assert redis_client.keys("ocr:*") == []
+    assert stored_keys(redis_client, "ocr:*") == []
 
 
 def test_a_computed_entry_is_announced_to_the_waiters(make_app, redis_client):
