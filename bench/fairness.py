@@ -286,7 +286,35 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
         else None,
         "a_throughput_drr_over_fifo": round(drr["a"]["pages_per_s"] / fifo["a"]["pages_per_s"], 3),
     }
+    results["target"]["per_page"] = per_page(results)
     return results
+
+
+def per_page(results: dict[str, Any]) -> dict[str, Any]:
+    """B's latencies under each flood against the same pages alone (B cycles ``b_pages`` in
+    one order in every phase, twice alone): a percentile over B's requests also counts
+    how many of its few long pages fell in each phase, this does not. ``added_wait``: the
+    latency less the page's mean alone; ``over_allowance``: the latency less 1.5 x the
+    page's mean alone, against the median engine call (the issue's target, page by page)."""
+    alone, n = results["b_alone"]["seconds"], results["b_pages"]
+    solo = [
+        sum(alone[i] for i in range(p, len(alone), n)) / len(range(p, len(alone), n))
+        for p in range(min(n, len(alone)))
+    ]
+    out: dict[str, Any] = {}
+    for fairness in ("fifo", "drr"):
+        sent = results[fairness]["b"]["seconds"]
+        engine_call = results[fairness]["engine_median_call_s"] or 0.0
+        waits = [s - solo[i % len(solo)] for i, s in enumerate(sent)]
+        over = [s - 1.5 * solo[i % len(solo)] for i, s in enumerate(sent)]
+        out[fairness] = {
+            "requests": len(sent),
+            "added_wait_p50_s": _round(percentile(waits, 0.5)),
+            "added_wait_p95_s": _round(percentile(waits, 0.95)),
+            "over_allowance_p95_s": _round(percentile(over, 0.95)),
+            "within_bound": sum(1 for o in over if o <= engine_call),
+        }
+    return out
 
 
 def main() -> None:
