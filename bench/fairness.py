@@ -1,13 +1,13 @@
 """`make bench`, the fair miss queue (issue 26 §3): one service (2 gunicorn workers, one
 engine each, nginx in front) with ``AUTH=keys`` and two tenants, on a private Redis.
 
-- **B alone**: tenant B sends one new page every 2 s; its miss latencies.  B's pages are a
+- **B alone**: tenant B sends one new page every 2 s; its miss latencies. B's pages are a
   fixed half of the corpus pages (every second one, so all the corpus's kinds), cycled in the
   same order alone and under the flood, so the two phases time the same engine work.
-- **A floods, B as before**, first with ``DISPATCH_FAIRNESS=fifo`` (arrival order, what the
-  queue did before) then ``drr`` (deficit round robin): tenant A sends ``--pages`` distinct
-  pages as fast as it can (16 clients; a refusal is retried after its ``Retry-After``) while B
-  keeps sending one new page every 2 s until A is done.
+- **A floods, B as before**, first with ``DISPATCH_FAIRNESS=drr`` (deficit round robin), then
+  ``fifo`` (arrival order, what the queue did before), each on a fresh service: tenant A
+  sends ``--pages`` distinct pages as fast as it can (16 clients; a refusal is retried after
+  its ``Retry-After``) while B keeps sending one new page every 2 s until A is done.
 
 Pages are corpus documents, receipts and cards with one pixel changed (a new image each time,
 so every request is a miss). Reported per phase: B's latency p50/p95/max and refusals, its
@@ -20,7 +20,7 @@ calls: an engine finishing A's job is what B waits for). The
 target: B's p95 under the flood with ``drr`` at most 1.5 x its p95 alone plus the median
 engine call; A's throughput the same with either order (the engines stay busy).
 
-Results: bench/results/fairness.json. About 12 minutes on 2 cores with the default 200 pages.
+Results: bench/results/fairness.json. 12-22 minutes on 2 cores with the default 200 pages.
 """
 
 from __future__ import annotations
