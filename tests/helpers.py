@@ -53,9 +53,10 @@ _INDEX_PARTS = (b":px2:", b":simband:", b":simref", b":error:")
 def stored_keys(client: Any, pattern: str = "*") -> list[bytes]:
     """Every key matching ``pattern`` but a failed job's error markers, which must expire
     within ERROR_TTL_S: what "nothing cached" means after a failed or refused request."""
-    markers = [k for k in client.keys(pattern) if b":error:" in k]
-    assert all(0 < client.ttl(k) <= ERROR_TTL_S for k in markers), markers
-    return [k for k in client.keys(pattern) if b":error:" not in k]
+    found = client.keys(pattern)
+    ttls = {k: client.ttl(k) for k in found if b":error:" in k}  # -2: expired meanwhile
+    assert all(t == -2 or 0 < t <= ERROR_TTL_S for t in ttls.values()), ttls
+    return [k for k in found if b":error:" not in k]
 
 
 def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:
