@@ -483,6 +483,12 @@ class DispatchSettings(Section):
         "drr",
         "`drr`: engines take jobs across tenants by deficit round robin over engine time (each tenant's `share`); `fifo`: in arrival order, whoever sent them",
     )
+    interject: bool = env(
+        "DISPATCH_INTERJECT",
+        e.boolean,
+        True,
+        "with `drr`: when every engine is busy and the job the round robin takes next is of a tenant with nothing running, an in-process engine runs it between two recognition batches of its page in progress, which then resumes (at most one per page)",
+    )
 
 
 @dataclass(frozen=True)

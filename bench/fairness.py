@@ -3,24 +3,29 @@ engine each, nginx in front) with ``AUTH=keys`` and two tenants, on a private Re
 
 - **B alone**: tenant B sends one new page every 2 s; its miss latencies. B's pages are a
   fixed half of the corpus pages (every second one, so all the corpus's kinds), cycled in the
-  same order alone and under the flood, so the two phases time the same engine work.
-- **A floods, B as before**, first with ``DISPATCH_FAIRNESS=drr`` (deficit round robin), then
-  ``fifo`` (arrival order, what the queue did before), each on a fresh service: tenant A
-  sends ``--pages`` distinct pages as fast as it can (16 clients; a refusal is retried after
-  its ``Retry-After``) while B keeps sending one new page every 2 s until A is done.
+  same order alone and under the flood, so the phases time the same engine work.
+- **A floods, B as before**, on a fresh service each: ``drr`` (deficit round robin with
+  interjection, the default), ``drr_no_interject`` (``DISPATCH_INTERJECT=false``: B's page
+  waits for an engine to finish A's page) and ``fifo`` (arrival order, what the queue did
+  before issue 26): tenant A sends ``--pages`` distinct pages as fast as it can (16 clients;
+  a refusal is retried after its ``Retry-After``) while B keeps sending one new page every
+  2 s until A is done.
 
 Pages are corpus documents, receipts and cards with one pixel changed (a new image each time,
 so every request is a miss). Reported per phase: B's latency p50/p95/max and refusals, its
 mean engine call (``ocr_tenant_engine_seconds_total``: how much the CPU shared with A's call
-slows B's own work), A's
-wall time, pages per second and refusals, the engines' busy fraction (engine seconds / 2 /
-wall) and A's engine call (its mean under the flood, from ``ocr_tenant_engine_seconds_total``
-over its misses, and the median and p95 of the engine's own histogram, nearly all A's
-calls: an engine finishing A's job is what B waits for). The
-target: B's p95 under the flood with ``drr`` at most 1.5 x its p95 alone plus the median
-engine call; A's throughput the same with either order (the engines stay busy).
+slows B's own work), how many of B's pages were interjected, A's wall time, pages per second
+and refusals, the engines' busy fraction (engine seconds / 2 / wall) and A's engine call
+(its mean under the flood, from ``ocr_tenant_engine_seconds_total`` over its misses, and the
+median and p95 of the engine's own histogram, nearly all A's calls). B's percentiles are
+over whole cycles of its pages (under a flood, the last cycle A's end cut short is left
+out; its requests are in ``seconds``), so alone and under the flood they are over the same
+mix of pages: one of B's 20 pages alone takes about 2.5 times any other (5 % of B's
+requests: a p95 over a partial cycle would move with how many of it happened to fall in).
+The target: B's p95 under the flood with ``drr`` at most 1.5 x its p95 alone plus the
+median engine call; A's throughput about the same with every order (the engines stay busy).
 
-Results: bench/results/fairness.json. 12-22 minutes on 2 cores with the default 200 pages.
+Results: bench/results/fairness.json. 20-35 minutes on 2 cores with the default 200 pages.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ WORKERS = dispatch.WORKERS
 A_KEY, B_KEY = "bench-tenant-a-0123456789abcdef", "bench-tenant-b-0123456789abcdef"
 B_EVERY_S = 2.0
 A_CLIENTS = 16
+# (name, DISPATCH_FAIRNESS, DISPATCH_INTERJECT), each on a fresh service; B alone in the first
+PHASES = (("drr", "drr", True), ("drr_no_interject", "drr", False), ("fifo", "fifo", False))
 
 
 def corpus_pages() -> list[Image.Image]:
@@ -81,10 +88,11 @@ def fresh(pages: list[Image.Image], tenant: str, n: int) -> bytes:
 class Service(dispatch.Service):
     """``python -m app serve`` with the two tenants, as deployed (nginx, gunicorn)."""
 
-    def __init__(self, redis_url: str, keys_file: str, fairness: str) -> None:
+    def __init__(self, redis_url: str, keys_file: str, fairness: str, interject: bool) -> None:
         super().__init__(
             redis_url, WEB_THREADS="16", EDGE_ACCESS_LOG="false", OCR_TIMEOUT_SECONDS="600",
             AUTH="keys", API_KEYS_FILE=keys_file, DISPATCH_FAIRNESS=fairness,
+            DISPATCH_INTERJECT=str(interject).lower(),
         )  # fmt: skip
 
     def ocr_as(self, key: str, data: bytes) -> tuple[float, int, int]:
@@ -188,6 +196,7 @@ def phase(
     done.set()
     b_thread.join()
     after = service.metrics()
+    interjected = spent(before, after, "ocr_dispatch_jobs_total", outcome="interjected")
     b_seconds = spent(before, after, "ocr_tenant_engine_seconds_total", tenant="b")
     a_seconds = spent(before, after, "ocr_tenant_engine_seconds_total", tenant="a")
     busy = spent(before, after, "ocr_engine_duration_seconds_sum")
@@ -203,15 +212,19 @@ def phase(
         "engine_median_call_s": _round(histogram_quantile(before, after, 0.5)),
         "engine_p95_call_s": _round(histogram_quantile(before, after, 0.95)),
         "engines_busy_fraction": round(busy / WORKERS / wall, 3),
-        "b": summarize_b(b_result, b_seconds),
+        "b": summarize_b(b_result, b_seconds, len(b_pages)),
+        "interjected": int(interjected),
     }
 
 
-def summarize_b(sent: list[dict], engine_seconds: float) -> dict:
-    ok = [s["seconds"] for s in sent if s["status"] == 200]
+def summarize_b(sent: list[dict], engine_seconds: float, cycle: int) -> dict:
+    """B's figures; its percentiles over whole cycles of its ``cycle`` pages."""
+    whole = sent[: len(sent) - len(sent) % cycle] if len(sent) >= cycle else sent
+    ok = [s["seconds"] for s in whole if s["status"] == 200]
     return {
         "requests": len(sent),
-        "mean_engine_call_s": round(engine_seconds / max(len(ok), 1), 3),
+        "in_percentiles": len(whole),
+        "mean_engine_call_s": round(engine_seconds / max(len(sent), 1), 3),
         "p50_s": _round(percentile(ok, 0.5)),
         "p95_s": _round(percentile(ok, 0.95)),
         "max_s": _round(max(ok) if ok else None),
@@ -244,11 +257,11 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
         ]}))  # fmt: skip
         with EmbeddedRedis() as redis_server:
             offsets = itertools.count(0, 100_000)
-            for fairness in ("drr", "fifo"):
-                service = Service(redis_server.url, str(keys), fairness)
+            for name, fairness, interject in PHASES:
+                service = Service(redis_server.url, str(keys), fairness, interject)
                 try:
                     service.wait_ready()
-                    if fairness == "drr":  # B alone first (the order does not matter to it)
+                    if name == "drr":  # B alone first (the order does not matter to it)
                         for n in range(2):  # warm-up: each worker's first call is slower
                             service.ocr_as(B_KEY, fresh(pages, "w", n))
                         before = service.metrics()
@@ -257,9 +270,9 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
                         b_seconds = spent(
                             before, service.metrics(), "ocr_tenant_engine_seconds_total", tenant="b"
                         )
-                        results["b_alone"] = summarize_b(sent, b_seconds)
-                    print(f"{fairness}: A floods {pages_count} pages", flush=True)
-                    results[fairness] = phase(service, pages, b_pages, pages_count, next(offsets))
+                        results["b_alone"] = summarize_b(sent, b_seconds, len(b_pages))
+                    print(f"{name}: A floods {pages_count} pages", flush=True)
+                    results[name] = phase(service, pages, b_pages, pages_count, next(offsets))
                 finally:
                     service.stop()
     solo, drr, fifo = results["b_alone"], results["drr"], results["fifo"]
@@ -273,6 +286,7 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
         "b_p95_fifo_over_drr": round(fifo["b"]["p95_s"] / drr["b"]["p95_s"], 2)
         if fifo["b"]["p95_s"] and drr["b"]["p95_s"]
         else None,
+        "b_p95_drr_no_interject_s": results["drr_no_interject"]["b"]["p95_s"],
         "a_throughput_drr_over_fifo": round(drr["a"]["pages_per_s"] / fifo["a"]["pages_per_s"], 3),
     }
     results["target"]["per_page"] = per_page(results)
@@ -297,7 +311,7 @@ def per_page(results: dict[str, Any]) -> dict[str, Any]:
         for p in range(min(n, len(alone)))
     ]
     out: dict[str, Any] = {}
-    for fairness in ("fifo", "drr"):
+    for fairness, _, _ in PHASES:
         sent = results[fairness]["b"]["seconds"]
         waits = [s - solo[i % len(solo)] for i, s in enumerate(sent)]
         over = [s - 1.5 * solo[i % len(solo)] for i, s in enumerate(sent)]
@@ -320,7 +334,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fairness.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: results[k] for k in ("b_alone", "target")}, indent=2))
-    for fairness in ("fifo", "drr"):
+    for fairness, _, _ in PHASES:
         b, a = results[fairness]["b"], results[fairness]["a"]
         print(f"{fairness}: B p50 {b['p50_s']} s p95 {b['p95_s']} s max {b['max_s']} s "
               f"({b['refusals']} refused); A {a['pages_per_s']} pages/s")  # fmt: skip

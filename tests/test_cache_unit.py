@@ -169,9 +169,13 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
     assert (names.stream("~"), names.stream("acme"), names.engines) == (
         f"{tag}:jobs:~", f"{tag}:jobs:acme", f"{tag}:engines"
     )  # fmt: skip
-    assert {names.ring, names.deficits, names.shares, names.costs, names.lanes, names.bell} == {
-        f"{tag}:{name}" for name in ("ring", "deficits", "shares", "costs", "lanes", "bell")
-    }
+    assert {
+        names.ring, names.deficits, names.shares, names.costs, names.lanes, names.bell,
+        names.interject_bell,
+    } == {
+        f"{tag}:{name}"
+        for name in ("ring", "deficits", "shares", "costs", "lanes", "bell", "interject")
+    }  # fmt: skip
     # A job marker lives in the queue's slot (its hash tag comes first), whatever the entry's.
     sha = digest_image(data).sha256
     assert names.marker(key, sha) == f"{tag}:job:{key}:{sha}"

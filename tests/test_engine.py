@@ -51,6 +51,41 @@ def test_every_line_is_kept_with_its_score(engine):
     assert len(result.filtered(0.5)) < len(result.lines)
 
 
+def interjected(engine, long_call, short_call):
+    """``short_call()`` interjected into ``long_call()`` at its first pause between two
+    recognition batches, both on the engine's thread: (long's answer, short's, the order
+    things happened in)."""
+    events = []
+
+    def long():
+        short = engine.interject(lambda: events.append("short") or short_call())
+        events.append("long: start")
+        answer = long_call()  # engine.recognize runs inline on the engine's own thread
+        events.append("long: end")
+        return answer, short
+
+    answer, short = engine._runner.submit(long).result(60)
+    return answer, short.result(60), events
+
+
+def test_a_page_interjected_into_another_answers_as_alone(engine):
+    """The fair queue's interjection (``PaddleOcrEngine.interject``): a page computed
+    between two recognition batches of another, on the same predictors, and that page
+    resumed: each answer is the one it has alone, both with word boxes too."""
+    for params in ({}, {"return_word_box": True, "textline_orientation": True}):
+        alone = [_ocr(engine, path, **params) for path in (PHOTOTEST, WORD_EN)]
+        long, short, events = interjected(
+            engine,
+            lambda params=params: _ocr(engine, PHOTOTEST, **params),
+            lambda: _ocr(engine, WORD_EN),
+        )
+        assert events == ["long: start", "short", "long: end"]  # inside, not after
+        assert long == alone[0]
+        assert short == _ocr(engine, WORD_EN)
+        if params:
+            assert long.lines[0].words
+
+
 def test_params_change_the_output(engine):
     default = _ocr(engine, WORD_EN)
     assert [ln.angle for ln in default.lines] == [-1] * len(default.lines)

@@ -2,7 +2,9 @@
 as two workers' processes (each with its feeder and a slow counting engine), tenants as key
 namespaces. The jobs are queued first by a front door whose own engine takes none (it stays
 registered as live a while), then two workers start and take them, so the order the engines
-compute them in is the queue's choice alone."""
+compute them in is the queue's choice alone. Interjection (``DISPATCH_INTERJECT``): engines
+whose calls pause between steps, tenant a's calls held at their pauses until the test
+releases them, so what runs inside them is the queue's choice alone too."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.engines.base import OcrRequest
+from app.engines.engine_thread import EngineThread
 from app.tenants import Tenant, TenantBook
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult
 from tests.test_cache_unit import WAIT, CountingEngine, make_cache
@@ -53,23 +56,67 @@ class TimedEngine(CountingEngine):
                 self._running[0] -= 1
 
 
-class Fleet:
-    """A requesting front door (queues, computes nothing) and, once started, two workers."""
+class SteppedEngine(TimedEngine):
+    """An in-process engine's shape (``EngineThread``: one thread, calls interjected at its
+    pauses): tenant a's calls pause step after step until ``gate`` opens; the others are
+    one step. ``started``: the images whose calls began, in order."""
 
-    def __init__(self, settings: Settings, book: TenantBook) -> None:
+    def __init__(
+        self, order: list[bytes], running: list[int], lock: threading.Lock, gate: threading.Event
+    ) -> None:
+        super().__init__(order, running, lock)
+        self._thread = EngineThread("stepped-engine")
+        self._gate = gate
+        self.started: list[bytes] = []
+
+    def interject(self, call: Any) -> Future:
+        return self._thread.interject(call)
+
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        if self._thread.on_thread():
+            return self._steps(request)
+        return self._thread.submit(self._steps, request).result()
+
+    def _steps(self, request: OcrRequest) -> OcrResult:
+        self.started.append(request.data)
+        if request.namespace == "a":
+            while not self._gate.wait(0.005):
+                self._thread.yield_point()
+        return super().recognize(request)
+
+
+class Fleet:
+    """A requesting front door (queues, computes nothing) and, once started, two workers;
+    ``gate``: their engines are ``SteppedEngine``s held by it."""
+
+    def __init__(
+        self, settings: Settings, book: TenantBook, gate: threading.Event | None = None
+    ) -> None:
         self.order: list[bytes] = []
         self.running = [0, 0]  # now, most at once
         self._lock = threading.Lock()
-        self._settings, self._book = settings, book
+        self._settings, self._book, self._gate = settings, book, gate
+        self.engines: list[TimedEngine] = []
         self.front = make_cache(settings, self._engine(), book=book)
         self.front.close()  # registered as live for a while; takes no job
+        self.engines.clear()
         self.workers: list[OcrCache] = []
 
     def _engine(self) -> TimedEngine:
-        return TimedEngine(self.order, self.running, self._lock)
+        if self._gate is None:
+            engine = TimedEngine(self.order, self.running, self._lock)
+        else:
+            engine = SteppedEngine(self.order, self.running, self._lock, self._gate)
+        self.engines.append(engine)
+        return engine
+
+    def started(self) -> list[bytes]:
+        return [data for engine in self.engines for data in getattr(engine, "started", [])]
 
     def start_workers(self) -> None:
         self.workers = [make_cache(self._settings, self._engine(), book=self._book) for _ in "ab"]
+        for worker in self.workers:
+            assert worker.dispatch_ready(WAIT)
 
     def waiting(self, client: redis.Redis, lane: str) -> int:
         stream = self.front._misses._queue.names.stream(lane)  # type: ignore[union-attr]
@@ -270,3 +317,92 @@ def test_a_tenant_holds_the_queue_only_while_others_wait_behind_it(
     assert held("a") >= 0.05 and held("b") == 0.0 and held("default") == 0.0
     feeders._report({"a": 1, "b": 3})
     assert held("a") == 0.0 and held("b") == 0.0  # b's start
+
+
+# Interjection --------------------------------------------------------------------------
+
+
+def interjected() -> float:
+    from app import metrics
+
+    return metrics.DISPATCH_JOBS.labels(outcome="interjected")._value.get()  # type: ignore[attr-defined]
+
+
+def held_fleet(settings: Settings, flood: int, **overrides: object) -> tuple[Fleet, Any]:
+    """Two stepped engines, each holding one of a's ``flood`` pages at its pauses."""
+    gate = threading.Event()
+    fleet = Fleet(settings.with_overrides(**overrides), TenantBook(), gate)
+    fleet.start_workers()
+    pool = ThreadPoolExecutor(16)
+    a_pages = [ask(pool, fleet.workers[0], "a", page("a", i)) for i in range(flood)]
+    wait_for(lambda: len(fleet.started()) == min(flood, 2), "a's pages did not start")
+    return fleet, (gate, pool, a_pages)
+
+
+def test_a_single_page_is_interjected_while_a_flood_holds_every_engine(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """Both engines computing a's long pages, two more of a's waiting: b's one page is
+    computed inside one of a's calls (which then goes on) and answered before either
+    ends; a's waiting pages are not (a's lane has pages running); once a's calls end,
+    everything is answered, each image computed once."""
+    fleet, (gate, pool, a_pages) = held_fleet(settings, 4)
+    before = interjected()
+    single = ask(pool, fleet.workers[1], "b", page("b", 0))
+    assert single.result(WAIT).status is CacheStatus.MISS
+    assert not gate.is_set() and not any(f.done() for f in a_pages)
+    started = fleet.started()
+    assert len(started) == 3 and page("b", 0) in started  # a's two waiting pages did not
+    assert interjected() == before + 1
+    gate.set()
+    assert all(f.result(WAIT).status is CacheStatus.MISS for f in a_pages)
+    assert sorted(fleet.order) == sorted([page("a", i) for i in range(4)] + [page("b", 0)])
+    pool.shutdown()
+
+
+def test_each_call_takes_at_most_one_interjection(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """b sends three pages one after another while a's two calls hold both engines: the
+    first goes into one call, the second into the other, the third waits for an engine
+    (a paused call always ends)."""
+    fleet, (gate, pool, a_pages) = held_fleet(settings, 2)
+    for i in range(2):
+        answer = ask(pool, fleet.workers[0], "b", page("b", i)).result(WAIT)
+        assert answer.status is CacheStatus.MISS
+    third = ask(pool, fleet.workers[0], "b", page("b", 2))
+    with pytest.raises(TimeoutError):
+        third.result(0.5)  # no engine may take it: both calls had theirs
+    stepped = [engine for engine in fleet.engines if isinstance(engine, SteppedEngine)]
+    assert sorted(len(engine.started) for engine in stepped) == [2, 2]  # one in each
+    gate.set()
+    assert third.result(WAIT).status is CacheStatus.MISS
+    assert all(f.result(WAIT).status is CacheStatus.MISS for f in a_pages)
+    pool.shutdown()
+
+
+def test_no_interjection_while_an_engine_is_idle(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """One engine holds a's page, the other is free: b's page goes to the free one."""
+    fleet, (gate, pool, a_pages) = held_fleet(settings, 1)
+    before = interjected()
+    assert ask(pool, fleet.workers[0], "b", page("b", 0)).result(WAIT).status is CacheStatus.MISS
+    assert interjected() == before
+    gate.set()
+    assert a_pages[0].result(WAIT).status is CacheStatus.MISS
+    pool.shutdown()
+
+
+def test_interjection_off_leaves_the_single_page_waiting(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """``DISPATCH_INTERJECT=false``: b's page waits for one of a's calls to end."""
+    fleet, (gate, pool, a_pages) = held_fleet(settings, 2, dispatch_interject=False)
+    single = ask(pool, fleet.workers[1], "b", page("b", 0))
+    with pytest.raises(TimeoutError):
+        single.result(0.5)
+    gate.set()
+    assert single.result(WAIT).status is CacheStatus.MISS
+    assert all(f.result(WAIT).status is CacheStatus.MISS for f in a_pages)
+    pool.shutdown()

@@ -170,6 +170,28 @@ def test_reuse_answers_what_reuse_off_answers(lines_engine, redis_server, name):
         assert recognized == 0 and reused >= len(off.lines), (name, mode)
 
 
+def test_a_page_interjected_into_a_reusing_page_answers_as_alone(lines_engine, redis_server):
+    """Interjection (the fair queue's) while line reuse recognises a page's unseen crops:
+    the page paused between two of its own batches (the predictor as the stock one left
+    it), the other page computed with reuse too, in its own tenant; both answers are
+    those of reuse off."""
+    from tests.test_engine import interjected
+
+    store = _store(redis_server.url, lines_engine.fingerprint)
+    long = _request(corpus_bytes(CORPUS / "paddleocr_doc_11.jpg"), lines_engine, "paused")
+    short = _request(corpus_bytes(PHOTOTEST), lines_engine, "interjected")
+    lines_engine.use_line_store(None)
+    off = [lines_engine.recognize(long), lines_engine.recognize(short)]
+    lines_engine.use_line_store(store)
+    before = _count()
+    answers = interjected(
+        lines_engine, lambda: lines_engine.recognize(long), lambda: lines_engine.recognize(short)
+    )
+    assert answers[2] == ["long: start", "short", "long: end"]
+    assert [answers[0].to_dict(), answers[1].to_dict()] == [a.to_dict() for a in off]
+    assert _since(before)[1] >= len(off[0].lines) + len(off[1].lines)  # all recognised
+
+
 def test_template_copies_reuse_their_labels_exactly(lines_engine, redis_server):
     """Two copies of one invoice layout with other values: the second reuses lines of the
     first, and both answers are those of reuse off; the re-scanned copy is exact too."""

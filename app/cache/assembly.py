@@ -135,7 +135,8 @@ def build(
     _use_lines(engine, redis, keys, codec, lines, Ttl(cache.ttl_seconds, cache.ttl_jitter))
 
     slots = getattr(engine, "max_concurrency", None) or callers
-    runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds)
+    interject = getattr(engine, "interject", None)  # an in-process engine's (paddle)
+    runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds, interject)
     quotas = Quotas(
         store, keys, book, failure_limit=tenants.failure_limit,
         slot_seconds=engine_settings.timeout_seconds + 5,
@@ -147,6 +148,7 @@ def build(
     )  # fmt: skip
     queue, feeders = None, None
     if redis is not None:
+        fair = dispatch.fairness == "drr"
         notifier = Notifier(redis, keys, on_purge=l1.clear)
         queue = JobQueue(
             redis, keys, notifier,
@@ -155,7 +157,7 @@ def build(
             poll_seconds=0.5,
             mean_seconds=lambda: runner.mean_seconds,
             writer=codec.writer,
-            fair=dispatch.fairness == "drr",
+            fair=fair,
             share=book.share,
             label=book.label,
         )  # fmt: skip
@@ -164,8 +166,9 @@ def build(
             max_deliveries=dispatch.max_deliveries, batch_max=engine_settings.batch_max,
             mean_seconds=lambda: runner.mean_seconds, label=book.label, labels=book.labels,
             hold_seconds=tenants.queue_hold_seconds,
+            interjecting=interject is not None and dispatch.interject and fair,
         )  # fmt: skip
-        feeders.start(wait_for_engine, lambda jobs: computer.serve(feeders, jobs),
+        feeders.start(wait_for_engine, lambda jobs, inside: computer.serve(feeders, jobs, inside),
                       healthy=lambda: not computer.failing)  # fmt: skip
     misses = MissPath(
         computer, queue, store, keys, codec, engine_settings.timeout_seconds,

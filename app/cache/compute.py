@@ -185,11 +185,26 @@ class Computer:
 
     # The jobs of the global queue (``Feeders``' ``serve``) --------------------------------
 
-    def serve(self, feeders: Feeders, jobs: Sequence[Job]) -> dict[str, float]:
+    def serve(
+        self, feeders: Feeders, jobs: Sequence[Job], interject: bool = False
+    ) -> dict[str, float]:
         """Compute jobs, store each result in every tier and tell its requesters; a failed
         job gets an error marker instead (never an entry). A job whose entry is already in
         L2 (queued in the instant another job of that image finished) is not computed.
-        Answers each computed job's engine seconds, by id (the round robin's correction)."""
+        Answers each computed job's engine seconds, by id (the round robin's correction).
+        ``interject``: all of it on the engine's thread, inside its call in progress
+        (``EngineRunner.interjected``)."""
+        if not interject:
+            return self._serve(feeders, jobs)
+        try:
+            left = max(job.deadline for job in jobs) - time.time()
+            return self.runner.interjected(lambda: self._serve(feeders, jobs), left)
+        except EngineTimeout as exc:  # never started: its requesters hear of it now
+            for job in jobs:
+                feeders.fail(job, f"timeout:{exc}")
+            return {}
+
+    def _serve(self, feeders: Feeders, jobs: Sequence[Job]) -> dict[str, float]:
         spent: dict[str, float] = {}
         genuine: list[tuple[Job, Probe]] = []
         for job in jobs:

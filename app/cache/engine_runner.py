@@ -8,6 +8,13 @@ waiting than the queue holds, a new one is refused at once (``EngineBusy``: 503 
 for. A caller with no time left is answered at once: its call is never queued.
 ``ocr_engine_queue_depth`` is the number of calls waiting to start, ``ocr_engine_calls_running``
 the number running (a timed-out call that started counts until it ends).
+
+Where the engine can pause its call for another (``engine.interject``: the in-process one,
+between recognition batches), ``interjected(fn)`` runs ``fn`` - a queued job's whole
+serving, its engine call included - on the engine's thread at the next pause of the call
+in progress, which then resumes. The paused call is charged its own time only, and ``fn``
+has the process to itself meanwhile (the engine's work holds Python's GIL at times: a job
+served beside it on another thread was measured waiting up to a second).
 """
 
 from __future__ import annotations
@@ -18,20 +25,27 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from app import metrics
 from app.vocabulary import EngineBusy, EngineTimeout
 
 T = TypeVar("T")
+Interject = Callable[[Callable[[], Any]], "Future[Any]"]
 
 
 class EngineRunner:
     """``workers`` calls run at once (1 for an in-process engine that serializes anyway, so
-    waiting calls stay cancellable here rather than queued inside the engine)."""
+    waiting calls stay cancellable here rather than queued inside the engine);
+    ``interject``: the engine's, where it can pause its call in progress for another."""
 
-    def __init__(self, workers: int, max_queue: int, timeout: float) -> None:
+    def __init__(
+        self, workers: int, max_queue: int, timeout: float, interject: Interject | None = None
+    ) -> None:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="engine")
+        self._interject = interject
+        self._inside = threading.local()  # on the engine's thread, in an interjected fn
+        self._interjected = 0.0  # seconds of interjected work so far: no paused call's
         self._workers = workers
         self._max_queue = max_queue
         self._timeout = timeout
@@ -58,7 +72,10 @@ class EngineRunner:
     ) -> T:
         """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error.
         ``timeout``: this call's own bound (a dispatched job's time left), else the runner's;
-        ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait)."""
+        ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait nor
+        the interjected work it was paused for). Within ``interjected``, inline."""
+        if getattr(self._inside, "active", False):
+            return self._start(elapsed, fn, *args, queued=False)
         if timeout is None:
             timeout = self._timeout
         elif timeout <= 0:  # the caller's time is gone: no engine work for nobody
@@ -87,15 +104,42 @@ class EngineRunner:
                 else f"OCR took longer than the {timeout:.3g} s its caller had left"
             ) from None
 
-    def _start(self, spent: list[float] | None, fn: Callable[..., T], *args: object) -> T:
-        self._left_queue()
+    def interjected(self, fn: Callable[[], T], timeout: float) -> T:
+        """``fn()`` on the engine's thread at the next pause of the call in progress (at
+        once when idle; on this thread where the engine cannot pause); engine calls it makes
+        through ``run`` run inline there. EngineTimeout if it has not started within
+        ``timeout`` (then it never does)."""
+        if self._interject is None:
+            return fn()
+
+        def inside() -> T:
+            self._inside.active, began = True, time.perf_counter()
+            try:
+                return fn()
+            finally:
+                self._inside.active = False
+                self._interjected += time.perf_counter() - began  # only on the engine's thread
+
+        future: Future[T] = self._interject(inside)
+        try:
+            return future.result(timeout=max(0.0, timeout))
+        except FutureTimeout:
+            if future.cancel():
+                raise EngineTimeout("no pause of the engine's call came in time") from None
+            return future.result()  # started meanwhile: it ends, and it is ours
+
+    def _start(
+        self, spent: list[float] | None, fn: Callable[..., T], *args: object, queued: bool = True
+    ) -> T:
+        if queued:
+            self._left_queue()
         metrics.ENGINE_CALLS_RUNNING.inc()
-        began = time.perf_counter()
+        began, paused = time.perf_counter(), self._interjected
         try:
             return fn(*args)
         finally:
             metrics.ENGINE_CALLS_RUNNING.dec()
-            elapsed = time.perf_counter() - began
+            elapsed = time.perf_counter() - began - (self._interjected - paused)
             mean = self._mean_seconds
             self._mean_seconds = elapsed if mean is None else 0.8 * mean + 0.2 * elapsed
             if spent is not None:

@@ -15,6 +15,16 @@ replica frees up first (``jobs.py`` is the requester's side).
   So a tenant that floods gets the engines only while nobody else waits, and a tenant that
   sends one page is served by the next engine that frees up. Work-conserving: whoever waits
   is served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+- **Interjection** (``DISPATCH_INTERJECT``, an engine that can pause its call: the
+  in-process one, between recognition batches): no order of the queue shortens the wait for
+  an engine to *finish* a page, and a back-fill's long pages keep every engine for seconds.
+  So while its engine computes, each slot's interjector waits on a second doorbell for the
+  job the round robin would take next; when that job's tenant has nothing running and every
+  live engine is busy, it takes the job and the engine runs it at the next pause of its
+  page, which then resumes (``app/engines/engine_thread.py``). At most one per page, so a
+  paused page always ends; a tenant already running a job waits its turn as before, so a
+  flood gains nothing; an idle engine anywhere takes the job instead. Each call is charged
+  its own engine time.
 - An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
   looks again at least every ``BLOCK_MS``.
 - A feeder reports its engine live (a sorted set scored by Redis's clock) every
@@ -82,14 +92,34 @@ return out
 """
 # Deficit round robin (the module's docstring): up to ARGV[3] jobs of one lane for this
 # consumer, {lane, {entries}, what each was charged}, or {} when no lane has one waiting.
-# KEYS: ring, deficits, shares, costs. ARGV: group, consumer, count, a job's cost where a
-# lane has none yet (this engine's mean call, seconds), stream prefix.
+# To interject (ARGV[6], the live-engine window in ms; "" otherwise): the job the round robin
+# takes next, only if its lane has nothing running and every live engine is busy, else {}.
+# KEYS: ring, deficits, shares, costs, engines, lanes. ARGV: group, consumer, count, a job's
+# cost where a lane has none yet (this engine's mean call, seconds), stream prefix, window.
 _TAKE = """
 local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fallback, prefix = math.max(tonumber(ARGV[4]) or 1, 0.001), ARGV[5]
+local interject = tonumber(ARGV[6])
+-- Every engine that reported within the window holds a job (its consumer has one pending).
+local function every_engine_busy()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local live = redis.call('ZRANGEBYSCORE', KEYS[5], now - interject, '+inf')
+  local busy = {}
+  for _, lane in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    local ok, pending = pcall(redis.call, 'XPENDING', prefix .. lane, group)
+    if ok and type(pending[4]) == 'table' then
+      for _, holder in ipairs(pending[4]) do busy[holder[1]] = true end
+    end
+  end
+  for _, engine in ipairs(live) do
+    if not busy[engine] then return false end
+  end
+  return #live > 0
+end
 -- The lanes with jobs waiting, in ring order; the others leave it and forget their deficit.
-local lanes, cost, share, credit, seen = {}, {}, {}, {}, {}
+local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
 for _ = 1, redis.call('LLEN', ring) do
   local lane = redis.call('LPOP', ring)
   if not lane then break end
@@ -100,6 +130,7 @@ for _ = 1, redis.call('LLEN', ring) do
     seen[lane] = true
     local i = #lanes + 1
     lanes[i] = lane
+    running[i] = pending[1]
     cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
     share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
     credit[i] = tonumber(redis.call('HGET', deficits, lane) or '')  -- nil: just active
@@ -147,6 +178,10 @@ while #lanes > 0 do
       if credit[i] > credit[chosen] then chosen = i end
     end
   end
+  if interject and (running[chosen] > 0 or not every_engine_busy()) then
+    ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
+    return {}
+  end
   local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                          'STREAMS', prefix .. lanes[chosen], '>')
   local entries = got and got[1] and got[1][2] or {}
@@ -167,7 +202,7 @@ while #lanes > 0 do
   end
   redis.call('HDEL', deficits, lanes[chosen])
   table.remove(lanes, chosen); table.remove(cost, chosen)
-  table.remove(share, chosen); table.remove(credit, chosen)
+  table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
 end
 redis.call('DEL', ring)
 return {}
@@ -214,15 +249,18 @@ redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 6))
 return redis.call('XDEL', KEYS[1], unpack(ARGV, 6))
 """
 
-# Computes jobs and stores them; answers the engine seconds each job's call took (by id).
-Serve = Callable[[Sequence[Job]], Mapping[str, float]]
+# Computes jobs and stores them (all of it inside the engine's call in progress when told
+# so: interjected); answers the engine seconds each job's call took (by id).
+Serve = Callable[[Sequence[Job], bool], Mapping[str, float]]
 
 
 class Feeders:
     """This process's engine slots, feeding on the queue of ``queue``. ``mean_seconds``: an
     engine call's mean here (the round robin's quantum and a job's cost when taken);
     ``label``: a tenant's metrics label (``labels``: all of them now); ``hold_seconds``:
-    when one tenant's hold on the queue is alerted on (``TENANT_QUEUE_HOLD_SECONDS``)."""
+    when one tenant's hold on the queue is alerted on (``TENANT_QUEUE_HOLD_SECONDS``);
+    ``interjecting``: the engine can run a job inside the call in progress (``interject``),
+    so each slot also has an interjector (the module's docstring)."""
 
     def __init__(
         self,
@@ -238,6 +276,7 @@ class Feeders:
         label: Callable[[str], str] = lambda namespace: namespace or "default",
         labels: Callable[[], list[str]] = lambda: ["default"],
         hold_seconds: float = 300.0,
+        interjecting: bool = False,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -257,6 +296,10 @@ class Feeders:
         self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._holds: dict[str, float] = {}  # tenant label -> since when it holds the queue
         self._hold_labels: set[str] = set()
+        self._interjecting = interjecting
+        self._computing = threading.Condition()
+        self._call_of = [0] * slots  # the call each slot's engine runs now (0: none)
+        self._calls = 0
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
         _live.add(self)
 
@@ -272,10 +315,19 @@ class Feeders:
             )  # fmt: skip
             thread.start()
             self._threads.append(thread)
+            if self._interjecting:
+                thread = threading.Thread(
+                    target=self._interject, args=(slot, serve, healthy),
+                    name=f"dispatch-interject-{slot}", daemon=True,
+                )  # fmt: skip
+                thread.start()
+                self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop reading new jobs (jobs being computed finish); wakes blocked reads."""
         self._stopped.set()
+        with self._computing:
+            self._computing.notify_all()
         for client_id in list(self._client_ids.values()):
             self._store.run("dispatch", lambda c, i=client_id: c.client_unblock(i))
         for thread in self._threads:
@@ -324,9 +376,63 @@ class Feeders:
                 backoff = min(backoff * 2, 2.0)
                 continue
             if jobs:
-                self._run(client, consumer, jobs, cost, serve)
+                self._computes(slot, True)
+                try:
+                    self._run(client, consumer, jobs, cost, lambda jobs: serve(jobs, False))
+                finally:
+                    self._computes(slot, False)
         self._client_ids.pop(slot, None)
         if client is not None:  # stopped between jobs: nothing of ours is pending
+            self._forget_consumer(client, consumer)
+        _close(client)
+
+    def _computes(self, slot: int, busy: bool) -> None:
+        """The slot's engine starts (or ends) a call: its interjector's cue."""
+        with self._computing:
+            self._calls += 1
+            self._call_of[slot] = self._calls if busy else 0
+            self._computing.notify_all()
+
+    def _next_call(self, slot: int, last: int) -> int:
+        """The call the slot's engine runs now, once it is not ``last`` (0: stopped)."""
+        with self._computing:
+            while not self._stopped.is_set() and self._call_of[slot] in (0, last):
+                self._computing.wait()
+            return 0 if self._stopped.is_set() else self._call_of[slot]
+
+    def _interject(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
+        """While the slot's engine computes a call: the job the round robin takes next, if
+        its tenant has nothing running and every engine is busy, interjected into that call
+        (at most one per call, so the paused call always ends)."""
+        consumer, key = f"{self._name}-{slot}-interject", self._slots + slot
+        client: Any = None
+        call = 0
+        while (call := self._next_call(slot, call)) and not self._stopped.is_set():
+            if not healthy():
+                continue
+            try:
+                if client is None:
+                    client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
+                    if getattr(client, "_single_connection_client", False):
+                        self._client_ids[key] = client.client_id()
+                jobs, cost = self._take(client, consumer, interject=True)
+                while not jobs and self._call_of[slot] == call and not self._stopped.is_set():
+                    client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
+                    if self._call_of[slot] == call:
+                        jobs, cost = self._take(client, consumer, interject=True)
+            except REDIS_ERRORS as exc:
+                log.debug("dispatch interjector: %s", exc.__class__.__name__)
+                self._client_ids.pop(key, None)
+                _close(client)
+                client = None
+                continue  # this call goes without: the next one may have one
+            if jobs:
+                metrics.DISPATCH_JOBS.labels(outcome="interjected").inc(len(jobs))
+                self._run(
+                    client, consumer, jobs, cost, lambda jobs: serve(jobs, True), report=False
+                )
+        self._client_ids.pop(key, None)
+        if client is not None:
             self._forget_consumer(client, consumer)
         _close(client)
 
@@ -390,12 +496,14 @@ class Feeders:
             jobs, cost = self._take(client, consumer)
         return jobs, cost
 
-    def _take(self, client: Any, consumer: str) -> tuple[list[Job], float]:
-        """The next jobs by the round robin, and what each was charged (seconds)."""
+    def _take(self, client: Any, consumer: str, interject: bool = False) -> tuple[list[Job], float]:
+        """The next jobs by the round robin, and what each was charged (seconds);
+        ``interject``: one job to run inside this engine's call, if one may (``_TAKE``)."""
         names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
+        count, window = (1, str(self._queue.live_ms)) if interject else (self._batch_max, "")
         answer = client.eval(
-            _TAKE, 4, names.ring, names.deficits, names.shares, names.costs,
-            GROUP, consumer, self._batch_max, f"{quantum:.6f}", names.stream_prefix,
+            _TAKE, 6, names.ring, names.deficits, names.shares, names.costs, names.engines,
+            names.lanes, GROUP, consumer, count, f"{quantum:.6f}", names.stream_prefix, window,
         )  # fmt: skip
         if not answer:
             return [], 0.0
@@ -441,16 +549,25 @@ class Feeders:
             jobs.append(job)
         return jobs
 
-    def _run(self, client: Any, consumer: str, jobs: list[Job], cost: float, serve: Serve) -> None:
+    def _run(
+        self,
+        client: Any,
+        consumer: str,
+        jobs: list[Job],
+        cost: float,
+        serve: Callable[[Sequence[Job]], Mapping[str, float]],
+        report: bool = True,
+    ) -> None:
         """Serve the jobs (each charged ``cost`` when taken), then finish them with their
-        lanes' deficits corrected by the engine time they really took."""
+        lanes' deficits corrected by the engine time they really took; ``report``: the
+        consumer is an engine (an interjector is not: its engine reports itself)."""
         try:
             wanted = self._wanted(client, jobs)
         except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
             wanted = [job for job in jobs if job.deadline > time.time()]
         stop = threading.Event()
         toucher = threading.Thread(
-            target=self._touch, args=(consumer, wanted, stop),
+            target=self._touch, args=(consumer, wanted, stop, report),
             name="dispatch-touch", daemon=True,
         )  # fmt: skip
         toucher.start()
@@ -484,8 +601,9 @@ class Feeders:
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
         return wanted
 
-    def _touch(self, consumer: str, jobs: list[Job], stop: threading.Event) -> None:
-        """While computing: keep the jobs ours (reset their idle time) and this engine live."""
+    def _touch(self, consumer: str, jobs: list[Job], stop: threading.Event, report: bool) -> None:
+        """While computing: keep the jobs ours (reset their idle time) and, ``report``,
+        this engine live."""
         by_lane = _by_lane(jobs)
         names = self._names
         while by_lane and not stop.wait(self._claim_ms / 3000):
@@ -494,6 +612,8 @@ class Feeders:
                 for lane, members in by_lane.items():
                     ids = [job.id for job in members]
                     client.xclaim(names.stream(lane), GROUP, consumer, 0, ids, justid=True)
+                if not report:
+                    return None
                 return client.eval(
                     _HEARTBEAT, 3, names.engines, names.lanes, names.ring,
                     consumer, self._claim_ms * 4, GROUP, names.stream_prefix,

@@ -57,9 +57,10 @@ DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every j
 
 # Join the job queued or running for this key, else add one to its lane (bounded per lane),
 # keep the lane in the ring (a lane becoming active at its head: it was served least lately),
-# its share known, and ring the doorbell: {id, waiting, engines, all lanes' waiting};
+# its share known, and ring both doorbells (idle engines', busy engines' interjectors'):
+# {id, waiting, engines, all lanes' waiting};
 # waiting -1: joined; id "" when the lane is full, "none" without a live engine.
-# KEYS: stream, engines, marker, ring, lanes, shares, bell.
+# KEYS: stream, engines, marker, ring, lanes, shares, bell, interjectors' bell.
 # ARGV: group, per-engine max, live ms, marker ms, lane, share, stream prefix, then the job's
 # fields. Also answers the waiting jobs of every lane (the fleet's depth).
 _SUBMIT = """
@@ -84,8 +85,10 @@ redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
 if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('LPUSH', KEYS[4], ARGV[5]) end
 redis.call('SADD', KEYS[5], ARGV[5])
 redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
-redis.call('LPUSH', KEYS[7], '1')
-redis.call('LTRIM', KEYS[7], 0, engines - 1)
+for bell = 7, 8 do
+  redis.call('LPUSH', KEYS[bell], '1')
+  redis.call('LTRIM', KEYS[bell], 0, engines - 1)
+end
 local total = 0
 for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do
   local stream = ARGV[7] .. other
@@ -202,7 +205,7 @@ class JobQueue:
         self._notifier = notifier
         self.names = keys.dispatch(writer)
         self._per_engine_max = per_engine_max
-        self._live_ms = live_ms
+        self.live_ms = live_ms  # an engine that reported this lately is live
         self._poll_seconds = poll_seconds
         self._mean_seconds = mean_seconds
         self._fair = fair
@@ -249,8 +252,8 @@ class JobQueue:
 
         def run(client: Any) -> Any:
             keys = (names.stream(lane), names.engines, self.marker(job), names.ring,
-                    names.lanes, names.shares, names.bell)  # fmt: skip
-            limits = (self._per_engine_max, self._live_ms, marker_ttl, lane, share)
+                    names.lanes, names.shares, names.bell, names.interject_bell)  # fmt: skip
+            limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share)
             return client.eval(
                 _SUBMIT, len(keys), *keys, GROUP, *limits, names.stream_prefix, *job.fields()
             )

@@ -24,9 +24,9 @@ class QueueKeys:
     reads any of them): a stream per lane (a tenant's jobs; ``~`` the default tenant's, and
     every job's with ``DISPATCH_FAIRNESS=fifo``), the ring of lanes with waiting jobs and
     their deficits, shares and job costs (deficit round robin, ``feeders.py``), every
-    lane that has a stream, the doorbell that wakes an idle engine, the live-engine register
-    and the job markers. Any of them may be evicted under ``allkeys-lru``: ``jobs.py`` says
-    what that costs."""
+    lane that has a stream, the doorbell that wakes an idle engine and the one that wakes a
+    busy engine's interjector, the live-engine register and the job markers. Any of them
+    may be evicted under ``allkeys-lru``: ``jobs.py`` says what that costs."""
 
     tag: str
 
@@ -64,6 +64,10 @@ class QueueKeys:
     @property
     def bell(self) -> str:
         return f"{self.tag}:bell"
+
+    @property
+    def interject_bell(self) -> str:
+        return f"{self.tag}:interject"
 
     def marker(self, entry: str, sha256: str) -> str:
         """Which job computes ``entry`` for the image ``sha256`` (its id), while one does.

@@ -12,14 +12,15 @@ import importlib.metadata
 import logging
 import os
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from app.engines import paddle_models, tasks
 from app.engines.base import EngineBase, OcrRequest, fingerprint_of
+from app.engines.engine_thread import EngineThread
 from app.engines.lines import LineStore
 from app.engines.paddle_lines import ReusingRecognizer
 from app.imaging import DecodedImage
@@ -33,6 +34,7 @@ from app.vocabulary import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _version(dist: str) -> str:
@@ -90,11 +92,13 @@ class PaddleOcrEngine(EngineBase):
         # besides the fingerprint - OpenCV resizes each crop to the recognizer's height.
         self._line_schema = fingerprint_of({"opencv": _opencv_versions()})
         self._pipeline: Any = None
+        self._recognizer: Any = None  # the pipeline's own text recognizer (unwrapped)
         self._lines: tuple[LineStore, Callable[[str], bool]] | None = None  # use_line_store
         # The predictors are built and always called on this one thread: Paddle Inference
         # with oneDNN failed with an opaque std::exception here when one predictor was called
-        # from many threads in turn, even one at a time. It also serializes the calls.
-        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddle")
+        # from many threads in turn, even one at a time. It also serializes the calls, and
+        # lets a call be interjected into another between recognition batches (``interject``).
+        self._runner = EngineThread("paddle")
 
     def _model_list(self) -> list[paddle_models.ModelDir]:
         models = [self._models.det, self._models.rec]
@@ -138,6 +142,9 @@ class PaddleOcrEngine(EngineBase):
     def _load_here(self) -> None:
         if self._pipeline is None:
             self._pipeline = self._build()
+            inner = self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
+            self._recognizer = inner.text_rec_model
+            inner.text_rec_model = Pausing(self._recognizer, self._runner.yield_point)
             warmup = OcrRequest(b"", _warmup_image(), self._default_params)
             self._predict_here([warmup], reuse=False)  # nothing of the warm-up is stored
 
@@ -151,11 +158,22 @@ class PaddleOcrEngine(EngineBase):
         return PaddleOCR(**kwargs)
 
     def recognize(self, request: OcrRequest) -> OcrResult:
+        if self._runner.on_thread():  # an interjected call (``interject``) runs inline
+            return self._recognize_here(request)
         return self._runner.submit(self._recognize_here, request).result()
+
+    def interject(self, call: Callable[[], T]) -> Future[T]:
+        """``call()`` on the engine's thread at the next pause of the page in progress
+        (between two recognition batches; at once when idle): the feeders' way to start a
+        short job of another tenant without waiting for a long page to end. The page then
+        resumes; both results are those of either page alone (``tests/test_engine.py``)."""
+        return self._runner.interject(call)
 
     def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
         """Several images with one set of parameters in one pipeline call (a list input:
         ``ENGINE_BATCH_MAX``); results in order."""
+        if self._runner.on_thread():
+            return self._predict_here(requests)
         return self._runner.submit(self._predict_here, requests).result()
 
     def _recognize_here(self, request: OcrRequest) -> OcrResult:
@@ -222,15 +240,18 @@ class PaddleOcrEngine(EngineBase):
         that fails on the way (the reuse code, a reading, the store beyond its guards) costs
         this page one more computation with reuse off, never its answer."""
         inner = self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
-        model = inner.text_rec_model
+        installed = inner.text_rec_model  # another page's, when this one is interjected
         try:
-            recognizer = ReusingRecognizer(model, store, request.namespace, storable, request.lines)
+            recognizer = ReusingRecognizer(
+                self._recognizer, store, request.namespace, storable, request.lines,
+                pause=self._runner.yield_point,
+            )  # fmt: skip
             inner.text_rec_model = recognizer
             try:
                 image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
                 outputs = self._run_pipeline(image, request.params)
             finally:
-                inner.text_rec_model = model
+                inner.text_rec_model = installed
             if len(outputs) != 1:
                 raise ValueError(f"paddle answered {len(outputs)} results for 1")
             return _result(request.image, outputs[0], request.params)
@@ -239,6 +260,25 @@ class PaddleOcrEngine(EngineBase):
             with contextlib.suppress(Exception):  # counting a fault must not become one
                 store.fault("page")
             return self._predict_plain([request])[0]
+
+
+class Pausing:
+    """The pipeline's text recognizer, pausing between its batches (``pause``: the engine
+    thread's yield point): the stock predictor recognises a page's crops lazily, batch by
+    batch, so between two batches nothing of this page is in the predictor."""
+
+    def __init__(self, model: Any, pause: Callable[[], None]) -> None:
+        self._model, self._pause = model, pause
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __call__(self, crops: Sequence[Any], **kwargs: Any) -> Iterator[Any]:
+        size = self._model.batch_sampler.batch_size
+        for done, reading in enumerate(self._model(crops, **kwargs), 1):
+            yield reading
+            if done % size == 0 and done < len(crops):
+                self._pause()
 
 
 def _named(exc: BaseException) -> str:

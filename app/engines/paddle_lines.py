@@ -89,7 +89,9 @@ class ReusingRecognizer:
     """Stands in for the pipeline's ``text_rec_model`` during one page's computation.
 
     Every call on the store is guarded: a store that raises (or answers nonsense) is a miss
-    for reads and nothing stored for writes, counted in ``store.fault``."""
+    for reads and nothing stored for writes, counted in ``store.fault``. ``model`` is the
+    stock recognizer itself; ``pause`` runs between two of its batches (the engine thread's
+    yield point: ``_run`` has put the predictor back as it found it by then)."""
 
     def __init__(
         self,
@@ -98,8 +100,10 @@ class ReusingRecognizer:
         namespace: str,
         storable: Callable[[str], bool],
         use: LineUse = LineUse(),
+        pause: Callable[[], None] = lambda: None,
     ) -> None:
         self._model = model
+        self._pause = pause
         self._geometry = Geometry(model)
         self._store = store
         self._namespace = namespace
@@ -193,6 +197,8 @@ class ReusingRecognizer:
         size = self._geometry.batch
         for context, lines in by_context.items():
             for start in range(0, len(lines), size):
+                if readings:
+                    self._pause()
                 batch = lines[start : start + size]
                 outputs = self._run([crops[first[line]] for line in batch], context)
                 if len(outputs) != len(batch):
