@@ -89,7 +89,8 @@ DISPATCH_QUEUE_DEPTH = Gauge(
 DISPATCH_JOBS = Counter(
     "ocr_dispatch_jobs_total",
     "Dispatched jobs by what became of them at a consumer (computed, failed, caller_gone, "
-    "already_stored, reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES)",
+    "already_stored, reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES; "
+    "interjected: taken to run inside an engine's call in progress, counted again as computed)",
     ["outcome"],
 )
 # The cold tier (L3, app/cache/l3.py).
@@ -221,7 +222,8 @@ def initialise(engine_kind: str) -> None:
         SIMILAR_CHECKS.labels(outcome=outcome)
     for reason in ("full", "caller_gone"):
         ENGINE_QUEUE_DROPPED.labels(reason=reason)
-    outcomes = ("computed", "failed", "caller_gone", "already_stored", "reclaimed", "abandoned")
+    outcomes = ("computed", "failed", "caller_gone", "already_stored", "reclaimed", "abandoned",
+                "interjected")  # fmt: skip
     for outcome in outcomes:
         DISPATCH_JOBS.labels(outcome=outcome)
     for result in ("hit", "miss", "rejected", "error", "circuit_open"):

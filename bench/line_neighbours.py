@@ -34,8 +34,7 @@ OUT = Path(__file__).resolve().parent / "results" / "line_neighbours.json"
 def main() -> None:
     engine = PaddleOcrEngine.from_settings(Settings.from_env())
     engine.load()
-    inner = engine._pipeline.paddlex_pipeline._pipeline
-    model = inner.text_rec_model
+    model = engine._recognizer  # the pipeline's own, unwrapped
     geometry = Geometry(model)
     recorded: list[tuple[list[np.ndarray], list[dict[str, Any]]]] = []
 
@@ -64,7 +63,7 @@ def main() -> None:
     def full(r: Any) -> str:
         return json.dumps([r["rec_text"], r["rec_score"]], default=str)
 
-    inner.text_rec_model = Recorder()
+    engine._pausing = Recorder()  # what the engine puts in the pipeline for a plain call
     counts = dict.fromkeys(
         ("files", "crops", "padded", "alone_text", "alone_text_or_score", "alone_any_padded",
          "alone_any_unpadded", "stock_context_any", "context_batches_any"), 0,

@@ -171,3 +171,26 @@ def test_interjected_work_that_never_started_times_out_and_never_runs() -> None:
     hold.set()
     engine.submit(lambda: None).result(WAIT)
     assert ran == []
+
+
+def test_a_call_is_charged_only_what_overlaps_the_work_before_it() -> None:
+    """Interjected work that began on an idle engine before a call was made: the call
+    waits for it to end and is charged its own time only, never less than nothing."""
+    engine = EngineThread("test-engine")
+    runner = EngineRunner(1, 4, WAIT, interject=engine.interject)
+    working = threading.Event()
+
+    def work() -> None:
+        working.set()
+        time.sleep(0.4)
+
+    worker = threading.Thread(target=lambda: runner.interjected(work, WAIT))
+    worker.start()
+    assert working.wait(WAIT)
+    time.sleep(0.2)  # half of the work is done before the call is made
+    spent: list[float] = []
+    began = time.perf_counter()
+    runner.run(lambda: engine.submit(lambda: time.sleep(0.1)).result(WAIT), elapsed=spent)
+    wall = time.perf_counter() - began
+    worker.join(WAIT)
+    assert 0.1 <= spent[0] <= wall - 0.15  # its own 0.1 s, not the rest of the work's

@@ -87,7 +87,8 @@ class SteppedEngine(TimedEngine):
 
 class Fleet:
     """A requesting front door (queues, computes nothing) and, once started, two workers;
-    ``gate``: their engines are ``SteppedEngine``s held by it."""
+    ``gate``: their engines are ``SteppedEngine``s held by it (and the front door's
+    stand-in is not registered: it would count as an idle engine)."""
 
     def __init__(
         self, settings: Settings, book: TenantBook, gate: threading.Event | None = None
@@ -98,9 +99,20 @@ class Fleet:
         self._settings, self._book, self._gate = settings, book, gate
         self.engines: list[TimedEngine] = []
         self.front = make_cache(settings, self._engine(), book=book)
-        self.front.close()  # registered as live for a while; takes no job
+        self.front.close()  # takes no job (and leaves the live-engine register)
+        if gate is None:
+            self._stand_in()
         self.engines.clear()
         self.workers: list[OcrCache] = []
+
+    def _stand_in(self) -> None:
+        """A live engine that takes nothing, so the front door queues its misses until the
+        workers start (it would compute them itself with no engine registered)."""
+        names = self.front._misses._queue.names  # type: ignore[union-attr]
+        client = redis.Redis.from_url(self._settings.redis.url)
+        seconds, micros = client.time()
+        client.zadd(names.engines, {"stand-in": seconds * 1000 + micros // 1000})
+        client.close()
 
     def _engine(self) -> TimedEngine:
         if self._gate is None:
@@ -406,3 +418,35 @@ def test_interjection_off_leaves_the_single_page_waiting(
     assert single.result(WAIT).status is CacheStatus.MISS
     assert all(f.result(WAIT).status is CacheStatus.MISS for f in a_pages)
     pool.shutdown()
+
+
+def test_interjection_is_decided_by_the_queue_alone(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """``_TAKE`` in interjection mode, on the queue's own keys: nothing while a live engine
+    is idle, nor from a lane with a job running; else the job the round robin takes next.
+    A declined take leaves the ring as it was."""
+    cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
+    cache.close()
+    feeders, names = cache._feeders, cache._misses._queue.names  # type: ignore[union-attr]
+    assert feeders is not None
+    seconds, micros = redis_client.time()
+    now = seconds * 1000 + micros // 1000
+    redis_client.zadd(names.engines, {"e1": now, "e2": now})
+    plant(redis_client, names, "a", a_job(cache, "a", 0))
+    plant(redis_client, names, "a", a_job(cache, "a", 1))
+    redis_client.xreadgroup("engines", "e1", {names.stream("a"): ">"}, count=1)  # e1 busy
+    b_entry = plant(redis_client, names, "b", a_job(cache, "b", 0))
+    redis_client.hset(names.deficits, "a", "0.000001")  # b's turn: it has the most credit
+    redis_client.delete(names.ring)
+    redis_client.rpush(names.ring, "a", "b")
+    ring = redis_client.lrange(names.ring, 0, -1)
+
+    assert feeders._take(redis_client, "i", interject=True) == ([], 0.0)  # e2 is idle
+    assert redis_client.lrange(names.ring, 0, -1) == ring
+    redis_client.xreadgroup("engines", "e2", {names.stream("a"): ">"}, count=1)  # e2 busy
+    jobs, _ = feeders._take(redis_client, "i", interject=True)
+    assert [job.id for job in jobs] == [b_entry]
+
+    plant(redis_client, names, "b", a_job(cache, "b", 1))  # b has one running now
+    assert feeders._take(redis_client, "i", interject=True) == ([], 0.0)

@@ -178,7 +178,7 @@ def test_a_page_interjected_into_a_reusing_page_answers_as_alone(lines_engine, r
     from tests.test_engine import interjected
 
     store = _store(redis_server.url, lines_engine.fingerprint)
-    long = _request(corpus_bytes(CORPUS / "paddleocr_doc_11.jpg"), lines_engine, "paused")
+    long = _request(corpus_bytes(CORPUS / "paddleocr_doc_11.jpg"), lines_engine, "paused-beside-on")
     short = _request(corpus_bytes(PHOTOTEST), lines_engine, "interjected")
     lines_engine.use_line_store(None)
     off = [lines_engine.recognize(long), lines_engine.recognize(short)]
@@ -190,6 +190,38 @@ def test_a_page_interjected_into_a_reusing_page_answers_as_alone(lines_engine, r
     assert answers[2] == ["long: start", "short", "long: end"]
     assert [answers[0].to_dict(), answers[1].to_dict()] == [a.to_dict() for a in off]
     assert _since(before)[1] >= len(off[0].lines) + len(off[1].lines)  # all recognised
+
+
+def test_a_page_without_reuse_interjected_into_a_reusing_page_stays_without(
+    lines_engine, redis_server
+):
+    """A request that may neither read nor write lines (``no-cache`` with ``no-store``, or
+    bypass), interjected into another tenant's page that reuses lines: it is recognised
+    by the stock recognizer, not the paused page's (which would look it up and store it in
+    that tenant's namespace); the paused page counts its own lines only."""
+    from app.engines.base import LineUse
+    from tests.test_engine import interjected
+
+    store = _store(redis_server.url, lines_engine.fingerprint)
+    long_data = corpus_bytes(CORPUS / "paddleocr_doc_11.jpg")
+    short = dataclasses.replace(
+        _request(corpus_bytes(PHOTOTEST), lines_engine, "other"),
+        lines=LineUse(read=False, write=False),
+    )
+    lines_engine.use_line_store(None)
+    off = lines_engine.recognize(short)
+    lines_engine.use_line_store(store)
+    before = _count()
+    lines_engine.recognize(_request(long_data, lines_engine, "alone-beside-off"))
+    alone = _since(before)
+    before = _count()
+    long = _request(long_data, lines_engine, "paused-beside-off")  # its lines unseen yet
+    answers = interjected(
+        lines_engine, lambda: lines_engine.recognize(long), lambda: lines_engine.recognize(short)
+    )
+    assert answers[2] == ["long: start", "short", "long: end"]
+    assert answers[1].to_dict() == off.to_dict()
+    assert _since(before) == alone  # the paused page's lines, none of the interjected one's
 
 
 def test_template_copies_reuse_their_labels_exactly(lines_engine, redis_server):

@@ -13,8 +13,8 @@ Where the engine can pause its call for another (``engine.interject``: the in-pr
 between recognition batches), ``interjected(fn)`` runs ``fn`` - a queued job's whole
 serving, its engine call included - on the engine's thread at the next pause of the call
 in progress, which then resumes. The paused call is charged its own time only, and ``fn``
-has the process to itself meanwhile (the engine's work holds Python's GIL at times: a job
-served beside it on another thread was measured waiting up to a second).
+runs while the engine does nothing else (its work holds Python's GIL at times: a job served
+on another thread beside it was measured waiting up to a second for it).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -45,7 +46,9 @@ class EngineRunner:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="engine")
         self._interject = interject
         self._inside = threading.local()  # on the engine's thread, in an interjected fn
-        self._interjected = 0.0  # seconds of interjected work so far: no paused call's
+        # (start, end) of the interjected work lately done: no call that overlaps it is
+        # charged for it (one call at a time where the engine can interject)
+        self._interjections: deque[tuple[float, float]] = deque(maxlen=64)
         self._workers = workers
         self._max_queue = max_queue
         self._timeout = timeout
@@ -74,13 +77,13 @@ class EngineRunner:
         ``timeout``: this call's own bound (a dispatched job's time left), else the runner's;
         ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait nor
         the interjected work it was paused for). Within ``interjected``, inline."""
-        if getattr(self._inside, "active", False):
-            return self._start(elapsed, fn, *args, queued=False)
         if timeout is None:
             timeout = self._timeout
         elif timeout <= 0:  # the caller's time is gone: no engine work for nobody
             metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
             raise EngineTimeout("OCR took longer than the time its caller had left")
+        if getattr(self._inside, "active", False):
+            return self._start(elapsed, fn, *args, queued=False)
         with self._lock:
             if self._waiting >= self._max_queue:
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
@@ -118,7 +121,7 @@ class EngineRunner:
                 return fn()
             finally:
                 self._inside.active = False
-                self._interjected += time.perf_counter() - began  # only on the engine's thread
+                self._interjections.append((began, time.perf_counter()))
 
         future: Future[T] = self._interject(inside)
         try:
@@ -134,16 +137,27 @@ class EngineRunner:
         if queued:
             self._left_queue()
         metrics.ENGINE_CALLS_RUNNING.inc()
-        began, paused = time.perf_counter(), self._interjected
+        began = time.perf_counter()
         try:
             return fn(*args)
         finally:
             metrics.ENGINE_CALLS_RUNNING.dec()
-            elapsed = time.perf_counter() - began - (self._interjected - paused)
+            ended = time.perf_counter()
+            elapsed = max(0.0, ended - began - self._paused(began, ended))
             mean = self._mean_seconds
             self._mean_seconds = elapsed if mean is None else 0.8 * mean + 0.2 * elapsed
             if spent is not None:
                 spent.append(elapsed)
+
+    def _paused(self, began: float, ended: float) -> float:
+        """Seconds of interjected work between ``began`` and ``ended`` (within a call
+        interjected itself: none, it is not paused)."""
+        if getattr(self._inside, "active", False):
+            return 0.0
+        return sum(
+            max(0.0, min(end, ended) - max(start, began))
+            for start, end in list(self._interjections)
+        )
 
     def _left_queue(self) -> None:
         with self._lock:

@@ -21,10 +21,10 @@ replica frees up first (``jobs.py`` is the requester's side).
   So while its engine computes, each slot's interjector waits on a second doorbell for the
   job the round robin would take next; when that job's tenant has nothing running and every
   live engine is busy, it takes the job and the engine runs it at the next pause of its
-  page, which then resumes (``app/engines/engine_thread.py``). At most one per page, so a
-  paused page always ends; a tenant already running a job waits its turn as before, so a
-  flood gains nothing; an idle engine anywhere takes the job instead. Each call is charged
-  its own engine time.
+  page, which then resumes (``app/engines/engine_thread.py``). At most one per engine call,
+  so a paused page always ends, and none into a call whose requesters' time is nearly up; a
+  tenant already running a job waits its turn as before, so a flood gains nothing; an idle
+  engine anywhere takes the job instead. Each call is charged its own engine time.
 - An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
   looks again at least every ``BLOCK_MS``.
 - A feeder reports its engine live (a sorted set scored by Redis's clock) every
@@ -299,6 +299,7 @@ class Feeders:
         self._interjecting = interjecting
         self._computing = threading.Condition()
         self._call_of = [0] * slots  # the call each slot's engine runs now (0: none)
+        self._deadline_of = [0.0] * slots  # when that call's first requester stops waiting
         self._calls = 0
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
         _live.add(self)
@@ -376,7 +377,7 @@ class Feeders:
                 backoff = min(backoff * 2, 2.0)
                 continue
             if jobs:
-                self._computes(slot, True)
+                self._computes(slot, True, min(job.deadline for job in jobs))
                 try:
                     self._run(client, consumer, jobs, cost, lambda jobs: serve(jobs, False))
                 finally:
@@ -384,14 +385,24 @@ class Feeders:
         self._client_ids.pop(slot, None)
         if client is not None:  # stopped between jobs: nothing of ours is pending
             self._forget_consumer(client, consumer)
+            try:  # no longer a live engine (an idle one would hold interjection back)
+                client.zrem(self._names.engines, consumer)
+            except REDIS_ERRORS:
+                pass  # it ages out of the register
         _close(client)
 
-    def _computes(self, slot: int, busy: bool) -> None:
+    def _computes(self, slot: int, busy: bool, deadline: float = 0.0) -> None:
         """The slot's engine starts (or ends) a call: its interjector's cue."""
         with self._computing:
             self._calls += 1
             self._call_of[slot] = self._calls if busy else 0
+            self._deadline_of[slot] = deadline
             self._computing.notify_all()
+
+    def _may_pause(self, slot: int) -> bool:
+        """The slot's call has time to be paused for one more call (two of this engine's
+        mean) before its first requester stops waiting."""
+        return self._deadline_of[slot] - time.time() > 2 * self._mean_seconds()
 
     def _next_call(self, slot: int, last: int) -> int:
         """The call the slot's engine runs now, once it is not ``last`` (0: stopped)."""
@@ -403,12 +414,13 @@ class Feeders:
     def _interject(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
         """While the slot's engine computes a call: the job the round robin takes next, if
         its tenant has nothing running and every engine is busy, interjected into that call
-        (at most one per call, so the paused call always ends)."""
+        (at most one per call, so the paused call always ends; none into a call whose
+        requesters' time is nearly up)."""
         consumer, key = f"{self._name}-{slot}-interject", self._slots + slot
         client: Any = None
         call = 0
         while (call := self._next_call(slot, call)) and not self._stopped.is_set():
-            if not healthy():
+            if not healthy() or not self._may_pause(slot):
                 continue
             try:
                 if client is None:

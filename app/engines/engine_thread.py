@@ -6,8 +6,8 @@ so every call of an engine runs on one thread, one after another. A call may be
 the engine calls ``yield_point()`` between the steps of a page, its recognition batches -
 and that call then resumes where it stopped, its own state untouched (an interjected call
 runs the same models on the same thread, never at the same time). No call is abandoned or
-restarted: a long page is only paused while a short one of another tenant runs
-(``app/cache/feeders.py`` decides when). An interjected call is not interrupted in turn.
+restarted: a page is only paused while another tenant's job runs (``app/cache/feeders.py``
+decides which and when). An interjected call is not interrupted in turn.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class EngineThread:
 
     def yield_point(self) -> None:
         """Between two steps of the call in progress (on this thread): run the interjected
-        calls waiting. Nothing within an interjected call."""
-        if self._interjecting or not self._waiting_in:
+        calls waiting. Nothing within an interjected call, nor from another thread."""
+        if self._interjecting or not self._waiting_in or not self.on_thread():
             return
         self._interjecting = True
         try:

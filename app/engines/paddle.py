@@ -93,6 +93,7 @@ class PaddleOcrEngine(EngineBase):
         self._line_schema = fingerprint_of({"opencv": _opencv_versions()})
         self._pipeline: Any = None
         self._recognizer: Any = None  # the pipeline's own text recognizer (unwrapped)
+        self._pausing: Any = None  # the same, pausing between its batches
         self._lines: tuple[LineStore, Callable[[str], bool]] | None = None  # use_line_store
         # The predictors are built and always called on this one thread: Paddle Inference
         # with oneDNN failed with an opaque std::exception here when one predictor was called
@@ -142,9 +143,8 @@ class PaddleOcrEngine(EngineBase):
     def _load_here(self) -> None:
         if self._pipeline is None:
             self._pipeline = self._build()
-            inner = self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
-            self._recognizer = inner.text_rec_model
-            inner.text_rec_model = Pausing(self._recognizer, self._runner.yield_point)
+            self._recognizer = self._inner().text_rec_model
+            self._pausing = Pausing(self._recognizer, self._runner.yield_point)
             warmup = OcrRequest(b"", _warmup_image(), self._default_params)
             self._predict_here([warmup], reuse=False)  # nothing of the warm-up is stored
 
@@ -217,19 +217,29 @@ class PaddleOcrEngine(EngineBase):
 
     def _predict_pages(self, images: Any, p: OcrParams) -> list[Any]:
         try:
-            return self._run_pipeline(images, p)
+            return self._run_pipeline(images, p, self._pausing)
         except Exception as exc:  # the runtime raises anything; never let it be cached
             log.warning("paddle inference failed: %s", str(exc)[-500:])
             raise EngineError(f"paddle inference failed: {exc.__class__.__name__}") from exc
 
-    def _run_pipeline(self, images: Any, p: OcrParams) -> list[Any]:
-        outputs = self._pipeline.predict(
-            images,
-            **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
-            text_rec_score_thresh=0.0,
-            return_word_box=p.return_word_box,
-        )
-        return list(outputs)
+    def _inner(self) -> Any:
+        return self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
+
+    def _run_pipeline(self, images: Any, p: OcrParams, recognizer: Any) -> list[Any]:
+        """The pipeline with ``recognizer`` as its text recognizer for this call only: a
+        call interjected into another's pause puts its own in and the paused call's back."""
+        inner = self._inner()
+        paused, inner.text_rec_model = inner.text_rec_model, recognizer
+        try:
+            outputs = self._pipeline.predict(
+                images,
+                **{keyword: getattr(p, name) for name, keyword in DETECTION_PARAMS.items()},
+                text_rec_score_thresh=0.0,
+                return_word_box=p.return_word_box,
+            )
+            return list(outputs)
+        finally:
+            inner.text_rec_model = paused
 
     def _predict_reusing(
         self, request: OcrRequest, store: LineStore, storable: Callable[[str], bool]
@@ -239,19 +249,13 @@ class PaddleOcrEngine(EngineBase):
         the stock pipeline computes a list one page at a time too: batch size 1). Anything
         that fails on the way (the reuse code, a reading, the store beyond its guards) costs
         this page one more computation with reuse off, never its answer."""
-        inner = self._pipeline.paddlex_pipeline._pipeline  # the single-device pipeline
-        installed = inner.text_rec_model  # another page's, when this one is interjected
         try:
             recognizer = ReusingRecognizer(
                 self._recognizer, store, request.namespace, storable, request.lines,
                 pause=self._runner.yield_point,
             )  # fmt: skip
-            inner.text_rec_model = recognizer
-            try:
-                image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
-                outputs = self._run_pipeline(image, request.params)
-            finally:
-                inner.text_rec_model = installed
+            image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
+            outputs = self._run_pipeline(image, request.params, recognizer)
             if len(outputs) != 1:
                 raise ValueError(f"paddle answered {len(outputs)} results for 1")
             return _result(request.image, outputs[0], request.params)
