@@ -113,7 +113,7 @@ bench: install
 bench-edge: install ; $(BIN)/python -m bench.edge
 
 # Issue 26 alone: tenant B's misses while tenant A floods the queue, FIFO against deficit
-# round robin (12-22 minutes on 2 cores); bench/results/fairness.json.
+# round robin with and without interjection (36 minutes on 2 cores); bench/results/fairness.json.
 bench-fairness: install ; $(BIN)/python -m bench.fairness
 
 # The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of

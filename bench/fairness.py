@@ -25,7 +25,7 @@ requests: a p95 over a partial cycle would move with how many of it happened to 
 The target: B's p95 under the flood with ``drr`` at most 1.5 x its p95 alone plus the
 median engine call; A's throughput about the same with every order (the engines stay busy).
 
-Results: bench/results/fairness.json. 20-35 minutes on 2 cores with the default 200 pages.
+Results: bench/results/fairness.json. About 36 minutes on 2 cores with the default 200 pages.
 """
 
 from __future__ import annotations
