@@ -63,3 +63,11 @@ def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:
     """The cache entries matching ``pattern``, without the keys written beside them (the
     near-duplicate indexes of app/cache/pixel_index.py and similarity.py, error markers)."""
     return [k for k in client.keys(pattern) if not any(p in k for p in _INDEX_PARTS)]
+
+
+def stand_in_engine(client: Any, engines_key: str) -> None:
+    """Register a live engine that takes nothing (``engines_key``: the queue's register), so
+    a front door whose own feeders were stopped (a stopped feeder leaves the register) still
+    queues its misses rather than computing them itself."""
+    seconds, micros = client.time()
+    client.zadd(engines_key, {"stand-in": seconds * 1000 + micros // 1000})

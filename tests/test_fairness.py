@@ -1,7 +1,7 @@
 """The fair miss queue (issue 26 §3) on the real dispatch path: a real Redis, two front doors
 as two workers' processes (each with its feeder and a slow counting engine), tenants as key
-namespaces. The jobs are queued first by a front door whose own engine takes none (it stays
-registered as live a while), then two workers start and take them, so the order the engines
+namespaces. The jobs are queued first by a front door whose own engine takes none (a
+stand-in engine keeps the queue open), then two workers start and take them, so the order the engines
 compute them in is the queue's choice alone. Interjection (``DISPATCH_INTERJECT``): engines
 whose calls pause between steps, tenant a's calls held at their pauses until the test
 releases them, so what runs inside them is the queue's choice alone too."""
@@ -26,6 +26,7 @@ from app.engines.base import OcrRequest
 from app.engines.engine_thread import EngineThread
 from app.tenants import Tenant, TenantBook
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult
+from tests.helpers import stand_in_engine
 from tests.test_cache_unit import WAIT, CountingEngine, make_cache
 
 pytestmark = pytest.mark.unit
@@ -106,12 +107,9 @@ class Fleet:
         self.workers: list[OcrCache] = []
 
     def _stand_in(self) -> None:
-        """A live engine that takes nothing, so the front door queues its misses until the
-        workers start (it would compute them itself with no engine registered)."""
-        names = self.front._misses._queue.names  # type: ignore[union-attr]
+        """The front door queues its misses until the workers start."""
         client = redis.Redis.from_url(self._settings.redis.url)
-        seconds, micros = client.time()
-        client.zadd(names.engines, {"stand-in": seconds * 1000 + micros // 1000})
+        stand_in_engine(client, self.front._misses._queue.names.engines)  # type: ignore[union-attr]
         client.close()
 
     def _engine(self) -> TimedEngine:

@@ -30,10 +30,12 @@ READING = {"app.env"}
 SERVERS = {"app.web", "app.grpc_server", "app.edge", "app.service"}
 ENTRY_POINTS = {"app.__main__", "app.gunicorn_app"}
 # What an engine may import besides other engine modules: the vocabulary, the image type of
-# ``OcrRequest``, the redaction policy (``engines.redacting``), and the wire formats a remote
-# engine speaks as a client (pdserving's result string, the pipeline's gRPC stubs).
+# ``OcrRequest``, the redaction policy (``engines.redacting``), the wire formats a remote
+# engine speaks as a client (pdserving's result string, the pipeline's gRPC stubs), and the
+# malloc helpers (``app.memory``, which imports nothing of ours: the engine's freed memory).
 ENGINE_MAY_IMPORT = {
     "app",
+    "app.memory",
     "app.vocabulary",
     "app.imaging",
     "app.redaction",

@@ -41,7 +41,7 @@ class EngineThread:
     def __init__(self, name: str) -> None:
         self._lock = threading.Condition()
         self._calls: deque[_Call] = deque()
-        self._waiting_in: deque[_Call] = deque()
+        self._to_interject: deque[_Call] = deque()
         self._interjecting = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -52,7 +52,7 @@ class EngineThread:
     def interject(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """``fn(*args)`` at the next yield point of the call in progress (or next, when
         there is none)."""
-        return self._put(self._waiting_in, _Call(fn, args))
+        return self._put(self._to_interject, _Call(fn, args))
 
     def on_thread(self) -> bool:
         """Whether the caller is this engine's thread (a call from it runs inline)."""
@@ -61,7 +61,7 @@ class EngineThread:
     def yield_point(self) -> None:
         """Between two steps of the call in progress (on this thread): run the interjected
         calls waiting. Nothing within an interjected call, nor from another thread."""
-        if self._interjecting or not self._waiting_in or not self.on_thread():
+        if self._interjecting or not self._to_interject or not self.on_thread():
             return
         self._interjecting = True
         try:
@@ -80,13 +80,13 @@ class EngineThread:
             return calls.popleft() if calls else None
 
     def _run_interjected(self) -> None:
-        while (call := self._next(self._waiting_in)) is not None:
+        while (call := self._next(self._to_interject)) is not None:
             call.run()
 
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._calls and not self._waiting_in:
+                while not self._calls and not self._to_interject:
                     self._lock.wait()
             self.yield_point()  # interjected calls first, each on its own
             call = self._next(self._calls)
