@@ -1,10 +1,11 @@
 """The fair miss queue (issue 26 §3) on the real dispatch path: a real Redis, two front doors
 as two workers' processes (each with its feeder and a slow counting engine), tenants as key
 namespaces. The jobs are queued first by a front door whose own engine takes none (a
-stand-in engine keeps the queue open), then two workers start and take them, so the order the engines
-compute them in is the queue's choice alone. Interjection (``DISPATCH_INTERJECT``): engines
-whose calls pause between steps, tenant a's calls held at their pauses until the test
-releases them, so what runs inside them is the queue's choice alone too."""
+stand-in engine keeps the queue open), then two workers start and take them, so the order
+the engines compute them in is the queue's choice alone. Interjection
+(``DISPATCH_INTERJECT``): engines whose calls pause between steps, tenant a's calls held at
+their pauses until the test releases them, so what runs inside them is the queue's choice
+alone too."""
 
 from __future__ import annotations
 
