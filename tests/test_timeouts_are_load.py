@@ -86,7 +86,9 @@ def front(base_settings: Settings, redis_client: redis.Redis) -> Iterator[Front]
         outcomes.append(ok)
         state.record(ok)
 
-    settings = base_settings.with_overrides(ocr_timeout_seconds=0.5)
+    # Long enough for a feeder on a loaded host to take the job before its requester stops
+    # waiting (a job taken after that is dropped unread: no engine call, no timeout to count).
+    settings = base_settings.with_overrides(ocr_timeout_seconds=3.0)
     r = settings.redis
     store = RedisStore(r.url, r.timeout_ms, r.connect_timeout_ms,
                        CircuitBreaker(r.breaker_failures, r.breaker_cooldown_seconds))  # fmt: skip
@@ -128,6 +130,7 @@ def test_a_timeout_is_not_an_engine_failure_and_the_next_request_has_no_pause(fr
     front.engine.hold()
     with pytest.raises(EngineTimeout):
         front.cache.get_or_compute(IMAGES[0], None, controls)
+    assert front.engine.entered.is_set(), "the job was never taken before its deadline"
     wait_for(lambda: calls("timeout") == before + 1, "the timeout was not counted")
     assert_load_not_failure(front)
     front.engine.release.set()

