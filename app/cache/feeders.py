@@ -21,10 +21,12 @@ replica frees up first (``jobs.py`` is the requester's side).
   So while its engine computes, each slot's interjector waits on a second doorbell for the
   job the round robin would take next; when that job's tenant has nothing running and every
   live engine is busy, it takes the job and the engine runs it at the next pause of its
-  page, which then resumes (``app/engines/engine_thread.py``). At most one per engine call,
-  so a paused page always ends, and none into a call whose requesters' time is nearly up; a
-  tenant already running a job waits its turn as before, so a flood gains nothing; an idle
-  engine anywhere takes the job instead. Each call is charged its own engine time.
+  page, which then resumes (``app/engines/engine_thread.py``). Another goes into the same
+  call only once that call has run on its own at least as long as it was paused for the
+  ones before, so a paused page keeps at least half its engine and always ends; none goes
+  into a call whose requesters' time is nearly up; a tenant already running a job waits its
+  turn as before, so a flood gains nothing; an idle engine anywhere takes the job instead.
+  Each call is charged its own engine time.
 - An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
   looks again at least every ``BLOCK_MS``.
 - A feeder reports its engine live (a sorted set scored by Redis's clock) every
@@ -300,6 +302,7 @@ class Feeders:
         self._computing = threading.Condition()
         self._call_of = [0] * slots  # the call each slot's engine runs now (0: none)
         self._deadline_of = [0.0] * slots  # when that call's first requester stops waiting
+        self._began_of = [0.0] * slots  # when that call began (monotonic)
         self._calls = 0
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
         _live.add(self)
@@ -397,6 +400,7 @@ class Feeders:
             self._calls += 1
             self._call_of[slot] = self._calls if busy else 0
             self._deadline_of[slot] = deadline
+            self._began_of[slot] = time.monotonic()
             self._computing.notify_all()
 
     def _may_pause(self, slot: int) -> bool:
@@ -411,38 +415,55 @@ class Feeders:
                 self._computing.wait()
             return 0 if self._stopped.is_set() else self._call_of[slot]
 
+    def _on_its_own(self, slot: int, call: int, lent: float) -> bool:
+        """Wait until the slot's ``call`` has run on its own (its time less the ``lent``
+        seconds it was paused for) at least ``lent`` seconds; False: it ended first."""
+        with self._computing:
+            while not self._stopped.is_set() and self._call_of[slot] == call:
+                short = 2 * lent - (time.monotonic() - self._began_of[slot])
+                if short <= 0:
+                    return True
+                self._computing.wait(short)
+            return False
+
     def _interject(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
         """While the slot's engine computes a call: the job the round robin takes next, if
-        its tenant has nothing running and every engine is busy, interjected into that call
-        (at most one per call, so the paused call always ends; none into a call whose
-        requesters' time is nearly up)."""
+        its tenant has nothing running and every engine is busy, interjected into that call;
+        another once the call has run on its own as long as it was paused (so it keeps at
+        least half its engine and always ends); none into a call whose requesters' time is
+        nearly up."""
         consumer, key = f"{self._name}-{slot}-interject", self._slots + slot
         client: Any = None
         call = 0
         while (call := self._next_call(slot, call)) and not self._stopped.is_set():
-            if not healthy() or not self._may_pause(slot):
-                continue
-            try:
-                if client is None:
-                    client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
-                    if getattr(client, "_single_connection_client", False):
-                        self._client_ids[key] = client.client_id()
-                jobs, cost = self._take(client, consumer, interject=True)
-                while not jobs and self._call_of[slot] == call and not self._stopped.is_set():
-                    client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
-                    if self._call_of[slot] == call:
-                        jobs, cost = self._take(client, consumer, interject=True)
-            except REDIS_ERRORS as exc:
-                log.debug("dispatch interjector: %s", exc.__class__.__name__)
-                self._client_ids.pop(key, None)
-                _close(client)
-                client = None
-                continue  # this call goes without: the next one may have one
-            if jobs:
+            lent = 0.0  # seconds this call was paused for (each job's whole serving)
+            while self._on_its_own(slot, call, lent):
+                if not healthy() or not self._may_pause(slot):
+                    break
+                try:
+                    if client is None:
+                        client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
+                        if getattr(client, "_single_connection_client", False):
+                            self._client_ids[key] = client.client_id()
+                    jobs, cost = self._take(client, consumer, interject=True)
+                    while not jobs and self._call_of[slot] == call and not self._stopped.is_set():
+                        client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
+                        if self._call_of[slot] == call:
+                            jobs, cost = self._take(client, consumer, interject=True)
+                except REDIS_ERRORS as exc:
+                    log.debug("dispatch interjector: %s", exc.__class__.__name__)
+                    self._client_ids.pop(key, None)
+                    _close(client)
+                    client = None
+                    break  # this call goes without: the next one may have one
+                if not jobs:
+                    break  # the call ended
                 metrics.DISPATCH_JOBS.labels(outcome="interjected").inc(len(jobs))
+                began = time.monotonic()
                 self._run(
                     client, consumer, jobs, cost, lambda jobs: serve(jobs, True), report=False
                 )
+                lent += time.monotonic() - began
         self._client_ids.pop(key, None)
         if client is not None:
             self._forget_consumer(client, consumer)
