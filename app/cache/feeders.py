@@ -445,11 +445,12 @@ class Feeders:
                         client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
                         if getattr(client, "_single_connection_client", False):
                             self._client_ids[key] = client.client_id()
-                    jobs, cost = self._take(client, consumer, interject=True)
-                    while not jobs and self._call_of[slot] == call and not self._stopped.is_set():
+                    jobs, cost = list[Job](), 0.0
+                    while self._call_of[slot] == call and not self._stopped.is_set():
+                        jobs, cost = self._take(client, consumer, interject=True)
+                        if jobs:
+                            break
                         client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
-                        if self._call_of[slot] == call:
-                            jobs, cost = self._take(client, consumer, interject=True)
                 except REDIS_ERRORS as exc:
                     log.debug("dispatch interjector: %s", exc.__class__.__name__)
                     self._client_ids.pop(key, None)

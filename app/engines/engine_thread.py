@@ -1,4 +1,4 @@
-"""The one thread an in-process engine runs on, with room for one interjected call.
+"""The one thread an in-process engine runs on, with room for interjected calls.
 
 Paddle Inference's predictors must be called on the thread that built them (``paddle.py``),
 so every call of an engine runs on one thread, one after another. A call may be

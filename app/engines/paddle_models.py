@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,8 +177,12 @@ def _make_dirs(path: Path) -> None:
 
 
 def _complete(folder: Path) -> bool:
-    """Every model file is there and, for the links to the weights, their target too."""
-    return all((folder / name).is_file() for name in MODEL_FILES)
+    """Every model file is there and, for the links to the weights, their target too (an
+    unreadable folder counts as complete: ``_model_dir`` says what is wrong with it)."""
+    try:
+        return all((folder / name).is_file() for name in MODEL_FILES)
+    except PermissionError:
+        return True
 
 
 def _materialize(target: Path, source: Path, name: str, config: dict) -> None:
@@ -187,18 +192,41 @@ def _materialize(target: Path, source: Path, name: str, config: dict) -> None:
     pointed into was deleted) is replaced by one of them only."""
     if _complete(target):
         return
-    _make_dirs(target.parent)
-    folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)  # the lock: no extra file
     try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
+        _make_dirs(target.parent)
+        folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)  # the lock: no file
+    except OSError as exc:
+        raise _unprepared(target, exc) from None
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+        except OSError:  # no flock here (NFS): each rename is still atomic
+            pass
         if _complete(target):  # another worker made it while this one waited
             return
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        staging = _staged(target, source, name, config)
+        broken = target.parent / f"{staging.name}-broken"
+        if target.is_symlink() or target.exists():
+            target.rename(broken)  # aside first, so the rename below cannot fail on it
+        staging.rename(target)
+        if broken.is_symlink() or broken.is_file():
+            broken.unlink()
+        else:
+            shutil.rmtree(broken, ignore_errors=True)
+    except OSError as exc:
+        raise _unprepared(target, exc) from None
+    finally:
+        os.close(folder)  # and the lock with it
+
+
+def _staged(target: Path, source: Path, name: str, config: dict) -> Path:
+    """The new folder for ``target``, complete, beside it (removed again if that fails)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
         os.chmod(staging, DIR_MODE)
         for fname in ("inference.pdmodel", "inference.pdiparams"):
             src = source / fname
             if not src.is_file():
-                _remove(staging)
                 raise ModelFilesError(f"missing model file {src}")
             os.symlink(src.resolve(), staging / fname)
         body = {"Global": {"model_name": name}, **config}
@@ -206,19 +234,18 @@ def _materialize(target: Path, source: Path, name: str, config: dict) -> None:
             yaml.safe_dump(body, allow_unicode=True, sort_keys=False), encoding="utf-8"
         )
         os.chmod(staging / "inference.yml", FILE_MODE)
-        if target.is_dir() or target.is_symlink():
-            broken = target.parent / f"{staging.name}-broken"
-            target.rename(broken)
-            _remove(broken)
-        staging.rename(target)
-    finally:
-        os.close(folder)  # and the lock with it
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
 
 
-def _remove(folder: Path) -> None:
-    for child in folder.iterdir():
-        child.unlink()
-    folder.rmdir()
+def _unprepared(target: Path, exc: OSError) -> ModelFilesError:
+    return ModelFilesError(
+        f"cannot prepare the model folder {target} ({exc.strerror or exc}): prepare it where "
+        "it is writable (python -m app prepare-models at image build time), or set "
+        "OCR_WORK_DIR to a writable folder"
+    )
 
 
 def default_work_dir() -> Path:
