@@ -73,6 +73,7 @@ class SteppedEngine(TimedEngine):
         self.started: list[bytes] = []
         self.spans: list[tuple[bytes, float, float]] = []
         self.seconds: dict[bytes, float] = {}
+        self.held: set[bytes] = set()  # other tenants' pages held like a's
 
     def interject(self, call: Any) -> Future:
         return self._thread.interject(call)
@@ -85,7 +86,7 @@ class SteppedEngine(TimedEngine):
     def _steps(self, request: OcrRequest) -> OcrResult:
         self.started.append(request.data)
         began = time.monotonic()
-        if request.namespace == "a":
+        if request.namespace == "a" or request.data in self.held:
             while not self._gate.wait(0.005):
                 self._thread.yield_point()
         time.sleep(self.seconds.get(request.data, 0.0))
@@ -412,6 +413,31 @@ def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
         lent += end - start  # at least what the interjector counts (it adds the serving)
     assert lent >= 1.0
     gate.set()
+    assert a_pages[0].result(WAIT).status is CacheStatus.MISS
+    pool.shutdown()
+
+
+def test_a_tenants_page_may_go_inside_its_own_running_call(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """Two engines: a's page held on one, b's page held on the other. b's next page waits
+    for nobody: it goes inside b's own call (pausing it takes nothing from a), never inside
+    a's (b has a page running already)."""
+    fleet, (gate, pool, a_pages) = held_fleet(settings, 1)
+    stepped = [e for e in fleet.engines if isinstance(e, SteppedEngine)]
+    for engine in stepped:
+        engine.held.add(page("b", 0))
+    before = interjected()
+    long_page = ask(pool, fleet.workers[1], "b", page("b", 0))
+    wait_for(lambda: len(fleet.started()) == 2, "b's first page did not start")
+    (b_engine,) = [e for e in stepped if page("b", 0) in e.started]
+    second = ask(pool, fleet.workers[0], "b", page("b", 1)).result(WAIT)
+    assert second.status is CacheStatus.MISS
+    assert not gate.is_set() and not long_page.done() and not a_pages[0].done()
+    assert b_engine.started == [page("b", 0), page("b", 1)]  # inside b's call, not a's
+    assert interjected() == before + 1
+    gate.set()
+    assert long_page.result(WAIT).status is CacheStatus.MISS
     assert a_pages[0].result(WAIT).status is CacheStatus.MISS
     pool.shutdown()
 

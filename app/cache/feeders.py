@@ -19,13 +19,15 @@ replica frees up first (``jobs.py`` is the requester's side).
   in-process one, between recognition batches): no order of the queue shortens the wait for
   an engine to *finish* a page, and a back-fill's long pages keep every engine for seconds.
   So while its engine computes, each slot's interjector waits on a second doorbell for the
-  job the round robin would take next; when that job's tenant has nothing running and every
-  live engine is busy, it takes the job and the engine runs it at the next pause of its
-  page, which then resumes (``app/engines/engine_thread.py``). Another goes into the same
-  call only once that call has run on its own at least as long as it was paused for the
-  ones before, so a paused page keeps at least half its engine and always ends; none goes
-  into a call whose requesters' time is nearly up; a tenant already running a job waits its
-  turn as before, so a flood gains nothing; an idle engine anywhere takes the job instead.
+  job the round robin would take next; when that job's tenant has nothing running (but the
+  very call it would pause: its short page need not wait for its own long one, and takes no
+  engine time from anyone else) and every live engine is busy, it takes the job and the
+  engine runs it at the next pause of its page, which then resumes
+  (``app/engines/engine_thread.py``). Another goes into the same call only once that call
+  has run on its own at least as long as it was paused for the ones before, so a paused
+  page keeps at least half its engine and always ends; none goes into a call whose
+  requesters' time is nearly up; a tenant with a job running elsewhere waits its turn as
+  before, so a flood gains nothing; an idle engine anywhere takes the job instead.
   Each call is charged its own engine time.
 - An idle feeder waits on the queue's doorbell (``BLPOP``), rung by every submission, and
   looks again at least every ``BLOCK_MS``.
@@ -95,14 +97,16 @@ return out
 # Deficit round robin (the module's docstring): up to ARGV[3] jobs of one lane for this
 # consumer, {lane, {entries}, what each was charged}, or {} when no lane has one waiting.
 # To interject (ARGV[6], the live-engine window in ms; "" otherwise): the job the round robin
-# takes next, only if its lane has nothing running and every live engine is busy, else {}.
+# takes next, only if its lane has nothing running (but the call it would pause, when that
+# is the lane's one job: ARGV[7]) and every live engine is busy, else {}.
 # KEYS: ring, deficits, shares, costs, engines, lanes. ARGV: group, consumer, count, a job's
-# cost where a lane has none yet (this engine's mean call, seconds), stream prefix, window.
+# cost where a lane has none yet (this engine's mean call, seconds), stream prefix, window,
+# the lane of the call to pause.
 _TAKE = """
 local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fallback, prefix = math.max(tonumber(ARGV[4]) or 1, 0.001), ARGV[5]
-local interject = tonumber(ARGV[6])
+local interject, paused = tonumber(ARGV[6]), ARGV[7]
 -- Every engine that reported within the window holds a job (its consumer has one pending).
 local function every_engine_busy()
   local t = redis.call('TIME')
@@ -180,7 +184,8 @@ while #lanes > 0 do
       if credit[i] > credit[chosen] then chosen = i end
     end
   end
-  if interject and (running[chosen] > 0 or not every_engine_busy()) then
+  local own = running[chosen] == 1 and lanes[chosen] == paused  -- it pauses itself
+  if interject and ((running[chosen] > 0 and not own) or not every_engine_busy()) then
     ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
     return {}
   end
@@ -303,6 +308,7 @@ class Feeders:
         self._call_of = [0] * slots  # the call each slot's engine runs now (0: none)
         self._deadline_of = [0.0] * slots  # when that call's first requester stops waiting
         self._began_of = [0.0] * slots  # when that call began (monotonic)
+        self._lane_of = [""] * slots  # the lane of its jobs ("": several)
         self._calls = 0
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
         _live.add(self)
@@ -380,7 +386,9 @@ class Feeders:
                 backoff = min(backoff * 2, 2.0)
                 continue
             if jobs:
-                self._computes(slot, True, min(job.deadline for job in jobs))
+                lanes = {job.lane for job in jobs}
+                lane = lanes.pop() if len(lanes) == 1 else ""
+                self._computes(slot, True, min(job.deadline for job in jobs), lane)
                 try:
                     self._run(client, consumer, jobs, cost, lambda jobs: serve(jobs, False))
                 finally:
@@ -394,13 +402,15 @@ class Feeders:
                 pass  # it ages out of the register
         _close(client)
 
-    def _computes(self, slot: int, busy: bool, deadline: float = 0.0) -> None:
-        """The slot's engine starts (or ends) a call: its interjector's cue."""
+    def _computes(self, slot: int, busy: bool, deadline: float = 0.0, lane: str = "") -> None:
+        """The slot's engine starts (or ends) a call (of ``lane``'s jobs): its interjector's
+        cue."""
         with self._computing:
             self._calls += 1
             self._call_of[slot] = self._calls if busy else 0
             self._deadline_of[slot] = deadline
             self._began_of[slot] = time.monotonic()
+            self._lane_of[slot] = lane
             self._computing.notify_all()
 
     def _may_pause(self, slot: int) -> bool:
@@ -428,7 +438,8 @@ class Feeders:
 
     def _interject(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
         """While the slot's engine computes a call: the job the round robin takes next, if
-        its tenant has nothing running and every engine is busy, interjected into that call;
+        its tenant has nothing running (but this call) and every engine is busy, interjected
+        into that call;
         another once the call has run on its own as long as it was paused (so it keeps at
         least half its engine and always ends); none into a call whose requesters' time is
         nearly up."""
@@ -447,7 +458,7 @@ class Feeders:
                             self._client_ids[key] = client.client_id()
                     jobs, cost = list[Job](), 0.0
                     while self._call_of[slot] == call and not self._stopped.is_set():
-                        jobs, cost = self._take(client, consumer, interject=True)
+                        jobs, cost = self._take(client, consumer, True, self._lane_of[slot])
                         if jobs:
                             break
                         client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
@@ -530,14 +541,18 @@ class Feeders:
             jobs, cost = self._take(client, consumer)
         return jobs, cost
 
-    def _take(self, client: Any, consumer: str, interject: bool = False) -> tuple[list[Job], float]:
+    def _take(
+        self, client: Any, consumer: str, interject: bool = False, paused: str = ""
+    ) -> tuple[list[Job], float]:
         """The next jobs by the round robin, and what each was charged (seconds);
-        ``interject``: one job to run inside this engine's call, if one may (``_TAKE``)."""
+        ``interject``: one job to run inside this engine's call, of lane ``paused``, if one
+        may (``_TAKE``)."""
         names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
         count, window = (1, str(self._queue.live_ms)) if interject else (self._batch_max, "")
         answer = client.eval(
             _TAKE, 6, names.ring, names.deficits, names.shares, names.costs, names.engines,
             names.lanes, GROUP, consumer, count, f"{quantum:.6f}", names.stream_prefix, window,
+            paused,
         )  # fmt: skip
         if not answer:
             return [], 0.0
