@@ -474,7 +474,8 @@ def test_interjection_is_decided_by_the_queue_alone(
 ) -> None:
     """``_TAKE`` in interjection mode, on the queue's own keys: nothing while a live engine
     is idle, nor from a lane with a job running; else the job the round robin takes next.
-    A declined take leaves the ring as it was."""
+    A declined take leaves the ring as it was. A lane whose running jobs are all the call
+    to pause (of that lane alone) may pause itself."""
     cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
     cache.close()
     feeders, names = cache._feeders, cache._misses._queue.names  # type: ignore[union-attr]
@@ -497,5 +498,13 @@ def test_interjection_is_decided_by_the_queue_alone(
     jobs, _ = feeders._take(redis_client, "i", interject=True)
     assert [job.id for job in jobs] == [b_entry]
 
-    plant(redis_client, names, "b", a_job(cache, "b", 1))  # b has one running now
+    b_next = plant(redis_client, names, "b", a_job(cache, "b", 1))  # b has one running now
     assert feeders._take(redis_client, "i", interject=True) == ([], 0.0)
+    # Into b's own call (all b's running jobs held by the engine to pause, "i"), and only
+    # there: not into e2's call (it holds none of b's), nor a call of a's, nor a mixed one.
+    for paused in (("b", "e2"), ("a", "i"), ("", "i")):
+        assert feeders._take(redis_client, "j", True, paused) == ([], 0.0), paused
+    jobs, _ = feeders._take(redis_client, "j", True, ("b", "i"))
+    assert [job.id for job in jobs] == [b_next]
+    plant(redis_client, names, "b", a_job(cache, "b", 2))  # b: two running, one elsewhere
+    assert feeders._take(redis_client, "k", True, ("b", "i")) == ([], 0.0)

@@ -97,16 +97,17 @@ return out
 # Deficit round robin (the module's docstring): up to ARGV[3] jobs of one lane for this
 # consumer, {lane, {entries}, what each was charged}, or {} when no lane has one waiting.
 # To interject (ARGV[6], the live-engine window in ms; "" otherwise): the job the round robin
-# takes next, only if its lane has nothing running (but the call it would pause, when that
-# is the lane's one job: ARGV[7]) and every live engine is busy, else {}.
+# takes next, only if its lane has nothing running but, at most, the call it would pause
+# (all of that lane's running jobs held by the paused engine's consumer, ARGV[8], in a call
+# of that lane alone, ARGV[7]) and every live engine is busy, else {}.
 # KEYS: ring, deficits, shares, costs, engines, lanes. ARGV: group, consumer, count, a job's
 # cost where a lane has none yet (this engine's mean call, seconds), stream prefix, window,
-# the lane of the call to pause.
+# the lane of the call to pause ("": several), the consumer of the engine to pause.
 _TAKE = """
 local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fallback, prefix = math.max(tonumber(ARGV[4]) or 1, 0.001), ARGV[5]
-local interject, paused = tonumber(ARGV[6]), ARGV[7]
+local interject, paused, pauser = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 -- Every engine that reported within the window holds a job (its consumer has one pending).
 local function every_engine_busy()
   local t = redis.call('TIME')
@@ -126,6 +127,7 @@ local function every_engine_busy()
 end
 -- The lanes with jobs waiting, in ring order; the others leave it and forget their deficit.
 local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
+local mine = {}  -- of a lane's running jobs, how many the engine to pause holds
 for _ = 1, redis.call('LLEN', ring) do
   local lane = redis.call('LPOP', ring)
   if not lane then break end
@@ -137,6 +139,12 @@ for _ = 1, redis.call('LLEN', ring) do
     local i = #lanes + 1
     lanes[i] = lane
     running[i] = pending[1]
+    mine[i] = 0
+    if type(pending[4]) == 'table' then
+      for _, holder in ipairs(pending[4]) do
+        if holder[1] == pauser then mine[i] = tonumber(holder[2]) end
+      end
+    end
     cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
     share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
     credit[i] = tonumber(redis.call('HGET', deficits, lane) or '')  -- nil: just active
@@ -184,7 +192,8 @@ while #lanes > 0 do
       if credit[i] > credit[chosen] then chosen = i end
     end
   end
-  local own = running[chosen] == 1 and lanes[chosen] == paused  -- it pauses itself
+  -- A lane whose running jobs are all the call to pause (of that lane alone) pauses itself.
+  local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
   if interject and ((running[chosen] > 0 and not own) or not every_engine_busy()) then
     ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
     return {}
@@ -210,6 +219,7 @@ while #lanes > 0 do
   redis.call('HDEL', deficits, lanes[chosen])
   table.remove(lanes, chosen); table.remove(cost, chosen)
   table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
+  table.remove(mine, chosen)
 end
 redis.call('DEL', ring)
 return {}
@@ -425,6 +435,13 @@ class Feeders:
                 self._computing.wait()
             return 0 if self._stopped.is_set() else self._call_of[slot]
 
+    def _lane_while(self, slot: int, call: int) -> str | None:
+        """The lane of the slot's ``call`` ("": several) while it runs; None once it ended."""
+        with self._computing:
+            if self._stopped.is_set() or self._call_of[slot] != call:
+                return None
+            return self._lane_of[slot]
+
     def _on_its_own(self, slot: int, call: int, lent: float) -> bool:
         """Wait until the slot's ``call`` has run on its own (its time less the ``lent``
         seconds it was paused for) at least ``lent`` seconds; False: it ended first."""
@@ -443,7 +460,8 @@ class Feeders:
         another once the call has run on its own as long as it was paused (so it keeps at
         least half its engine and always ends); none into a call whose requesters' time is
         nearly up."""
-        consumer, key = f"{self._name}-{slot}-interject", self._slots + slot
+        engine = f"{self._name}-{slot}"  # the consumer of the slot's engine: what it holds
+        consumer, key = f"{engine}-interject", self._slots + slot
         client: Any = None
         call = 0
         while (call := self._next_call(slot, call)) and not self._stopped.is_set():
@@ -457,8 +475,8 @@ class Feeders:
                         if getattr(client, "_single_connection_client", False):
                             self._client_ids[key] = client.client_id()
                     jobs, cost = list[Job](), 0.0
-                    while self._call_of[slot] == call and not self._stopped.is_set():
-                        jobs, cost = self._take(client, consumer, True, self._lane_of[slot])
+                    while (lane := self._lane_while(slot, call)) is not None:
+                        jobs, cost = self._take(client, consumer, True, (lane, engine))
                         if jobs:
                             break
                         client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
@@ -542,17 +560,21 @@ class Feeders:
         return jobs, cost
 
     def _take(
-        self, client: Any, consumer: str, interject: bool = False, paused: str = ""
+        self,
+        client: Any,
+        consumer: str,
+        interject: bool = False,
+        paused: tuple[str, str] = ("", ""),
     ) -> tuple[list[Job], float]:
         """The next jobs by the round robin, and what each was charged (seconds);
-        ``interject``: one job to run inside this engine's call, of lane ``paused``, if one
-        may (``_TAKE``)."""
+        ``interject``: one job to run inside this engine's call, if one may (``_TAKE``);
+        ``paused``: that call's lane ("": several) and its engine's consumer."""
         names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
         count, window = (1, str(self._queue.live_ms)) if interject else (self._batch_max, "")
         answer = client.eval(
             _TAKE, 6, names.ring, names.deficits, names.shares, names.costs, names.engines,
             names.lanes, GROUP, consumer, count, f"{quantum:.6f}", names.stream_prefix, window,
-            paused,
+            *paused,
         )  # fmt: skip
         if not answer:
             return [], 0.0
