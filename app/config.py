@@ -487,7 +487,7 @@ class DispatchSettings(Section):
         "DISPATCH_INTERJECT",
         e.boolean,
         True,
-        "with `drr`: when every engine is busy and the job the round robin takes next is of a tenant with nothing running (or only the page it would pause), an in-process engine runs it between two recognition batches of its page in progress, which then resumes (again only once that page has run on its own as long as it was paused: it keeps at least half its engine)",
+        "with `drr`: when every engine is busy and the job the round robin takes next is of a tenant with nothing running (or only the page it would pause, while another tenant has a job running), an in-process engine runs it between two recognition batches of its page in progress, which then resumes (again only once that page has run on its own as long as it was paused: it keeps at least half its engine)",
     )
 
 

@@ -13,6 +13,7 @@ import io
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -508,3 +509,24 @@ def test_interjection_is_decided_by_the_queue_alone(
     assert [job.id for job in jobs] == [b_next]
     plant(redis_client, names, "b", a_job(cache, "b", 2))  # b: two running, one elsewhere
     assert feeders._take(redis_client, "k", True, ("b", "i")) == ([], 0.0)
+
+
+def test_a_failed_job_frees_its_key_before_its_requesters_hear(
+    settings: Settings, redis_client: redis.Redis
+) -> None:
+    """``fail`` removes the key's marker (if it still names the job) before it publishes: a
+    retry made on hearing the error queues a new job instead of joining the failed one
+    (whose entry lives until ``_finish``); a newer job's marker is left alone."""
+    cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
+    cache.close()
+    feeders, queue = cache._feeders, cache._misses._queue  # type: ignore[union-attr]
+    assert feeders is not None
+    job = replace(a_job(cache, "b", 0), id="1-0")
+    marker = queue.marker(job)
+    redis_client.set(marker, "1-0")
+    feeders.fail(job, "error:boom")
+    assert redis_client.get(marker) is None
+    assert redis_client.get(cache.keys.job_error(job.key, "1-0")) == b"error:boom"
+    redis_client.set(marker, "2-0")  # a newer job of the same key
+    feeders.fail(job, "error:boom")
+    assert redis_client.get(marker) == b"2-0"

@@ -20,8 +20,9 @@ replica frees up first (``jobs.py`` is the requester's side).
   an engine to *finish* a page, and a back-fill's long pages keep every engine for seconds.
   So while its engine computes, each slot's interjector waits on a second doorbell for the
   job the round robin would take next; when that job's tenant has nothing running (but the
-  very call it would pause: its short page need not wait for its own long one, and takes no
-  engine time from anyone else) and every live engine is busy, it takes the job and the
+  very call it would pause, while other tenants hold the other engines: its short page need
+  not wait for its own long one, and takes no engine time from anyone else; a tenant alone
+  keeps its own order) and every live engine is busy, it takes the job and the
   engine runs it at the next pause of its page, which then resumes
   (``app/engines/engine_thread.py``). Another goes into the same call only once that call
   has run on its own at least as long as it was paused for the ones before, so a paused
@@ -99,7 +100,8 @@ return out
 # To interject (ARGV[6], the live-engine window in ms; "" otherwise): the job the round robin
 # takes next, only if its lane has nothing running but, at most, the call it would pause
 # (all of that lane's running jobs held by the paused engine's consumer, ARGV[8], in a call
-# of that lane alone, ARGV[7]) and every live engine is busy, else {}.
+# of that lane alone, ARGV[7], while another lane has a job running) and every live engine
+# is busy, else {}.
 # KEYS: ring, deficits, shares, costs, engines, lanes. ARGV: group, consumer, count, a job's
 # cost where a lane has none yet (this engine's mean call, seconds), stream prefix, window,
 # the lane of the call to pause ("": several), the consumer of the engine to pause.
@@ -124,6 +126,16 @@ local function every_engine_busy()
     if not busy[engine] then return false end
   end
   return #live > 0
+end
+-- Another lane than ``lane`` has a job running: the engines are contended.
+local function others_running(lane)
+  for _, other in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    if other ~= lane then
+      local ok, pending = pcall(redis.call, 'XPENDING', prefix .. other, group)
+      if ok and pending[1] > 0 then return true end
+    end
+  end
+  return false
 end
 -- The lanes with jobs waiting, in ring order; the others leave it and forget their deficit.
 local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
@@ -192,8 +204,10 @@ while #lanes > 0 do
       if credit[i] > credit[chosen] then chosen = i end
     end
   end
-  -- A lane whose running jobs are all the call to pause (of that lane alone) pauses itself.
+  -- A lane whose running jobs are all the call to pause (of that lane alone) pauses itself,
+  -- while another lane holds an engine (alone, a tenant's jobs keep their order).
   local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
+    and others_running(lanes[chosen])
   if interject and ((running[chosen] > 0 and not own) or not every_engine_busy()) then
     ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
     return {}
@@ -264,6 +278,12 @@ if ran > 0 then
 end
 redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 6))
 return redis.call('XDEL', KEYS[1], unpack(ARGV, 6))
+"""
+
+# A job's key marker removed if it still names the job. KEYS: marker. ARGV: job id.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # Computes jobs and stores them (all of it inside the engine's call in progress when told
@@ -726,6 +746,10 @@ class Feeders:
                 "dispatch",
                 lambda c: c.set(self._keys.job_error(job.key, job.id), marker, ex=ERROR_TTL_S),
             )
+        # The key is free before anyone hears: a request made on hearing it (a retry) queues
+        # a new job rather than join this failed one until its entry is deleted (``_finish``).
+        marker_key = self._queue.marker(job)
+        self._store.run("dispatch", lambda c: c.eval(_RELEASE, 1, marker_key, job.id))
         self._store.publish(channel, f"error:{job.id}:{marker}")
 
 
