@@ -475,11 +475,10 @@ class Feeders:
 
     def _interject(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
         """While the slot's engine computes a call: the job the round robin takes next, if
-        its tenant has nothing running (but this call) and every engine is busy, interjected
-        into that call;
-        another once the call has run on its own as long as it was paused (so it keeps at
-        least half its engine and always ends); none into a call whose requesters' time is
-        nearly up."""
+        its tenant has nothing running (but this call, while another tenant runs) and every
+        engine is busy, interjected into that call; another once the call has run on its own
+        as long as it was paused (so it keeps at least half its engine and always ends); none
+        into a call whose requesters' time is nearly up."""
         engine = f"{self._name}-{slot}"  # the consumer of the slot's engine: what it holds
         consumer, key = f"{engine}-interject", self._slots + slot
         client: Any = None
