@@ -113,7 +113,12 @@ def test_one_computation_per_distinct_image_over_three_processes(settings, redis
     wait_for(lambda: redis_client.xlen(stream) == 0, "jobs left in the queue")  # none runs late
     assert sum(e.calls for e in engines) == 4
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in trace]
-    assert sum(o.status is CacheStatus.MISS for o in outcomes) == 4
+    # At least one MISS per image. One more is possible without a computation: a request
+    # whose lookup missed just before another's entry was stored queues a job that a feeder
+    # takes and finds stored (``already_stored``); its requester cannot tell and says MISS.
+    statuses = [o.status for o in outcomes]
+    assert statuses.count(CacheStatus.MISS) >= 4, statuses
+    assert set(statuses) <= {CacheStatus.MISS, CacheStatus.COALESCED, CacheStatus.HIT}
 
 
 def test_params_and_tenant_travel_with_the_job(settings, redis_client):
