@@ -392,9 +392,7 @@ class Feeders:
                 break
             try:
                 if client is None:
-                    client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
-                    if getattr(client, "_single_connection_client", False):
-                        self._client_ids[slot] = client.client_id()
+                    client = self._connect(slot)
                 try:
                     self._heartbeat(client, consumer, report=slot == 0)
                 except redis.ResponseError:  # Redis answered (out of memory under noeviction):
@@ -431,6 +429,14 @@ class Feeders:
             except REDIS_ERRORS:
                 pass  # it ages out of the register
         _close(client)
+
+    def _connect(self, key: int) -> Any:
+        """A connection of the thread's own for blocking reads, registered under ``key`` so
+        ``stop`` can unblock it."""
+        client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
+        if getattr(client, "_single_connection_client", False):
+            self._client_ids[key] = client.client_id()
+        return client
 
     def _computes(self, slot: int, busy: bool, deadline: float = 0.0, lane: str = "") -> None:
         """The slot's engine starts (or ends) a call (of ``lane``'s jobs): its interjector's
@@ -490,9 +496,7 @@ class Feeders:
                     break
                 try:
                     if client is None:
-                        client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
-                        if getattr(client, "_single_connection_client", False):
-                            self._client_ids[key] = client.client_id()
+                        client = self._connect(key)
                     jobs, cost = list[Job](), 0.0
                     while (lane := self._lane_while(slot, call)) is not None:
                         jobs, cost = self._take(client, consumer, True, (lane, engine))
