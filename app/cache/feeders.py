@@ -110,30 +110,34 @@ local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fallback, prefix = math.max(tonumber(ARGV[4]) or 1, 0.001), ARGV[5]
 local interject, paused, pauser = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+-- Over every lane, once: the consumers holding jobs, and how many jobs each lane has running.
+local function holdings()
+  local busy, held = {}, {}
+  for _, lane in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    local ok, pending = pcall(redis.call, 'XPENDING', prefix .. lane, group)
+    if ok then
+      held[lane] = pending[1]
+      if type(pending[4]) == 'table' then
+        for _, holder in ipairs(pending[4]) do busy[holder[1]] = true end
+      end
+    end
+  end
+  return busy, held
+end
 -- Every engine that reported within the window holds a job (its consumer has one pending).
-local function every_engine_busy()
+local function every_engine_busy(busy)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local live = redis.call('ZRANGEBYSCORE', KEYS[5], now - interject, '+inf')
-  local busy = {}
-  for _, lane in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-    local ok, pending = pcall(redis.call, 'XPENDING', prefix .. lane, group)
-    if ok and type(pending[4]) == 'table' then
-      for _, holder in ipairs(pending[4]) do busy[holder[1]] = true end
-    end
-  end
   for _, engine in ipairs(live) do
     if not busy[engine] then return false end
   end
   return #live > 0
 end
 -- Another lane than ``lane`` has a job running: the engines are contended.
-local function others_running(lane)
-  for _, other in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-    if other ~= lane then
-      local ok, pending = pcall(redis.call, 'XPENDING', prefix .. other, group)
-      if ok and pending[1] > 0 then return true end
-    end
+local function others_running(held, lane)
+  for other, running in pairs(held) do
+    if other ~= lane and running > 0 then return true end
   end
   return false
 end
@@ -206,11 +210,14 @@ while #lanes > 0 do
   end
   -- A lane whose running jobs are all the call to pause (of that lane alone) pauses itself,
   -- while another lane holds an engine (alone, a tenant's jobs keep their order).
-  local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
-    and others_running(lanes[chosen])
-  if interject and ((running[chosen] > 0 and not own) or not every_engine_busy()) then
-    ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
-    return {}
+  if interject then
+    local busy, held = holdings()
+    local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
+      and others_running(held, lanes[chosen])
+    if (running[chosen] > 0 and not own) or not every_engine_busy(busy) then
+      ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
+      return {}
+    end
   end
   local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                          'STREAMS', prefix .. lanes[chosen], '>')
