@@ -398,7 +398,7 @@ def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
     assert isinstance(engine, SteppedEngine)
     feeders = fleet.workers[0]._feeders
     assert feeders is not None
-    call_began = feeders._began_of[0]  # the feeders' own clock: a's call, held by the gate
+    call_began = feeders._running[0].began  # the feeders' own clock: a's call, held by the gate
     before = interjected()
     engine.seconds[page("b", 0)] = 1.0
     for i in range(3):

@@ -55,7 +55,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -298,6 +298,18 @@ return 0
 Serve = Callable[[Sequence[Job], bool], Mapping[str, float]]
 
 
+class _Call(NamedTuple):
+    """The call a slot's engine runs: what its interjector decides by."""
+
+    number: int  # this process's count of calls begun (0: none running)
+    deadline: float  # when its first requester stops waiting (wall clock)
+    began: float  # when it began (monotonic)
+    lane: str  # the lane of its jobs ("": several)
+
+
+_NO_CALL = _Call(0, 0.0, 0.0, "")
+
+
 class Feeders:
     """This process's engine slots, feeding on the queue of ``queue``. ``mean_seconds``: an
     engine call's mean here (the round robin's quantum and a job's cost when taken);
@@ -342,10 +354,7 @@ class Feeders:
         self._hold_labels: set[str] = set()
         self._interjecting = interjecting
         self._computing = threading.Condition()
-        self._call_of = [0] * slots  # the call each slot's engine runs now (0: none)
-        self._deadline_of = [0.0] * slots  # when that call's first requester stops waiting
-        self._began_of = [0.0] * slots  # when that call began (monotonic)
-        self._lane_of = [""] * slots  # the lane of its jobs ("": several)
+        self._running = [_NO_CALL] * slots  # the call each slot's engine runs now
         self._calls = 0
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
         _live.add(self)
@@ -450,37 +459,36 @@ class Feeders:
         cue."""
         with self._computing:
             self._calls += 1
-            self._call_of[slot] = self._calls if busy else 0
-            self._deadline_of[slot] = deadline
-            self._began_of[slot] = time.monotonic()
-            self._lane_of[slot] = lane
+            self._running[slot] = (
+                _Call(self._calls, deadline, time.monotonic(), lane) if busy else _NO_CALL
+            )
             self._computing.notify_all()
 
     def _may_pause(self, slot: int) -> bool:
         """The slot's call has time to be paused for one more call (two of this engine's
         mean) before its first requester stops waiting."""
-        return self._deadline_of[slot] - time.time() > 2 * self._mean_seconds()
+        return self._running[slot].deadline - time.time() > 2 * self._mean_seconds()
 
     def _next_call(self, slot: int, last: int) -> int:
         """The call the slot's engine runs now, once it is not ``last`` (0: stopped)."""
         with self._computing:
-            while not self._stopped.is_set() and self._call_of[slot] in (0, last):
+            while not self._stopped.is_set() and self._running[slot].number in (0, last):
                 self._computing.wait()
-            return 0 if self._stopped.is_set() else self._call_of[slot]
+            return 0 if self._stopped.is_set() else self._running[slot].number
 
     def _lane_while(self, slot: int, call: int) -> str | None:
         """The lane of the slot's ``call`` ("": several) while it runs; None once it ended."""
         with self._computing:
-            if self._stopped.is_set() or self._call_of[slot] != call:
+            if self._stopped.is_set() or self._running[slot].number != call:
                 return None
-            return self._lane_of[slot]
+            return self._running[slot].lane
 
     def _on_its_own(self, slot: int, call: int, lent: float) -> bool:
         """Wait until the slot's ``call`` has run on its own (its time less the ``lent``
         seconds it was paused for) at least ``lent`` seconds; False: it ended first."""
         with self._computing:
-            while not self._stopped.is_set() and self._call_of[slot] == call:
-                short = 2 * lent - (time.monotonic() - self._began_of[slot])
+            while not self._stopped.is_set() and self._running[slot].number == call:
+                short = 2 * lent - (time.monotonic() - self._running[slot].began)
                 if short <= 0:
                     return True
                 self._computing.wait(short)
