@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("edge", help="run the nginx edge alone (EDGE=external, EDGE_SOCKET)")
     sub.add_parser("edge-config", help="print the nginx configuration these settings render")
     sub.add_parser("check-config", help="validate the environment and print the settings")
-    sub.add_parser("config-doc", help="print docs/CONFIGURATION.md (generated from app/config.py)")
+    sub.add_parser("config-doc", help="print docs/CONFIGURATION.md (generated from app/config/)")
     sub.add_parser("prepare-models", help="locate/generate the model folders and print them")
     args = parser.parse_args(argv)
     if args.command == "config-doc":  # the declarations, whatever this environment says

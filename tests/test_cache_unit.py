@@ -162,8 +162,10 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
     keys = cache.keys  # the one owner of every name: the other processes use the same ones
     assert keys.done(key) == f"ocr:done:{key}" and keys.done_pattern() == "ocr:done:*"
     assert keys.purge_channel() == "ocr:purge"
-    assert keys.purge_pattern("acme") == "ocr.acme:*"
-    assert keys.purge_pattern("", md5) == f"ocr:*{{{md5}}}*"
+    # A purge reaches the cache's root only (tests/test_purge_scope.py: never quotas, limits
+    # or the queue).
+    assert keys.purge_pattern("acme") == "ocr.acme:v[0-9]*"
+    assert keys.purge_pattern("", md5) == f"ocr:v[0-9]*{{{md5}}}*"
     assert keys.l1(digest_image(data), keys.task(OcrParams()))[-1] == digest_image(data).sha256
     names = keys.dispatch()
     tag = "{ocr:dispatch:v3:doublefingerprt}"
@@ -550,7 +552,7 @@ def test_no_live_engine_computes_here(settings, double, redis_client):
 
 def test_calls_made_here_queue_in_the_worker_and_are_refused_when_it_is_full(settings):
     """A miss computed by this process's own engine (``no-store`` here; also Redis down)
-    waits in the worker's bounded queue: one runs, ``ENGINE_QUEUE_MAX`` wait, more are
+    waits in the worker's bounded queue: one runs, ``WEB_THREADS`` wait, more are
     refused at once (``EngineBusy``: 503 + Retry-After)."""
     from app.vocabulary import EngineBusy
 
@@ -558,7 +560,7 @@ def test_calls_made_here_queue_in_the_worker_and_are_refused_when_it_is_full(set
         max_concurrency = 1
 
     serial = Serial()
-    cache = make_cache(settings, serial, engine_queue_max=1)
+    cache = make_cache(settings, serial, web_threads=1)
     no_store = CacheControls(no_store=True)
     serial.hold()
     with ThreadPoolExecutor(2) as pool:

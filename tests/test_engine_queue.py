@@ -58,7 +58,7 @@ def _wait_depth(value: float, timeout: float, gauge: str = "ocr_engine_queue_dep
 
 
 def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
-    app = make_app(ocr_timeout_seconds=1.0, engine_queue_max=8)
+    app = make_app(ocr_timeout_seconds=1.0, web_threads=8)
     cache = app.extensions["ocr"]["cache"]
     before = _metrics()
     threads, outcomes = _big_calls(cache, 6)
@@ -87,7 +87,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
     """The global miss queue (its depth is ``ocr_dispatch_queue_depth``) refuses alike in
     every protocol (the worker's own queue, for calls made here: tests/test_cache_unit.py)."""
     gauge = "ocr_dispatch_queue_depth"
-    app = make_app(ocr_timeout_seconds=60.0, engine_queue_max=2)
+    app = make_app(ocr_timeout_seconds=60.0, dispatch_queue_max=2)
     cache = app.extensions["ocr"]["cache"]
     settings = app.extensions["ocr"]["settings"].with_overrides(host="127.0.0.1")
     server, port = grpc_server.start(cache, settings, port=0)

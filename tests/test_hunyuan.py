@@ -557,7 +557,7 @@ def test_paddle_and_serving_engines_only_offer_ocr(base_settings):
 
 def test_pool_is_sized_to_the_threads_that_call_the_engine(front, fake, base_settings):
     # Six callers through the test client, more than 2 threads would bring: room to queue.
-    app, _ = front(web_threads=2, grpc_enabled=False, engine_queue_max=6)
+    app, _ = front(web_threads=2, grpc_enabled=False, dispatch_queue_max=6)
     assert app.extensions["ocr"]["cache"].engine.pool_size == 2
     both = HunyuanEngine.from_settings(hunyuan_settings(base_settings, fake, web_threads=3))
     assert both.pool_size == 6  # HTTP and gRPC threads

@@ -84,7 +84,7 @@ def for_settings(
         store=store,
         decode=decode,
         callers=settings.engine_callers(),
-        queue_size=settings.engine.queue_max or settings.server.web_threads,
+        queue_size=settings.server.web_threads,
         wait_for_engine=wait_for_engine,
         on_engine_outcome=on_engine_outcome,
     )
@@ -110,7 +110,7 @@ def build(
 ) -> OcrCache:
     """``callers``: threads of a worker that may call the engine at once (HTTP and gRPC):
     a remote engine serves them concurrently, an in-process one says how many it takes;
-    ``queue_size``: engine calls that may wait here to start (``ENGINE_QUEUE_MAX``)."""
+    ``queue_size``: engine calls that may wait here to start (``WEB_THREADS``)."""
     store = store if store is not None and cache.enabled else NullStore()
     keys = KeySpace(cache.key_prefix, engine.fingerprint)
     codec = Codec(cache.encryption_keys)
@@ -152,7 +152,7 @@ def build(
         notifier = Notifier(redis, keys, on_purge=l1.clear)
         queue = JobQueue(
             redis, keys, notifier,
-            per_engine_max=dispatch.queue_max or queue_size,
+            per_engine_max=dispatch.queue_max,
             live_ms=max(dispatch.claim_ms, 3 * BLOCK_MS),
             poll_seconds=0.5,
             mean_seconds=lambda: runner.mean_seconds,

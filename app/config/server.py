@@ -1,0 +1,67 @@
+"""The listeners and the front processes: ``Settings.server``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app import env as e
+from app.env import Section, env
+
+
+@dataclass(frozen=True)
+class ServerSettings(Section):
+    TITLE = "Listeners and front processes"
+    INTRO = "Where the service listens and how its fronts run; timeouts and stopping: [DEPLOYMENT.md](DEPLOYMENT.md#run)."
+
+    host: str = env(
+        "HOST", e.text, "0.0.0.0", "where nginx (or gunicorn with `EDGE=none`) and gRPC listen"
+    )
+    http_port: int = env(
+        "HTTP_PORT", e.integer(1, 65535), 9998, "HTTP: nginx's port (gunicorn's with `EDGE=none`)"
+    )
+    grpc_port: int = env(
+        "GRPC_PORT",
+        e.integer(1, 65535),
+        18091,
+        "gRPC, served by every gunicorn worker (`SO_REUSEPORT`), not through nginx",
+    )
+    log_level: str = env(
+        "LOG_LEVEL",
+        e.log_level,
+        "INFO",
+        "`debug`, `info`, `warning`, `error`, `critical`; `debug` also turns nginx's error log to `info`",
+    )
+    web_concurrency: int = env(
+        "WEB_CONCURRENCY", e.integer(1, 64), 2, "front workers (gunicorn); none holds an engine"
+    )
+    web_threads: int = env(
+        "WEB_THREADS",
+        e.integer(1, 256),
+        8,
+        "threads per front worker",
+    )
+    request_timeout_seconds: int = env(
+        "REQUEST_TIMEOUT_SECONDS",
+        e.integer(1, 3600),
+        120,
+        "the longest a request may take and a graceful stop may drain; gunicorn's and nginx's timeouts follow it",
+    )
+    max_request_bytes: int = env(
+        "MAX_REQUEST_BYTES",
+        e.integer(1024, 1 << 30),
+        20 * 1024 * 1024,
+        "request bodies: nginx answers 413 above it; the gRPC message limit by default",
+    )
+    max_image_pixels: int = env(
+        "MAX_IMAGE_PIXELS",
+        e.integer(1, 1 << 31),
+        60_000_000,
+        "decoded pixels per image (400 / `err_no`)",
+    )
+    admin_token: str = env(
+        "ADMIN_TOKEN",
+        e.token,
+        "",
+        "enables `/admin/*` (`Authorization: Bearer`); at least 16 characters",
+        secret=True,
+    )
