@@ -9,8 +9,9 @@ requests finish; SIGTERM would drop them). ``python -m app serve`` starts it bes
 (``EDGE=nginx``); ``python -m app edge`` runs it alone, in front of a gunicorn elsewhere that
 shares the socket's folder (the Kubernetes pod's edge container, ``EDGE=external``).
 
-The answers nginx makes itself (413, 429, 502, 504) are rendered by each protocol's own error
-code into the configuration, so a client reads them as it reads the service's own.
+The answers nginx makes itself (413, 429, 502, 504, and those to a request it cannot parse:
+400, 414, 494, 501, 505) are rendered by each protocol's own error code into the
+configuration, so a client reads them as it reads the service's own.
 """
 
 from __future__ import annotations
@@ -44,21 +45,52 @@ UPSTREAM_KEEPALIVE_SECONDS = 60
 GUNICORN_KEEPALIVE_SECONDS = 65
 # The answers nginx makes itself, in each protocol's form.
 STATUSES = (413, 429, 502, 504)
+# ... and its answers to a request it cannot parse, mostly before it picks a location: in the
+# form of the protocol the path belongs to where it read one (``map $uri``), else REST.
+MALFORMED = (400, 414, 494, 501, 505)
+# nginx's own 494 (a header line over its buffers) reaches the client as 400, as nginx sends it.
+ANSWERED = {494: 400}
+# Where those with no path read (a malformed request line) are answered: an internal location
+# no client's path reaches, since nginx merges the slashes of every path it reads.
+NO_PATH = "//edge-error/"
+# large_client_header_buffers: a request line and each header line fit in one buffer.
+HEAD_BUFFERS, HEAD_BUFFER_BYTES = 4, 8192
 _MESSAGES = {
     413: "request body over {max_body} bytes",
     429: "rate limit exceeded: at most {rate} requests per second per client; retry later",
     502: "the service is not answering; retry later",
     504: "the service did not answer in time",
+    400: (
+        "malformed HTTP request: a bad request line, header line, Host, Content-Length or "
+        "chunk size"
+    ),
+    414: "request line over {head_buffer} bytes",
+    494: "a request header line over {head_buffer} bytes, or a request head over {head} bytes",
+    501: "unsupported Transfer-Encoding: only chunked is accepted",
+    505: "unsupported HTTP version: HTTP/1.0 and HTTP/1.1 are served (HTTP/2 over TLS)",
+}
+# REST's error.code: the app's for the same status (werkzeug's name), nginx's own otherwise.
+_CODES = {
+    413: "too_large",
+    429: "rate_limited",
+    502: "unavailable",
+    504: "timeout",
+    400: "bad_request",
+    414: "request_uri_too_large",
+    494: "request_header_fields_too_large",
+    501: "not_implemented",
+    505: "http_version_not_supported",
 }
 _LOG_ID = "EDGE_REQUEST_ID"  # the request's X-Request-Id in the PaddleX envelope
 
 
 @dataclass(frozen=True)
 class Form:
-    """One protocol's error answers: (status, body) pairs for ``STATUSES``."""
+    """One protocol's error answers: (nginx's status, the status sent, body) for
+    ``STATUSES`` and ``MALFORMED``."""
 
     name: str
-    bodies: tuple[tuple[int, str], ...]
+    bodies: tuple[tuple[int, int, str], ...]
 
 
 @dataclass(frozen=True)
@@ -93,9 +125,10 @@ def forms(settings: Settings) -> tuple[Form, ...]:
     values = {
         "max_body": settings.server.max_request_bytes,
         "rate": f"{settings.edge.rate_limit.rate:g}" if settings.edge.rate_limit else "",
+        "head_buffer": HEAD_BUFFER_BYTES,
+        "head": HEAD_BUFFERS * HEAD_BUFFER_BYTES,
     }
     messages = {status: text.format(**values) for status, text in _MESSAGES.items()}
-    codes = {413: "too_large", 429: "rate_limited", 502: "unavailable", 504: "timeout"}
 
     def pipeline_body(status: int) -> bytes:
         err_no = pipeline.TIMEOUT if status == 504 else pipeline.UNKNOWN_ERROR
@@ -103,14 +136,37 @@ def forms(settings: Settings) -> tuple[Form, ...]:
         return pipeline_http.render(answer)
 
     renderers: dict[str, Callable[[int], bytes]] = {
-        "rest": lambda status: rest.error_body(codes[status], messages[status]),
-        "paddlex": lambda status: paddlex.error(_LOG_ID, status, messages[status]),
+        "rest": lambda status: rest.error_body(_CODES[status], messages[status]),
+        "paddlex": lambda status: paddlex.error(_LOG_ID, _answered(status), messages[status]),
         "pipeline": pipeline_body,
     }
     return tuple(
-        Form(name, tuple((status, _nginx_string(render(status))) for status in STATUSES))
+        Form(
+            name,
+            tuple(
+                (status, _answered(status), _nginx_string(render(status)))
+                for status in STATUSES + MALFORMED
+            ),
+        )
         for name, render in renderers.items()
     )
+
+
+def _answered(status: int) -> int:
+    return ANSWERED.get(status, status)
+
+
+def _path_forms(locations: list[Location]) -> list[tuple[str, str]]:
+    """The locations as ``map $uri`` regexes (exact matches first, then prefixes, longest
+    first, as nginx picks a location), each with its form; any other path is REST's."""
+    exact = [loc for loc in locations if loc.match.startswith("= ")]
+    prefixes = sorted(
+        (loc for loc in locations if not loc.match.startswith("= ") and loc.match != "/"),
+        key=lambda loc: -len(loc.match),
+    )
+    found = [(f"^{re.escape(loc.match[2:])}$", loc.form) for loc in exact]
+    found += [(f"^{re.escape(loc.match)}", loc.form) for loc in prefixes]
+    return found
 
 
 def _nginx_string(body: bytes) -> str:
@@ -140,6 +196,8 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
         Location(f"/{name}/", "pipeline", "Paddle Serving pipeline: /{name}/{method}"),
         Location("/", "rest", "everything else: the web page, stats, admin"),
     ]
+    answers = forms(settings)
+    rest_form = next(form for form in answers if form.name == "rest")
     environment = jinja2.Environment(
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False
     )
@@ -168,9 +226,15 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
         if settings.edge.tls_cert_file
         else None,
         upstream_timeout=settings.server.request_timeout_seconds + 30,
-        statuses=STATUSES,
+        head_buffers=HEAD_BUFFERS,
+        head_buffer_bytes=HEAD_BUFFER_BYTES,
+        statuses=STATUSES + MALFORMED,
+        malformed=MALFORMED,
+        path_forms=_path_forms(locations),
+        no_path=NO_PATH,
+        no_path_bodies=[body for body in rest_form.bodies if body[0] in MALFORMED],
         locations=locations,
-        forms=forms(settings),
+        forms=answers,
     )
 
 

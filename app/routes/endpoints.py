@@ -55,6 +55,15 @@ def _paddlex_http_error(code: str, status: int, message: str) -> bytes:
     return paddlex_protocol.error(paddlex_protocol.new_log_id(), status, message)
 
 
+def _pipeline_http_error(code: str, status: int, message: str) -> bytes:
+    """A method other than POST on the pipeline's path: its five fields (``err_no`` 10000, as
+    the edge's own answers there); a body over the limit as the gateway answers what it cannot
+    route."""
+    if status == 405:
+        return pipeline_http.refusal(message)
+    return rest.error_body(code, message)
+
+
 REST = Endpoint(
     "rest",
     rest_routes.handle,
@@ -72,7 +81,7 @@ PADDLEX = Endpoint(
 PIPELINE = Endpoint(
     "pipeline_http",
     pipeline_http.handle,
-    _rest_http_error,  # as the pipeline's gateway answers what it cannot route
+    _pipeline_http_error,
     lambda _, message: pipeline_http.refusal(message),
     lambda code, status, message: pipeline_http.refusal(message),  # as the edge's 429
 )
