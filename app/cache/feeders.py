@@ -2,19 +2,19 @@
 job only when its engine is free, so a miss goes to whichever engine of any worker or
 replica frees up first (``jobs.py`` is the requester's side).
 
-- **Which job next: deficit round robin over engine time**, across the tenants' lanes, in one
-  script (``_TAKE``) so every worker and replica shares one schedule. The ring holds the lanes
-  with waiting jobs (a lane that becomes active joins at its head, with one quantum times
-  its share of credit); the lane with the most credit left (a deficit above 0; ties: ring
-  order) is served, each job charged its lane's
-  mean engine time (learnt from the lane's finished jobs), and goes to the ring's tail once
-  its credit is spent. When no lane has credit, each gets as many rounds of a quantum (the
-  cheapest lane's job) times its tenant's ``share`` as it takes for one to have some, in one
-  step. A finished job corrects its lane's deficit to the engine time it really took. A lane
-  with nothing waiting leaves the ring and forgets its deficit (no banked credit, no debt).
-  So a tenant that floods gets the engines only while nobody else waits, and a tenant that
-  sends one page is served by the next engine that frees up. Work-conserving: whoever waits
-  is served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+- **Which job next: deficit round robin over engine time**, across the tenants' lanes, in
+  one script (``queue_take.lua``) so every worker and replica shares one schedule. The ring
+  holds the lanes with waiting jobs (a lane that becomes active joins at its head, with one
+  quantum times its share of credit); the lane with the most credit left (a deficit above 0;
+  ties: ring order) is served, each job charged its lane's mean engine time (learnt from the
+  lane's finished jobs), and goes to the ring's tail once its credit is spent. When no lane
+  has credit, each gets as many rounds of a quantum (the cheapest lane's job) times its
+  tenant's ``share`` as it takes for one to have some, in one step. A finished job corrects
+  its lane's deficit to the engine time it really took. A lane with nothing waiting leaves
+  the ring and forgets its deficit (no banked credit, no debt). So a tenant that floods gets
+  the engines only while nobody else waits, and a tenant that sends one page is served by
+  the next engine that frees up. Work-conserving: whoever waits is served. With
+  ``DISPATCH_FAIRNESS=fifo`` there is one lane.
 - **Interjection** (``DISPATCH_INTERJECT``, an engine that can pause its call: the
   in-process one, between recognition batches): no order of the queue shortens the wait for
   an engine to *finish* a page, and a back-fill's long pages keep every engine for seconds.
@@ -62,6 +62,13 @@ import redis
 from app import metrics
 from app.cache.jobs import DEFAULT_LANE, ERROR_TTL_S, GROUP, Job, JobQueue, as_text
 from app.cache.keys import KeySpace
+from app.cache.scripts import (
+    QUEUE_FINISH,
+    QUEUE_HEARTBEAT,
+    QUEUE_RELEASE,
+    QUEUE_STALE,
+    QUEUE_TAKE,
+)
 from app.cache.store import REDIS_ERRORS, RedisStore
 from app.vocabulary import EngineError, OcrParams
 
@@ -70,228 +77,8 @@ log = logging.getLogger(__name__)
 BLOCK_MS = 1000  # a feeder's longest wait for the doorbell: how stale its report may get idle
 UNHEALTHY_PAUSE_SECONDS = 5.0
 
-# Report this engine live; the waiting jobs of every lane, {lane, waiting, ...}. A lane with
-# jobs waiting is put back in the ring if the LRU took it from there; one with no stream
-# entries left and out of the ring is forgotten.
-# KEYS: engines, lanes, ring. ARGV: consumer, register ms, group, stream prefix.
-_HEARTBEAT = """
-local t = redis.call('TIME')
-redis.call('ZADD', KEYS[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local out = {}
-for _, lane in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local stream = ARGV[4] .. lane
-  local length = redis.call('XLEN', stream)
-  local ok, pending = pcall(redis.call, 'XPENDING', stream, ARGV[3])
-  local waiting = length - (ok and pending[1] or 0)
-  local ringed = redis.call('LPOS', KEYS[3], lane)
-  if length == 0 and not ringed then
-    redis.call('SREM', KEYS[2], lane)
-  else
-    if waiting > 0 and not ringed then redis.call('RPUSH', KEYS[3], lane) end
-    table.insert(out, lane)
-    table.insert(out, waiting)
-  end
-end
-return out
-"""
-# Deficit round robin (the module's docstring): up to ARGV[3] jobs of one lane for this
-# consumer, {lane, {entries}, what each was charged}, or {} when no lane has one waiting.
-# To interject (ARGV[6], the live-engine window in ms; "" otherwise): the job the round robin
-# takes next, only if its lane has nothing running but, at most, the call it would pause
-# (all of that lane's running jobs held by the paused engine's consumer, ARGV[8], in a call
-# of that lane alone, ARGV[7], while another lane has a job running) and every live engine
-# is busy, else {}.
-# KEYS: ring, deficits, shares, costs, engines, lanes. ARGV: group, consumer, count, a job's
-# cost where a lane has none yet (this engine's mean call, seconds), stream prefix, window,
-# the lane of the call to pause ("": several), the consumer of the engine to pause.
-_TAKE = """
-local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local fallback, prefix = math.max(tonumber(ARGV[4]) or 1, 0.001), ARGV[5]
-local interject, paused, pauser = tonumber(ARGV[6]), ARGV[7], ARGV[8]
--- Over every lane, once: the consumers holding jobs, and how many jobs each lane has running.
-local function holdings()
-  local busy, held = {}, {}
-  for _, lane in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-    local ok, pending = pcall(redis.call, 'XPENDING', prefix .. lane, group)
-    if ok then
-      held[lane] = pending[1]
-      if type(pending[4]) == 'table' then
-        for _, holder in ipairs(pending[4]) do busy[holder[1]] = true end
-      end
-    end
-  end
-  return busy, held
-end
--- Every engine that reported within the window holds a job (its consumer has one pending).
-local function every_engine_busy(busy)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local live = redis.call('ZRANGEBYSCORE', KEYS[5], now - interject, '+inf')
-  for _, engine in ipairs(live) do
-    if not busy[engine] then return false end
-  end
-  return #live > 0
-end
--- Another lane than ``lane`` has a job running: the engines are contended.
-local function others_running(held, lane)
-  for other, running in pairs(held) do
-    if other ~= lane and running > 0 then return true end
-  end
-  return false
-end
--- The lanes with jobs waiting, in ring order; the others leave it and forget their deficit.
-local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
-local mine = {}  -- of a lane's running jobs, how many the engine to pause holds
-for _ = 1, redis.call('LLEN', ring) do
-  local lane = redis.call('LPOP', ring)
-  if not lane then break end
-  local stream = prefix .. lane
-  local ok, pending = pcall(redis.call, 'XPENDING', stream, group)
-  local waiting = ok and (redis.call('XLEN', stream) - pending[1]) or 0
-  if waiting > 0 and not seen[lane] then
-    seen[lane] = true
-    local i = #lanes + 1
-    lanes[i] = lane
-    running[i] = pending[1]
-    mine[i] = 0
-    if type(pending[4]) == 'table' then
-      for _, holder in ipairs(pending[4]) do
-        if holder[1] == pauser then mine[i] = tonumber(holder[2]) end
-      end
-    end
-    cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
-    share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
-    credit[i] = tonumber(redis.call('HGET', deficits, lane) or '')  -- nil: just active
-  elseif not seen[lane] then
-    redis.call('HDEL', deficits, lane)
-  end
-end
--- A lane that has just become active starts with one quantum (the cheapest lane's job)
--- times its share, as a lane reaching the head of a round robin does: its first job is the
--- next an engine takes, unless another lane's credit is still larger.
-local quantum = nil
-for i = 1, #lanes do quantum = math.min(quantum or cost[i], cost[i]) end
-for i = 1, #lanes do
-  if credit[i] == nil then
-    credit[i] = quantum * share[i]
-    redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
-  end
-end
-local function ringed(first, spent)
-  -- The ring again: from the lane served on (behind it the lanes passed over), and the
-  -- served lane last once its credit is spent.
-  redis.call('DEL', ring)
-  for i = (spent and first + 1 or first), #lanes do redis.call('RPUSH', ring, lanes[i]) end
-  for i = 1, first - 1 do redis.call('RPUSH', ring, lanes[i]) end
-  if spent and lanes[first] then redis.call('RPUSH', ring, lanes[first]) end
-end
-while #lanes > 0 do
-  -- The lane with the most credit left (ties: ring order); none has any: first as many
-  -- rounds of a quantum (the cheapest lane's job) times each lane's share as it takes for
-  -- one to have some.
-  local chosen = nil
-  for i = 1, #lanes do
-    if credit[i] > 0 and (not chosen or credit[i] > credit[chosen]) then chosen = i end
-  end
-  if not chosen then
-    local rounds = nil
-    for i = 1, #lanes do
-      local need = math.floor(-credit[i] / (quantum * share[i])) + 1
-      if not rounds or need < rounds then rounds = need end
-    end
-    chosen = 1
-    for i = 1, #lanes do
-      credit[i] = credit[i] + rounds * quantum * share[i]
-      redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
-      if credit[i] > credit[chosen] then chosen = i end
-    end
-  end
-  -- A lane whose running jobs are all the call to pause (of that lane alone) pauses itself,
-  -- while another lane holds an engine (alone, a tenant's jobs keep their order).
-  if interject then
-    local busy, held = holdings()
-    local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
-      and others_running(held, lanes[chosen])
-    if (running[chosen] > 0 and not own) or not every_engine_busy(busy) then
-      ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
-      return {}
-    end
-  end
-  local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
-                         'STREAMS', prefix .. lanes[chosen], '>')
-  local entries = got and got[1] and got[1][2] or {}
-  if #entries > 0 then
-    credit[chosen] = credit[chosen] - cost[chosen] * #entries
-    redis.call('HSET', deficits, lanes[chosen], string.format('%.6f', credit[chosen]))
-    ringed(chosen, credit[chosen] <= 0)
-    return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
-  end
-  -- Counted as waiting, yet nothing to deliver: entries neither pending nor deliverable
-  -- (their consumer was deleted holding them). They are deleted, so their waiters submit
-  -- again; the lane leaves the ring, and the next is asked.
-  local stream, held = prefix .. lanes[chosen], {}
-  local ok, pend = pcall(redis.call, 'XPENDING', stream, group, '-', '+', 1000)
-  if ok then for _, e in ipairs(pend) do held[e[1]] = true end end
-  for _, e in ipairs(redis.call('XRANGE', stream, '-', '+', 'COUNT', 1000)) do
-    if not held[e[1]] then redis.call('XDEL', stream, e[1]) end
-  end
-  redis.call('HDEL', deficits, lanes[chosen])
-  table.remove(lanes, chosen); table.remove(cost, chosen)
-  table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
-  table.remove(mine, chosen)
-end
-redis.call('DEL', ring)
-return {}
-"""
-# Jobs idle past the claim time in any lane: {lane, id, consumer, deliveries, ...}.
-# KEYS: lanes. ARGV: stream prefix, group, idle ms, count.
-_STALE = """
-local out, found = {}, 0
-for _, lane in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local ok, stale = pcall(redis.call, 'XPENDING', ARGV[1] .. lane, ARGV[2], 'IDLE', ARGV[3],
-                          '-', '+', tonumber(ARGV[4]) - found)
-  if ok then
-    for _, entry in ipairs(stale) do
-      table.insert(out, lane); table.insert(out, entry[1])
-      table.insert(out, entry[2]); table.insert(out, entry[4])
-      found = found + 1
-    end
-  end
-  if found >= tonumber(ARGV[4]) then break end
-end
-return out
-"""
-# Done with these jobs of one lane: acknowledged, deleted, their markers removed if still
-# theirs, the lane's deficit corrected by what they really cost (if it is still there), and
-# its mean job cost moved towards theirs (an average of about 5: the next jobs' charge).
-# KEYS: stream, deficits, costs, markers... ARGV: group, lane, charged, spent (seconds, all
-# the jobs), how many ran, ids...
-_FINISH = """
-local n = #ARGV - 5
-for i = 1, n do
-  if redis.call('GET', KEYS[i + 3]) == ARGV[i + 5] then redis.call('DEL', KEYS[i + 3]) end
-end
-local charged, spent, ran = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if spent ~= charged and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
-  redis.call('HINCRBYFLOAT', KEYS[2], ARGV[2], string.format('%.6f', charged - spent))
-end
-if ran > 0 then
-  local sample = spent / ran
-  local mean = tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '')
-  if mean then sample = 0.8 * mean + 0.2 * sample end
-  redis.call('HSET', KEYS[3], ARGV[2], string.format('%.6f', sample))
-end
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 6))
-return redis.call('XDEL', KEYS[1], unpack(ARGV, 6))
-"""
-
-# A job's key marker removed if it still names the job. KEYS: marker. ARGV: job id.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+# The scripts (app/cache/scripts/): queue_heartbeat.lua, queue_take.lua (the round robin),
+# queue_stale.lua, queue_finish.lua, queue_release.lua.
 
 # Computes jobs and stores them (all of it inside the engine's call in progress when told
 # so: interjected); answers the engine seconds each job's call took (by id).
@@ -557,9 +344,9 @@ class Feeders:
 
     def _heartbeat(self, client: Any, consumer: str, report: bool) -> None:
         names = self._names
-        answer = client.eval(
-            _HEARTBEAT, 3, names.engines, names.lanes, names.ring,
-            consumer, self._claim_ms * 4, GROUP, names.stream_prefix,
+        answer = QUEUE_HEARTBEAT(
+            client, [names.engines, names.lanes, names.ring, names.stream_prefix],
+            [consumer, self._claim_ms * 4, GROUP],
         )  # fmt: skip
         self.reported.set()
         if report:
@@ -605,14 +392,14 @@ class Feeders:
         paused: tuple[str, str] = ("", ""),
     ) -> tuple[list[Job], float]:
         """The next jobs by the round robin, and what each was charged (seconds);
-        ``interject``: one job to run inside this engine's call, if one may (``_TAKE``);
+        ``interject``: one job to run inside this engine's call, if one may (``queue_take.lua``);
         ``paused``: that call's lane ("": several) and its engine's consumer."""
         names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
         count, window = (1, str(self._queue.live_ms)) if interject else (self._batch_max, "")
-        answer = client.eval(
-            _TAKE, 6, names.ring, names.deficits, names.shares, names.costs, names.engines,
-            names.lanes, GROUP, consumer, count, f"{quantum:.6f}", names.stream_prefix, window,
-            *paused,
+        answer = QUEUE_TAKE(
+            client, [names.ring, names.deficits, names.shares, names.costs, names.engines,
+                     names.lanes, names.stream_prefix],
+            [GROUP, consumer, count, f"{quantum:.6f}", window, *paused],
         )  # fmt: skip
         if not answer:
             return [], 0.0
@@ -633,8 +420,8 @@ class Feeders:
     def _reclaim(self, client: Any, consumer: str) -> list[Job]:
         """Jobs idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their consumer died."""
         names = self._names
-        stale = client.eval(
-            _STALE, 1, names.lanes, names.stream_prefix, GROUP, self._claim_ms, self._batch_max
+        stale = QUEUE_STALE(
+            client, [names.lanes, names.stream_prefix], [GROUP, self._claim_ms, self._batch_max]
         )
         jobs: list[Job] = []
         for i in range(0, len(stale), 4):
@@ -723,9 +510,9 @@ class Feeders:
                     client.xclaim(names.stream(lane), GROUP, consumer, 0, ids, justid=True)
                 if not report:
                     return None
-                return client.eval(
-                    _HEARTBEAT, 3, names.engines, names.lanes, names.ring,
-                    consumer, self._claim_ms * 4, GROUP, names.stream_prefix,
+                return QUEUE_HEARTBEAT(
+                    client, [names.engines, names.lanes, names.ring, names.stream_prefix],
+                    [consumer, self._claim_ms * 4, GROUP],
                 )  # fmt: skip
 
             self._store.run("dispatch", run)
@@ -739,10 +526,10 @@ class Feeders:
         for lane, members in _by_lane(jobs).items():
             spent = [seconds.get(job.id, 0.0) for job in members]
             markers = [self._queue.marker(job) for job in members]
-            client.eval(
-                _FINISH, 3 + len(members), names.stream(lane), names.deficits, names.costs,
-                *markers, GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
-                sum(1 for s in spent if s > 0), *[job.id for job in members],
+            QUEUE_FINISH(
+                client, [names.stream(lane), names.deficits, names.costs, *markers],
+                [GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
+                 sum(1 for s in spent if s > 0), *[job.id for job in members]],
             )  # fmt: skip
 
     def succeeded(self, job: Job) -> None:
@@ -767,7 +554,7 @@ class Feeders:
         # The key is free before anyone hears: a request made on hearing it (a retry) queues
         # a new job rather than join this failed one until its entry is deleted (``_finish``).
         marker_key = self._queue.marker(job)
-        self._store.run("dispatch", lambda c: c.eval(_RELEASE, 1, marker_key, job.id))
+        self._store.run("dispatch", lambda c: QUEUE_RELEASE(c, [marker_key], [job.id]))
         self._store.publish(channel, f"error:{job.id}:{marker}")
 
 

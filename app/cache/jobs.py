@@ -38,6 +38,7 @@ from typing import Any
 from app import metrics
 from app.cache.keys import KeySpace
 from app.cache.notify import Notifier
+from app.cache.scripts import QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_SUBMIT
 from app.cache.store import RedisStore
 from app.vocabulary import (
     EngineBusy,
@@ -55,65 +56,7 @@ GROUP = "engines"
 ERROR_TTL_S = 60
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every job's in FIFO
 
-# Join the job queued or running for this key, else add one to its lane (bounded per lane),
-# keep the lane in the ring (a lane becoming active at its head: it was served least lately),
-# its share known, and ring both doorbells (idle engines', busy engines' interjectors'):
-# {id, waiting, engines, all lanes' waiting};
-# waiting -1: joined; id "" when the lane is full, "none" without a live engine.
-# KEYS: stream, engines, marker, ring, lanes, shares, bell, interjectors' bell.
-# ARGV: group, per-engine max, live ms, marker ms, lane, share, stream prefix, then the job's
-# fields. Also answers the waiting jobs of every lane (the fleet's depth).
-_SUBMIT = """
-local current = redis.call('GET', KEYS[3])
-if current and #redis.call('XRANGE', KEYS[1], current, current) > 0 then
-  return {current, -1, 0}
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
-local engines = redis.call('ZCARD', KEYS[2])
-local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
-if not ok then
-  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
-  pending = {0}
-end
-local waiting = redis.call('XLEN', KEYS[1]) - pending[1]
-if engines == 0 then return {'none', waiting, engines} end
-if waiting >= tonumber(ARGV[2]) * engines then return {'', waiting, engines} end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 8))
-redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
-if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('LPUSH', KEYS[4], ARGV[5]) end
-redis.call('SADD', KEYS[5], ARGV[5])
-redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
-for bell = 7, 8 do
-  redis.call('LPUSH', KEYS[bell], '1')
-  redis.call('LTRIM', KEYS[bell], 0, engines - 1)
-end
-local total = 0
-for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  local stream = ARGV[7] .. other
-  local found, others = pcall(redis.call, 'XPENDING', stream, ARGV[1])
-  total = total + redis.call('XLEN', stream) - (found and others[1] or 0)
-end
-return {id, waiting + 1, engines, total}
-"""
-# Is the job still queued or running (its marker names it, its entry is in the stream)? Then
-# its lane stays schedulable: back in the ring and the lanes if the LRU took them.
-# KEYS: stream, marker, ring, lanes. ARGV: job id, lane.
-_ALIVE = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
-if not redis.call('LPOS', KEYS[3], ARGV[2]) then redis.call('RPUSH', KEYS[3], ARGV[2]) end
-redis.call('SADD', KEYS[4], ARGV[2])
-return 1
-"""
-# Delete a job no consumer has read yet (1), else leave it (0): it runs or has run.
-_CANCEL = """
-local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
-if ok and #p > 0 then return 0 end
-if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
-return redis.call('XDEL', KEYS[1], ARGV[2])
-"""
+# The scripts (app/cache/scripts/): queue_submit.lua, queue_alive.lua, queue_cancel.lua.
 
 
 @dataclass(frozen=True)
@@ -252,11 +195,10 @@ class JobQueue:
 
         def run(client: Any) -> Any:
             keys = (names.stream(lane), names.engines, self.marker(job), names.ring,
-                    names.lanes, names.shares, names.bell, names.interject_bell)  # fmt: skip
+                    names.lanes, names.shares, names.bell, names.interject_bell,
+                    names.stream_prefix)  # fmt: skip
             limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share)
-            return client.eval(
-                _SUBMIT, len(keys), *keys, GROUP, *limits, names.stream_prefix, *job.fields()
-            )
+            return QUEUE_SUBMIT(client, keys, [GROUP, *limits, *job.fields()])
 
         ok, answer = self._store.run("dispatch", run)
         if not ok:
@@ -334,9 +276,7 @@ class JobQueue:
     def _alive(self, job_id: str, job: Job) -> bool:
         lane, names = self.lane(job.namespace), self.names
         keys = (names.stream(lane), self.marker(job), names.ring, names.lanes)
-        ok, alive = self._store.run(
-            "dispatch", lambda c: c.eval(_ALIVE, len(keys), *keys, job_id, lane)
-        )
+        ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, [job_id, lane]))
         return not ok or bool(alive)  # Redis unsure: the next read tells
 
     def _give_up(self, job_id: str, job: Job, created: bool, reason: str = "caller_gone") -> bool:
@@ -346,7 +286,7 @@ class JobQueue:
             return False
         ok, deleted = self._store.run(
             "dispatch",
-            lambda c: c.eval(_CANCEL, 2, self.stream(job), self.marker(job), GROUP, job_id),
+            lambda c: QUEUE_CANCEL(c, [self.stream(job), self.marker(job)], [GROUP, job_id]),
         )
         if ok and deleted and reason:
             metrics.ENGINE_QUEUE_DROPPED.labels(reason=reason).inc()

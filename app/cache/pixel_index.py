@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from app.cache.codec import Codec, Entry
 from app.cache.keys import ImageDigest, KeySpace, known_digest
+from app.cache.scripts import PIXEL_RECORD
 from app.cache.store import RedisStore
 from app.cache.tier import ENGINE, Probe, Tier
 from app.imaging import DecodedImage
@@ -46,19 +47,7 @@ def pixel_digest(image: DecodedImage) -> str:
 BUCKET_HEX = 4
 BUCKET_FIELDS = 128  # Redis's default hash-max-listpack-entries: kept compact
 _EVICT = 16  # fields dropped at random when a bucket is full (its entries may be long gone)
-
-# Set a pointer, keep the bucket at most ARGV[4] fields (random ones go, never this one) and
-# alive at least as long as its newest pointer.
-_RECORD = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[4]) then
-  for _, field in ipairs(redis.call('HRANDFIELD', KEYS[1], tonumber(ARGV[5]))) do
-    if field ~= ARGV[1] then redis.call('HDEL', KEYS[1], field) end
-  end
-end
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return 1
-"""
+# A pointer is recorded by app/cache/scripts/pixel_record.lua.
 
 
 class PixelIndex:
@@ -104,7 +93,7 @@ class PixelIndex:
         value = payload + self._codec.tag(key.encode(), field, digest.encode(), payload)
         self._store.run(
             "set",
-            lambda c: c.eval(_RECORD, 1, key, field, value, ttl * 1000, BUCKET_FIELDS, _EVICT),
+            lambda c: PIXEL_RECORD(c, [key], [field, value, ttl * 1000, BUCKET_FIELDS, _EVICT]),
         )
 
 

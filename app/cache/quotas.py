@@ -33,39 +33,13 @@ from typing import Any
 from app import metrics
 from app.cache.keys import KeySpace
 from app.cache.rate_limit import RateLimiter
+from app.cache.scripts import QUOTA_ENGINE_TIME, QUOTA_SLOTS
 from app.cache.store import RedisStore, Store
 from app.env import RateLimit
 from app.tenants import Tenant, TenantBook
 from app.vocabulary import QuotaExceeded
 
-# KEYS[1]: the tenant's slots. ARGV: the limit, a slot's life (ms), the slot. 1 taken, 0 full.
-_ENTER = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 1000)
-return 1
-"""
-# KEYS[1]: the tenant's engine-time TAT (microseconds). ARGV: the cost in microseconds of
-# refill (0: only look) and the tolerance (a minute). Returns the wait in ms (0: allowed).
-_ENGINE_TIME = """
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
-if tat < now then tat = now end
-local cost = tonumber(ARGV[1])
-if cost <= 0 then
-  local wait = tat - tonumber(ARGV[2]) - now
-  if wait > 0 then return math.ceil(wait / 1000) end
-  return 0
-end
-tat = tat + cost
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
-return 0
-"""
+# The scripts: app/cache/scripts/quota_slots.lua and quota_engine_time.lua.
 _MINUTE_US = 60_000_000
 
 
@@ -187,7 +161,7 @@ class Quotas:
             return lambda: self._leave_local(tenant.name)
         key, slot = self._keys.quota("inflight", tenant.name), secrets.token_hex(8)
         ok, entered = self._redis.run(
-            "quota", lambda c: c.eval(_ENTER, 1, key, limit, self._slot_ms, slot)
+            "quota", lambda c: QUOTA_SLOTS(c, [key], [limit, self._slot_ms, slot])
         )
         if ok and not int(entered):
             self._slots_full(tenant)
@@ -221,7 +195,7 @@ class Quotas:
         key = self._keys.quota("engine", tenant.name)
 
         def run(client: Any) -> Any:
-            return client.eval(_ENGINE_TIME, 1, key, f"{cost_us:.0f}", _MINUTE_US)
+            return QUOTA_ENGINE_TIME(client, [key], [f"{cost_us:.0f}", _MINUTE_US])
 
         ok, wait_ms = self._redis.run("quota", run)
         return float(wait_ms) if ok else 0.0

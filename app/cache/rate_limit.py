@@ -5,9 +5,10 @@ The semantics are nginx's ``limit_req rate=R burst=B nodelay``: a client may sen
 requests at once, then R per second; a refused request costs nothing. It is GCRA (the
 generic cell rate algorithm): one number per client, its theoretical arrival time (TAT).
 A request at ``now`` is allowed when ``max(TAT, now) - now <= B / R``, and then moves the
-TAT on by ``1 / R``. The check and the update are one Lua script, atomic in Redis, on
-Redis's clock (``TIME``), so workers and replicas with skewed clocks share one budget. The
-key expires once its TAT has passed (a client that stopped is at a full burst again then).
+TAT on by ``1 / R``. The check and the update are one Lua script
+(``app/cache/scripts/rate_limit_gcra.lua``), atomic in Redis, on Redis's clock (``TIME``),
+so workers and replicas with skewed clocks share one budget. The key expires once its TAT
+has passed (a client that stopped is at a full burst again then).
 
 Redis unavailable (down, slow, circuit open): the request is allowed (fail open; Redis
 errors are counted in ``ocr_redis_errors_total{op="rate_limit"}``). Caching off (no Redis
@@ -24,27 +25,8 @@ from typing import Any
 
 from app import metrics
 from app.cache.keys import KeySpace
+from app.cache.scripts import RATE_LIMIT_GCRA
 from app.cache.store import NullStore, RedisStore
-
-# KEYS[1]: the client's TAT (microseconds on Redis's clock). ARGV: the emission interval
-# 1/R and the tolerance B/R, in microseconds, and "1" to only look (no cell spent).
-# Returns {1, 0} (allowed) or {0, wait_ms}.
-# Numbers are written with %.0f: Lua's tostring keeps 14 digits, a TAT has 16.
-_GCRA = """
-if redis.replicate_commands then redis.replicate_commands() end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval = tonumber(ARGV[1])
-local tolerance = tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now) or now
-if tat < now then tat = now end
-local wait = tat - tolerance - now
-if wait > 0 then return {0, math.ceil(wait / 1000)} end
-if ARGV[3] == '1' then return {1, 0} end
-tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
-return {1, 0}
-"""
 
 # In-memory budgets (caching off) kept at most; past it the expired ones are dropped.
 _LOCAL_MAX_CLIENTS = 100_000
@@ -80,7 +62,6 @@ class RateLimiter:
         self._interval_us = 1_000_000 / rate
         self._tolerance_us = burst * self._interval_us
         self._args = (f"{self._interval_us:.3f}", f"{self._tolerance_us:.3f}")
-        self._script: Any = None  # registered on first use, on the store's client
         self._local: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -99,9 +80,7 @@ class RateLimiter:
         args = (*self._args, "0" if spend else "1")
 
         def run(redis: Any) -> Any:
-            if self._script is None:
-                self._script = redis.register_script(_GCRA)
-            return self._script(keys=[key], args=args, client=redis)
+            return RATE_LIMIT_GCRA(redis, [key], args)
 
         ok, answer = store.run("rate_limit", run)
         if not ok:

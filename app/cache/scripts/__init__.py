@@ -1,0 +1,71 @@
+"""Every Lua script of the service, in one place: each lives in a ``.lua`` file beside this
+module (its header says what it does atomically, its ``KEYS`` and ``ARGV``, and every other
+key it names), is read once at import, and is run by name: ``QUEUE_TAKE(client, keys,
+args)``. This is the only module that sends ``EVALSHA``/``SCRIPT LOAD``.
+
+A script is sent by its SHA-1 (``EVALSHA``); a server that does not know it yet (a fresh
+node, a restart, ``SCRIPT FLUSH``, a failover) answers ``NOSCRIPT``, and the script is then
+loaded (``SCRIPT LOAD``: on a Redis Cluster, on every primary) and sent again: redis-py's
+``register_script`` does the same, but binds each script to one client; these work with any
+client the store hands out (``redis.Redis``, a Sentinel's master, ``RedisCluster``).
+
+Every script touches only the keys in its ``KEYS``, or keys it builds from a ``KEYS``
+element under the same hash tag (the queue's lane streams: its stream prefix is passed in
+``KEYS``), so one script runs on one node of a Redis Cluster, unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+HERE = Path(__file__).resolve().parent
+
+
+class Script:
+    """One Lua script, run by its SHA-1 on whichever client is given."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.path = HERE / f"{name}.lua"
+        self.text = self.path.read_text(encoding="utf-8")
+        self.sha = hashlib.sha1(self.text.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+    def __call__(
+        self, client: Any, keys: Sequence[str], args: Sequence[str | bytes | int | float] = ()
+    ) -> Any:
+        """Run it on ``client`` with ``keys`` and ``args``; loaded there first if needed."""
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.script_load(self.text)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def __repr__(self) -> str:
+        return f"Script({self.name!r})"
+
+
+# The global miss queue (app/queue/).
+QUEUE_SUBMIT = Script("queue_submit")
+QUEUE_ALIVE = Script("queue_alive")
+QUEUE_CANCEL = Script("queue_cancel")
+QUEUE_HEARTBEAT = Script("queue_heartbeat")
+QUEUE_TAKE = Script("queue_take")
+QUEUE_STALE = Script("queue_stale")
+QUEUE_FINISH = Script("queue_finish")
+QUEUE_RELEASE = Script("queue_release")
+# A tenant's quotas (app/cache/quotas.py) and rate limits (app/cache/rate_limit.py).
+QUOTA_SLOTS = Script("quota_slots")
+QUOTA_ENGINE_TIME = Script("quota_engine_time")
+RATE_LIMIT_GCRA = Script("rate_limit_gcra")
+# The pixel tier's index (app/cache/pixel_index.py).
+PIXEL_RECORD = Script("pixel_record")
+
+ALL = (
+    QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_HEARTBEAT, QUEUE_TAKE, QUEUE_STALE,
+    QUEUE_FINISH, QUEUE_RELEASE, QUOTA_SLOTS, QUOTA_ENGINE_TIME, RATE_LIMIT_GCRA, PIXEL_RECORD,
+)  # fmt: skip

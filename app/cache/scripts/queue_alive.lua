@@ -1,0 +1,14 @@
+-- Is this ticket still queued or running (its marker names it and its entry is in the
+-- stream)? Then, atomically, its lane stays schedulable: put back in the ring and among the
+-- lanes if the LRU took it from there.
+--
+-- KEYS[1] the lane's stream  KEYS[2] the entry's marker  KEYS[3] the ring  KEYS[4] the lanes
+-- ARGV[1] the ticket's id  ARGV[2] its lane
+-- Other keys: none.
+--
+-- Returns 1 (alive) or 0 (finished, dropped, or its marker or stream evicted).
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
+if not redis.call('LPOS', KEYS[3], ARGV[2]) then redis.call('RPUSH', KEYS[3], ARGV[2]) end
+redis.call('SADD', KEYS[4], ARGV[2])
+return 1

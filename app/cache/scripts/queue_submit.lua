@@ -1,0 +1,49 @@
+-- Submit a miss to the global queue, atomically: join the ticket already queued or running
+-- for this entry key (its marker names it), else add one to its tenant's lane, bounded per
+-- lane (per-engine max times the live engines), keep the lane in the ring (a lane becoming
+-- active goes to its head: it was served least lately), remember its share, and ring both
+-- doorbells (idle engines', and busy engines' interjectors').
+--
+-- KEYS[1] the lane's stream        KEYS[2] the live-engine register (sorted set)
+-- KEYS[3] the entry's marker       KEYS[4] the ring of lanes with waiting tickets
+-- KEYS[5] every lane with a stream KEYS[6] the lanes' shares (hash)
+-- KEYS[7] the idle engines' bell   KEYS[8] the interjectors' bell
+-- KEYS[9] the lanes' stream prefix (not a key: lane L's stream is KEYS[9] .. L)
+-- ARGV[1] consumer group  ARGV[2] per-engine max  ARGV[3] live window (ms)
+-- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7...] the ticket's fields
+-- Other keys: every lane's stream, KEYS[9] .. lane for each lane in KEYS[5] (same hash tag).
+--
+-- Returns {id, waiting, engines, every lane's waiting}: waiting -1 when it joined; id ""
+-- when the lane is full, "none" without a live engine (then only three values).
+local current = redis.call('GET', KEYS[3])
+if current and #redis.call('XRANGE', KEYS[1], current, current) > 0 then
+  return {current, -1, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+local engines = redis.call('ZCARD', KEYS[2])
+local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
+if not ok then
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+  pending = {0}
+end
+local waiting = redis.call('XLEN', KEYS[1]) - pending[1]
+if engines == 0 then return {'none', waiting, engines} end
+if waiting >= tonumber(ARGV[2]) * engines then return {'', waiting, engines} end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
+redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
+if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('LPUSH', KEYS[4], ARGV[5]) end
+redis.call('SADD', KEYS[5], ARGV[5])
+redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
+for bell = 7, 8 do
+  redis.call('LPUSH', KEYS[bell], '1')
+  redis.call('LTRIM', KEYS[bell], 0, engines - 1)
+end
+local total = 0
+for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  local stream = KEYS[9] .. other
+  local found, others = pcall(redis.call, 'XPENDING', stream, ARGV[1])
+  total = total + redis.call('XLEN', stream) - (found and others[1] or 0)
+end
+return {id, waiting + 1, engines, total}

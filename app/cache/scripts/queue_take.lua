@@ -1,0 +1,160 @@
+-- The lane scheduler: deficit round robin over engine time, in one atomic step shared by
+-- every worker and replica (app/queue/scheduler.py tells the rules). Takes up to ARGV[3]
+-- tickets of one lane for this consumer (XREADGROUP), charges the lane its mean ticket cost
+-- per ticket, and writes the ring back in its new order.
+-- To interject (ARGV[5], the live-engine window in ms; "" otherwise): the ticket the round
+-- robin takes next, only if its lane has nothing running but, at most, the call it would
+-- pause (all of that lane's running tickets held by the paused engine's consumer, ARGV[7],
+-- in a call of that lane alone, ARGV[6], while another lane has a ticket running) and every
+-- live engine is busy; else nothing, and the ring is left as it was.
+--
+-- KEYS[1] the ring  KEYS[2] the deficits (hash)  KEYS[3] the shares (hash)
+-- KEYS[4] the mean costs (hash)  KEYS[5] the live-engine register  KEYS[6] the lanes
+-- KEYS[7] the lanes' stream prefix (not a key: lane L's stream is KEYS[7] .. L)
+-- ARGV[1] consumer group  ARGV[2] consumer  ARGV[3] how many at most
+-- ARGV[4] a ticket's cost where a lane has none yet (this engine's mean call, seconds)
+-- ARGV[5] interjection's live window (ms) or ""  ARGV[6] the lane of the call to pause
+-- ("": several)  ARGV[7] the consumer of the engine to pause
+-- Other keys: every lane's stream, KEYS[7] .. lane for each lane in KEYS[1] and KEYS[6]
+-- (same hash tag).
+--
+-- Returns {lane, {entries}, what each was charged} or {} when no lane has one to give.
+local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix = KEYS[7]
+local group, consumer, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fallback = math.max(tonumber(ARGV[4]) or 1, 0.001)
+local interject, paused, pauser = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+-- Over every lane, once: the consumers holding tickets, and how many each lane has running.
+local function holdings()
+  local busy, held = {}, {}
+  for _, lane in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    local ok, pending = pcall(redis.call, 'XPENDING', prefix .. lane, group)
+    if ok then
+      held[lane] = pending[1]
+      if type(pending[4]) == 'table' then
+        for _, holder in ipairs(pending[4]) do busy[holder[1]] = true end
+      end
+    end
+  end
+  return busy, held
+end
+-- Every engine that reported within the window holds a ticket (its consumer has one pending).
+local function every_engine_busy(busy)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local live = redis.call('ZRANGEBYSCORE', KEYS[5], now - interject, '+inf')
+  for _, engine in ipairs(live) do
+    if not busy[engine] then return false end
+  end
+  return #live > 0
+end
+-- Another lane than ``lane`` has a ticket running: the engines are contended.
+local function others_running(held, lane)
+  for other, running in pairs(held) do
+    if other ~= lane and running > 0 then return true end
+  end
+  return false
+end
+-- The lanes with tickets waiting, in ring order; the others leave it and forget their deficit.
+local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
+local mine = {}  -- of a lane's running tickets, how many the engine to pause holds
+for _ = 1, redis.call('LLEN', ring) do
+  local lane = redis.call('LPOP', ring)
+  if not lane then break end
+  local stream = prefix .. lane
+  local ok, pending = pcall(redis.call, 'XPENDING', stream, group)
+  local waiting = ok and (redis.call('XLEN', stream) - pending[1]) or 0
+  if waiting > 0 and not seen[lane] then
+    seen[lane] = true
+    local i = #lanes + 1
+    lanes[i] = lane
+    running[i] = pending[1]
+    mine[i] = 0
+    if type(pending[4]) == 'table' then
+      for _, holder in ipairs(pending[4]) do
+        if holder[1] == pauser then mine[i] = tonumber(holder[2]) end
+      end
+    end
+    cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
+    share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
+    credit[i] = tonumber(redis.call('HGET', deficits, lane) or '')  -- nil: just active
+  elseif not seen[lane] then
+    redis.call('HDEL', deficits, lane)
+  end
+end
+-- A lane that has just become active starts with one quantum (the cheapest lane's ticket)
+-- times its share, as a lane reaching the head of a round robin does: its first ticket is
+-- the next an engine takes, unless another lane's credit is still larger.
+local quantum = nil
+for i = 1, #lanes do quantum = math.min(quantum or cost[i], cost[i]) end
+for i = 1, #lanes do
+  if credit[i] == nil then
+    credit[i] = quantum * share[i]
+    redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
+  end
+end
+local function ringed(first, spent)
+  -- The ring again: from the lane served on (behind it the lanes passed over), and the
+  -- served lane last once its credit is spent.
+  redis.call('DEL', ring)
+  for i = (spent and first + 1 or first), #lanes do redis.call('RPUSH', ring, lanes[i]) end
+  for i = 1, first - 1 do redis.call('RPUSH', ring, lanes[i]) end
+  if spent and lanes[first] then redis.call('RPUSH', ring, lanes[first]) end
+end
+while #lanes > 0 do
+  -- The lane with the most credit left (ties: ring order); none has any: first as many
+  -- rounds of a quantum (the cheapest lane's ticket) times each lane's share as it takes
+  -- for one to have some.
+  local chosen = nil
+  for i = 1, #lanes do
+    if credit[i] > 0 and (not chosen or credit[i] > credit[chosen]) then chosen = i end
+  end
+  if not chosen then
+    local rounds = nil
+    for i = 1, #lanes do
+      local need = math.floor(-credit[i] / (quantum * share[i])) + 1
+      if not rounds or need < rounds then rounds = need end
+    end
+    chosen = 1
+    for i = 1, #lanes do
+      credit[i] = credit[i] + rounds * quantum * share[i]
+      redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
+      if credit[i] > credit[chosen] then chosen = i end
+    end
+  end
+  -- A lane whose running tickets are all the call to pause (of that lane alone) pauses
+  -- itself, while another lane holds an engine (alone, a tenant's tickets keep their order).
+  if interject then
+    local busy, held = holdings()
+    local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
+      and others_running(held, lanes[chosen])
+    if (running[chosen] > 0 and not own) or not every_engine_busy(busy) then
+      ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
+      return {}
+    end
+  end
+  local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                         'STREAMS', prefix .. lanes[chosen], '>')
+  local entries = got and got[1] and got[1][2] or {}
+  if #entries > 0 then
+    credit[chosen] = credit[chosen] - cost[chosen] * #entries
+    redis.call('HSET', deficits, lanes[chosen], string.format('%.6f', credit[chosen]))
+    ringed(chosen, credit[chosen] <= 0)
+    return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
+  end
+  -- Counted as waiting, yet nothing to deliver: entries neither pending nor deliverable
+  -- (their consumer was deleted holding them). They are deleted, so their waiters submit
+  -- again; the lane leaves the ring, and the next is asked.
+  local stream, held = prefix .. lanes[chosen], {}
+  local ok, pend = pcall(redis.call, 'XPENDING', stream, group, '-', '+', 1000)
+  if ok then for _, e in ipairs(pend) do held[e[1]] = true end end
+  for _, e in ipairs(redis.call('XRANGE', stream, '-', '+', 'COUNT', 1000)) do
+    if not held[e[1]] then redis.call('XDEL', stream, e[1]) end
+  end
+  redis.call('HDEL', deficits, lanes[chosen])
+  table.remove(lanes, chosen); table.remove(cost, chosen)
+  table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
+  table.remove(mine, chosen)
+end
+redis.call('DEL', ring)
+return {}

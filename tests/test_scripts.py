@@ -1,0 +1,373 @@
+"""Every Lua script (``app/cache/scripts/*.lua``) run by the registry on a real Redis and on a
+real three-primary Redis Cluster (``redis-server`` on free loopback ports, started once for
+this module): each one does what its header says, and on the cluster everything it wrote
+lies in the slot of its ``KEYS`` (a key named outside its hash tag would have failed there,
+or landed in another slot)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from app.cache import scripts
+from app.cache.keys import KeySpace, QueueKeys
+from app.embedded_redis import EmbeddedRedis, free_port
+
+pytestmark = pytest.mark.integration
+
+GROUP = "engines"
+
+
+@pytest.fixture(scope="module")
+def single() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[EmbeddedRedis]]:
+    args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--cluster-config-file", "nodes.conf"]  # fmt: skip
+    nodes = [EmbeddedRedis(extra_args=args, port=_cluster_port()) for _ in range(3)]
+    try:
+        for node in nodes:
+            node.start()
+        clients = [redis.Redis(port=n.port) for n in nodes]
+        bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
+        for client, (lo, hi) in zip(clients, bounds, strict=True):
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        for node in nodes[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        _wait(lambda: all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
+                          and len(c.execute_command("CLUSTER", "NODES").splitlines()) == 3
+                          for c in clients))  # fmt: skip
+        for client in clients:
+            client.close()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.cleanup()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def client(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "single":
+        server = request.getfixturevalue("single")
+        plain = redis.Redis(port=server.port)
+        plain.flushall()
+        yield plain
+        plain.close()
+        return
+    nodes = request.getfixturevalue("cluster")
+    spread = RedisCluster(host="127.0.0.1", port=nodes[0].port)
+    spread.flushall()
+    yield spread
+    _all_in_slots(spread)
+    spread.close()
+
+
+# The keys each test may write: on the cluster, each must lie in one of their slots.
+_EXPECTED_SLOTS: list[int] = []
+
+
+def _expect(client: Any, *keys: str) -> None:
+    """Every key this test writes must share a slot with one of ``keys``."""
+    _EXPECTED_SLOTS.clear()
+    if isinstance(client, RedisCluster):
+        _EXPECTED_SLOTS.extend(client.keyslot(key) for key in keys)
+
+
+def _all_in_slots(client: RedisCluster) -> None:
+    found = list(client.scan_iter(count=1000))
+    stray = [k for k in found if client.keyslot(k) not in _EXPECTED_SLOTS]
+    assert not stray, f"keys outside the scripts' slots: {stray}"
+
+
+# The global miss queue -------------------------------------------------------------------
+
+
+def queue(client: Any) -> QueueKeys:
+    names = KeySpace("ocr", "fingerprint").dispatch()
+    _expect(client, names.ring)
+    return names
+
+
+def live_engine(client: Any, names: QueueKeys, consumer: str = "engine-1") -> None:
+    seconds, micros = client.time()
+    client.zadd(names.engines, {consumer: seconds * 1000 + micros // 1000})
+
+
+def submit(
+    client: Any, names: QueueKeys, lane: str, entry: str, *, per_engine: int = 8
+) -> list[Any]:
+    marker = names.marker(entry, "sha")
+    keys = [names.stream(lane), names.engines, marker, names.ring, names.lanes, names.shares,
+            names.bell, names.interject_bell, names.stream_prefix]  # fmt: skip
+    args = [GROUP, per_engine, 10_000, 60_000, lane, "2", "key", entry, "data", b"\x00\xff"]
+    return scripts.QUEUE_SUBMIT(client, keys, args)
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client: Any) -> None:
+    names = queue(client)
+    assert text(submit(client, names, "a", "e1")[0]) == "none"  # no live engine
+    assert client.xlen(names.stream("a")) == 0
+    live_engine(client, names)
+    answer = submit(client, names, "a", "e1")
+    ticket = text(answer[0])
+    assert [int(v) for v in answer[1:]] == [1, 1, 1]  # waiting in its lane, engines, all lanes
+    assert text(client.get(names.marker("e1", "sha"))) == ticket
+    assert client.lrange(names.ring, 0, -1) == [b"a"]
+    assert client.smembers(names.lanes) == {b"a"}
+    assert client.hget(names.shares, "a") == b"2"
+    assert client.lrange(names.bell, 0, -1) == [b"1"]
+    assert client.lrange(names.interject_bell, 0, -1) == [b"1"]
+    (entry_id, fields), = client.xrange(names.stream("a"))  # fmt: skip
+    assert text(entry_id) == ticket and fields == {b"key": b"e1", b"data": b"\x00\xff"}
+    joined = submit(client, names, "a", "e1")
+    assert text(joined[0]) == ticket and int(joined[1]) == -1  # the same entry: joined
+    answer = submit(client, names, "b", "e2", per_engine=1)
+    assert [int(v) for v in answer[1:]] == [1, 1, 2]  # every lane's waiting tickets
+    full = submit(client, names, "a", "e3", per_engine=1)
+    assert text(full[0]) == "" and int(full[1]) == 1  # a's lane holds its one per engine
+
+
+def test_alive_tells_a_queued_ticket_and_puts_its_lane_back(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names)
+    ticket = text(submit(client, names, "a", "e1")[0])
+    client.delete(names.ring, names.lanes)  # taken by the LRU
+    keys = [names.stream("a"), names.marker("e1", "sha"), names.ring, names.lanes]
+    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a"]) == 1
+    assert client.lrange(names.ring, 0, -1) == [b"a"] and client.smembers(names.lanes) == {b"a"}
+    assert scripts.QUEUE_ALIVE(client, keys, ["0-1", "a"]) == 0  # the marker names another
+
+
+def test_cancel_withdraws_only_an_undelivered_ticket(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names)
+    ticket = text(submit(client, names, "a", "e1")[0])
+    keys = [names.stream("a"), names.marker("e1", "sha")]
+    assert scripts.QUEUE_CANCEL(client, keys, [GROUP, ticket]) == 1
+    assert client.xlen(names.stream("a")) == 0 and not client.exists(names.marker("e1", "sha"))
+    ticket = text(submit(client, names, "a", "e1")[0])
+    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"})  # an engine runs it
+    assert scripts.QUEUE_CANCEL(client, keys, [GROUP, ticket]) == 0
+    assert client.xlen(names.stream("a")) == 1
+
+
+def heartbeat(client: Any, names: QueueKeys, consumer: str) -> list[Any]:
+    keys = [names.engines, names.lanes, names.ring, names.stream_prefix]
+    return scripts.QUEUE_HEARTBEAT(client, keys, [consumer, 4000, GROUP])
+
+
+def test_heartbeat_registers_the_engine_and_reads_every_lane(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names, "other")
+    submit(client, names, "a", "e1")
+    submit(client, names, "a", "e2")
+    submit(client, names, "b", "e3")
+    client.xreadgroup(GROUP, "other", {names.stream("b"): ">"})  # b's one ticket runs
+    client.delete(names.ring)
+    client.sadd(names.lanes, "gone")  # a lane without a stream, out of the ring
+    answer = heartbeat(client, names, "engine-1")
+    lanes = {text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
+    assert lanes == {"a": 2, "b": 0}
+    assert client.zscore(names.engines, "engine-1") is not None
+    assert 0 < client.pttl(names.engines) <= 4000
+    assert client.lrange(names.ring, 0, -1) == [b"a"]  # back in the ring: it has waiting
+    assert client.smembers(names.lanes) == {b"a", b"b"}  # "gone" forgotten
+
+
+def take(client: Any, names: QueueKeys, consumer: str, *interject: str) -> list[Any]:
+    keys = [names.ring, names.deficits, names.shares, names.costs, names.engines, names.lanes,
+            names.stream_prefix]  # fmt: skip
+    window, paused, pauser = (*interject, "", "", "")[:3] if interject else ("", "", "")
+    return scripts.QUEUE_TAKE(client, keys, [GROUP, consumer, 1, "0.5", window, paused, pauser])
+
+
+def test_take_serves_the_lane_with_the_most_credit_and_charges_it(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names)
+    for i in range(3):
+        submit(client, names, "a", f"a{i}")
+    submit(client, names, "b", "b0")
+    client.delete(names.ring)
+    client.rpush(names.ring, "a", "b")
+    client.hset(names.deficits, "b", "2.0")  # b has the most credit
+    lane, entries, cost = take(client, names, "engine-1")
+    assert text(lane) == "b" and len(entries) == 1 and float(cost) == 0.5  # the fallback cost
+    assert float(client.hget(names.deficits, "b")) == pytest.approx(1.5)
+    assert client.xpending(names.stream("b"), GROUP)["pending"] == 1
+    lane, entries, _ = take(client, names, "engine-1")  # b has nothing left waiting: a
+    assert text(lane) == "a" and client.hget(names.deficits, "b") is None
+    assert client.lrange(names.ring, 0, -1) == [b"a"]
+
+
+def test_take_interjects_only_while_every_live_engine_is_busy(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names, "e1")
+    live_engine(client, names, "e2")
+    submit(client, names, "a", "a0")
+    submit(client, names, "a", "a1")
+    submit(client, names, "b", "b0")
+    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=1)  # e1 runs a0; e2 idle
+    ring = client.lrange(names.ring, 0, -1)
+    assert take(client, names, "i", "10000") == []
+    assert client.lrange(names.ring, 0, -1) == ring  # a declined take leaves the ring
+    client.xreadgroup(GROUP, "e2", {names.stream("a"): ">"}, count=1)  # now both are busy
+    lane, entries, _ = take(client, names, "i", "10000")
+    assert text(lane) == "b" and len(entries) == 1
+
+
+def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names)
+    ticket = text(submit(client, names, "a", "e1")[0])
+    submit(client, names, "b", "e2")
+    client.xreadgroup(GROUP, "dead", {names.stream("a"): ">"})
+    time.sleep(0.01)
+    keys = [names.lanes, names.stream_prefix]
+    stale = scripts.QUEUE_STALE(client, keys, [GROUP, 5, 10])
+    assert [text(v) for v in stale] == ["a", ticket, "dead", "1"]
+    assert scripts.QUEUE_STALE(client, keys, [GROUP, 60_000, 10]) == []  # none idle that long
+
+
+def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any) -> None:
+    names = queue(client)
+    live_engine(client, names)
+    ticket = text(submit(client, names, "a", "e1")[0])
+    client.delete(names.ring)
+    client.rpush(names.ring, "a")
+    take(client, names, "engine-1")
+    deficit = float(client.hget(names.deficits, "a"))
+    marker = names.marker("e1", "sha")
+    keys = [names.stream("a"), names.deficits, names.costs, marker]
+    assert scripts.QUEUE_FINISH(client, keys, [GROUP, "a", "0.5", "2.5", 1, ticket]) == 1
+    assert client.xlen(names.stream("a")) == 0 and not client.exists(marker)
+    assert client.xpending(names.stream("a"), GROUP)["pending"] == 0
+    assert float(client.hget(names.deficits, "a")) == pytest.approx(deficit - 2.0)
+    assert float(client.hget(names.costs, "a")) == pytest.approx(2.5)  # its first sample
+
+
+def test_release_frees_the_key_only_for_its_own_ticket(client: Any) -> None:
+    names = queue(client)
+    marker = names.marker("e1", "sha")
+    client.set(marker, "2-0")
+    assert scripts.QUEUE_RELEASE(client, [marker], ["1-0"]) == 0 and client.exists(marker)
+    assert scripts.QUEUE_RELEASE(client, [marker], ["2-0"]) == 1 and not client.exists(marker)
+
+
+# Quotas, rate limits, the pixel index ----------------------------------------------------
+
+
+def test_quota_slots_take_up_to_the_limit(client: Any) -> None:
+    key = KeySpace("ocr", "fingerprint").quota("inflight", "tenant")
+    _expect(client, key)
+    taken = [scripts.QUOTA_SLOTS(client, [key], [2, 60_000, f"slot{i}"]) for i in range(3)]
+    assert taken == [1, 1, 0]
+    assert 60_000 < client.pttl(key) <= 61_000
+    client.zadd(key, {"slot0": 0})  # expired: dropped on the next take
+    assert scripts.QUOTA_SLOTS(client, [key], [2, 60_000, "slot3"]) == 1
+
+
+def test_quota_engine_time_spends_and_tells_the_wait(client: Any) -> None:
+    key = KeySpace("ocr", "fingerprint").quota("engine", "tenant")
+    _expect(client, key)
+    minute = 60_000_000
+    assert scripts.QUOTA_ENGINE_TIME(client, [key], [0, minute]) == 0  # nothing spent
+    assert scripts.QUOTA_ENGINE_TIME(client, [key], [2 * minute, minute]) == 0  # spent after
+    wait = scripts.QUOTA_ENGINE_TIME(client, [key], [0, minute])
+    assert 59_000 < wait <= 60_000  # a minute over its budget
+
+
+def test_rate_limit_gcra_allows_the_burst_then_refuses(client: Any) -> None:
+    key = KeySpace("ocr", "fingerprint").rate_limit("10.0.0.1")
+    _expect(client, key)
+    args = ["1000000", "1000000"]  # one a second, a burst of one
+    answers = [scripts.RATE_LIMIT_GCRA(client, [key], [*args, "0"]) for _ in range(3)]
+    assert answers[:2] == [[1, 0], [1, 0]]
+    allowed, wait_ms = answers[2]
+    assert allowed == 0 and 0 < wait_ms <= 1000
+    assert scripts.RATE_LIMIT_GCRA(client, [key], [*args, "1"])[0] == 0  # looking is refused too
+
+
+def test_pixel_record_keeps_the_bucket_bounded_and_the_newest_pointer(client: Any) -> None:
+    key = KeySpace("ocr", "fingerprint").pixel_bucket("abcd", "ocr-task")
+    _expect(client, key)
+    for i in range(8):
+        scripts.PIXEL_RECORD(client, [key], [f"field{i}", f"pointer{i}", 5000, 4, 2])
+    assert client.hlen(key) <= 4
+    assert client.hget(key, "field7") == b"pointer7"
+    assert 4000 < client.pttl(key) <= 5000
+    scripts.PIXEL_RECORD(client, [key], ["field8", "pointer8", 60_000, 4, 2])
+    assert client.pttl(key) > 5000  # alive as long as its newest pointer
+
+
+# The registry --------------------------------------------------------------------------
+
+
+def test_a_script_the_server_does_not_know_is_loaded_and_run(client: Any) -> None:
+    """After a restart, a failover or SCRIPT FLUSH: NOSCRIPT, then loaded and run."""
+    names = queue(client)
+    client.script_flush()
+    assert not any(_exists(client, script.sha) for script in scripts.ALL)
+    marker = names.marker("e1", "sha")
+    client.set(marker, "1-0")
+    assert scripts.QUEUE_RELEASE(client, [marker], ["1-0"]) == 1
+    assert _exists(client, scripts.QUEUE_RELEASE.sha)
+
+
+def test_every_script_file_is_registered_with_its_header() -> None:
+    files = sorted(p.stem for p in scripts.HERE.glob("*.lua"))
+    assert files == sorted(script.name for script in scripts.ALL)
+    for script in scripts.ALL:
+        lines = script.text.splitlines()
+        code = next(i for i, line in enumerate(lines) if not line.startswith("--"))
+        header = "\n".join(lines[:code])
+        assert code >= 5, f"{script.name}: no header comment"
+        for part in ("atomic", "KEYS[1]", "ARGV[1]", "Other keys:", "Returns"):
+            assert part in header, (script.name, part)
+
+
+def _exists(client: Any, sha: str) -> bool:
+    found = client.script_exists(sha)
+    return bool(found[0] if isinstance(found, list) else found)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 <= 65535 and _is_free(port + 10000):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _wait(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the cluster did not come up in time")
