@@ -51,7 +51,7 @@ def test_the_key_is_per_client_under_the_base_prefix():
     assert keys.rate_limit("10.1.2.3") == "ocr:ratelimit:{10.1.2.3}"
     assert keys.rate_limit("::1") == "ocr:ratelimit:{::1}"
     assert keys.rate_limit("") == "ocr:ratelimit:{unknown}"  # a peer that is no address
-    assert keys.purge_pattern() == "ocr:*"  # a purge of everything resets budgets too
+    assert keys.purge_pattern() == "ocr:v[0-9]*"  # a purge never resets budgets
 
 
 def test_burst_plus_one_at_once_then_refused_with_retry_after(redis_server, redis_client):

@@ -4,17 +4,30 @@ MD5 is what the design card asks for; it is not collision-resistant, so every en
 stores the SHA-256 of its input and reads compare it (see ``codec``). The MD5 segment is a
 Redis Cluster hash tag, so an entry and its companions (its error markers) share a
 slot and every variant of one image lives on one node.
+
+Cache state apart from service state. Everything the cache holds for a namespace (entries,
+their error markers and reference pictures, the pixel, similarity and extraction indexes,
+line readings, page lists) lives under ``{prefix}:v<schema>:``, and a purge's SCAN pattern
+(``purge_pattern``) reaches only that root, whatever the namespace or MD5. The service's
+own state lives elsewhere and no purge reaches it: quotas ``{base}:quota:``, rate limits
+``{base}:ratelimit:`` (tenants' request rates and failed-key budgets too), the miss queue
+under its hash tag ``{{base}:dispatch:...}``; pub/sub channels (``{base}:done:``,
+``{base}:purge``) are no keys. A new name for service state must not start with
+``{prefix}:v`` and a digit; a new cache name must (or a purge leaves it behind).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 from app.vocabulary import OcrParams
 
 # Bump when the key layout or the entry envelope changes.
 KEY_SCHEMA = "v1"
+# Every entry schema's root (``v1``, ``v2``...): what a purge may reach below a prefix.
+ENTRY_ROOT_GLOB = "v[0-9]"
 DISPATCH_SCHEMA = "v3"  # the global miss queue's format (jobs.py, feeders.py)
 
 
@@ -117,6 +130,11 @@ def purge_channel(prefix: str) -> str:
     return f"{prefix}:purge"
 
 
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a Redis SCAN/KEYS pattern."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
 class KeySpace:
     """Every name this service gives Redis for one engine, in one place: the entry key, its
     L1 key, its done channel, a tenant's prefix, the purge pattern and channel, the miss
@@ -196,9 +214,12 @@ class KeySpace:
         return f"{self.prefix(namespace)}:{KEY_SCHEMA}:doc:{spec}:{{{digest.md5}}}"
 
     def purge_pattern(self, namespace: str = "", md5: str | None = None) -> str:
-        """A namespace's entries, or one image's entries in it (its hash tag)."""
-        prefix = self.prefix(namespace)
-        return f"{prefix}:*{{{md5}}}*" if md5 else f"{prefix}:*"
+        """A namespace's cache keys, or one image's in it (its hash tag): only those under
+        ``{prefix}:v<schema>:`` (every entry schema's, an older one's too), never the
+        service's state (quotas, rate limits, the queue: module docstring). The prefix is
+        escaped: ``CACHE_KEY_PREFIX`` may hold a glob's ``*``, ``?`` or ``[``."""
+        root = f"{glob_escape(self.prefix(namespace))}:{ENTRY_ROOT_GLOB}"
+        return f"{root}*{{{glob_escape(md5)}}}*" if md5 else f"{root}*"
 
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
