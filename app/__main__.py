@@ -1,5 +1,7 @@
-"""``python -m app serve``: validate the configuration, start the private Redis when
-``REDIS_URL`` is unset, and run the HTTP service under gunicorn in the foreground."""
+"""``python -m app``: the service's roles and tools. ``serve`` runs the whole service on one
+machine (``app.supervisor``: private Redis, engine processes, the front); ``front`` the edge
+and the gunicorn front workers (no engine); ``engine`` one engine process
+(``app.engine_process``)."""
 
 from __future__ import annotations
 
@@ -18,13 +20,13 @@ if TYPE_CHECKING:
     from app.edge import Edge
 
 
-def serve(settings: Settings) -> int:
+def front(settings: Settings) -> int:
     """nginx on HOST:HTTP_PORT and gunicorn behind it on a private unix socket (``EDGE=nginx``),
     gunicorn alone on EDGE_SOCKET (``external``) or on HOST:HTTP_PORT (``none``). gunicorn's
     master supervises nginx (app/gunicorn_app.py): it starts it once its socket is bound, stops
-    it gracefully before its own workers, and stops the service should nginx die."""
+    it gracefully before its own workers, and stops the service should nginx die. Its workers
+    hold no engine: misses go to the engine processes (the queue, else ``ENGINE_URLS``)."""
     from app.edge import find_nginx
-    from app.embedded_redis import EmbeddedRedis
     from app.gunicorn_app import GunicornApp, prepare_metrics_dir
 
     memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
@@ -48,11 +50,6 @@ def serve(settings: Settings) -> int:
         return 2
     if settings.edge.rate_limit and settings.edge.mode == "none":
         log.warning("RATE_LIMIT applies to gRPC only with EDGE=none: limit HTTP in your proxy")
-    embedded = None
-    if settings.cache.enabled and not settings.redis.url:
-        embedded = EmbeddedRedis().start()
-        os.environ["REDIS_URL"] = embedded.url
-        log.info("REDIS_URL unset: started a private Redis at %s (docker/redis.conf)", embedded.url)
     metrics_dir = prepare_metrics_dir()
     try:
         GunicornApp(settings, bind=f"unix:{socket}" if socket else None, edge=edge).run()
@@ -66,8 +63,6 @@ def serve(settings: Settings) -> int:
                 edge.quit()  # normally done already, before gunicorn's workers stopped
             if socket_dir:
                 shutil.rmtree(socket_dir, ignore_errors=True)
-            if embedded is not None:
-                embedded.cleanup()
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
@@ -128,7 +123,9 @@ def _checked_edge(settings: Settings, socket: str, binary: str) -> Edge | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description="OCR inference cache")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="run the service (nginx, gunicorn, gRPC) in the foreground")
+    sub.add_parser("serve", help="run the whole service: Redis if unset, engines, the front")
+    sub.add_parser("front", help="run the edge and the front workers (HTTP, gRPC; no engine)")
+    sub.add_parser("engine", help="run one engine process on the miss queue (ENGINE_PORT)")
     sub.add_parser("edge", help="run the nginx edge alone (EDGE=external, EDGE_SOCKET)")
     sub.add_parser("edge-config", help="print the nginx configuration these settings render")
     sub.add_parser("check-config", help="validate the environment and print the settings")
@@ -150,7 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "serve":
+        from app.supervisor import serve
+
         return serve(settings)
+    if args.command == "front":
+        return front(settings)
+    if args.command == "engine":
+        from app import engine_process
+
+        return engine_process.run(settings)
     if args.command == "edge":
         return edge(settings)
     if args.command == "edge-config":

@@ -30,7 +30,7 @@ from app.config import Settings
 from app.protocols import controls, pipeline, trust
 from app.protocols.errors import BadRequest
 from app.protocols.pipeline_stubs import SERVICE, message_size_options, pb2, pb2_grpc
-from app.vocabulary import EngineBusy, Refused, Unauthorized
+from app.vocabulary import EngineBusy, EngineUnavailable, Refused, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +121,14 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
     @staticmethod
     def _refuse(context: grpc.ServicerContext, exc: EngineBusy | Refused) -> None:
         """Overload or a tenant's quota: RESOURCE_EXHAUSTED with ``retry-after`` (seconds);
-        a missing or unknown API key: UNAUTHENTICATED."""
+        no engine reachable: UNAVAILABLE (with ``retry-after``); a missing or unknown API
+        key: UNAUTHENTICATED."""
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
         if isinstance(exc, Unauthorized):
             code = grpc.StatusCode.UNAUTHENTICATED
         else:
+            if isinstance(exc, EngineUnavailable):  # no engine at all: not overload
+                code = grpc.StatusCode.UNAVAILABLE
             context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
         metrics.REQUESTS.labels(protocol="grpc", status=code.name).inc()
         context.abort(code, str(exc))

@@ -1,7 +1,7 @@
 """Running the Flask app under gunicorn from Python, with options derived from Settings.
 
-One engine per worker, loaded after fork (no preload): a Paddle predictor must not cross a
-fork. ``gthread`` workers let cache hits be served while a worker's engine is busy.
+The front's workers (``python -m app front``): no engine is loaded in them (their engine is
+a proxy to the engine processes, ``app.engines.direct``); each also serves gRPC.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from gunicorn.arbiter import Arbiter
 
 from app.config import Settings
 from app.edge import GUNICORN_KEEPALIVE_SECONDS, Edge
+
+SHARED_METRICS = "OCR_SHARED_METRICS"  # "1": the metrics folder is serve's, for every role
 
 
 def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, Any]:
@@ -92,10 +94,14 @@ def _worker_exit(server: Any, worker: Any) -> None:
 
 def prepare_metrics_dir(server: Any = None) -> str:
     """A clean prometheus multiprocess directory, set before any worker forks (stale files
-    from an earlier run would double-count)."""
+    from an earlier run would double-count). Under ``serve`` the folder is the supervisor's,
+    shared with the engine processes (``SHARED_METRICS``): kept as it is."""
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.path.join(
         tempfile.gettempdir(), f"ocr-cache-metrics-{os.getpid()}"
     )
+    if os.environ.get(SHARED_METRICS) == "1":
+        os.makedirs(path, exist_ok=True)
+        return path
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path, exist_ok=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
@@ -140,10 +146,19 @@ class _Arbiter(Arbiter):
 
 
 class GunicornApp(BaseApplication):
-    def __init__(self, settings: Settings, bind: str | None = None, edge: Edge | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        bind: str | None = None,
+        edge: Edge | None = None,
+        role: str = "front",
+    ):
+        """``role``: what each worker's app is (``front``: no engine; ``combined``: an
+        engine in every worker, the layout before the roles split)."""
         self._settings = settings
         self._bind = bind
         self._edge = edge
+        self._role = role
         super().__init__()
 
     def run(self) -> None:
@@ -162,4 +177,4 @@ class GunicornApp(BaseApplication):
     def load(self) -> Any:
         from app.web import create_app
 
-        return create_app(Settings.from_env())
+        return create_app(Settings.from_env(), role=self._role)

@@ -48,8 +48,12 @@ def current() -> OcrService:
     return service
 
 
-def build(settings: Settings, engine: Engine, store: RedisStore | None) -> OcrService:
-    """The cache front door and the engine's loader (shared by HTTP and gRPC); starts loading."""
+def build(
+    settings: Settings, engine: Engine, store: RedisStore | None, role: str = "combined"
+) -> OcrService:
+    """The cache front door and the engine's loader (shared by HTTP and gRPC); starts loading.
+    ``role``: ``front`` (``engine`` is a proxy), ``engine`` (an engine process) or
+    ``combined`` (both in one process; ``assembly.for_settings``)."""
     redis = settings.redis
     if store is None and settings.cache.enabled and redis.url:
         store = RedisStore(
@@ -86,7 +90,7 @@ def build(settings: Settings, engine: Engine, store: RedisStore | None) -> OcrSe
     metrics.initialise_tenants(book.labels())
     cache = assembly.for_settings(
         settings, engine, store, decode, wait_for_engine=state.wait,
-        on_engine_outcome=state.record, book=book,
+        on_engine_outcome=state.record, book=book, role=role,
     )  # fmt: skip
     return OcrService(
         settings=settings,

@@ -191,6 +191,14 @@ class EngineBusy(EngineError):
         self.retry_after = retry_after
 
 
+class EngineUnavailable(EngineBusy):
+    """No engine process is reachable (none live on the queue, none answering directly)
+    after ``ENGINE_WAIT_SECONDS``: 503 + ``Retry-After`` in every HTTP protocol, gRPC
+    UNAVAILABLE. A front never waits to its deadline for an engine that does not exist."""
+
+    code = "engine_unavailable"
+
+
 class Refused(OcrCacheError):
     """Who is asking, or how much they may ask, refuses the request before any work (4xx in
     every protocol's own form, never cached): ``status`` is its HTTP status."""

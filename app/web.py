@@ -13,6 +13,7 @@ from app.cache.store import RedisStore
 from app.config import Settings
 from app.engines import build_engine
 from app.engines.base import Engine
+from app.engines.direct import EngineProxy
 from app.engines.redacting import with_redaction
 from app.routes import endpoints, lifecycle, ops, paddlex
 
@@ -21,16 +22,26 @@ def create_app(
     settings: Settings | None = None,
     engine: Engine | None = None,
     store: RedisStore | None = None,
+    role: str = "combined",
 ) -> Flask:
-    """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine)."""
+    """Build the app; ``engine``/``store`` may be passed in (tests share one loaded engine).
+    ``role="front"``: the engine is a proxy to the engine processes (``create_front``);
+    ``combined``: the engine runs in this process and consumes the queue too."""
     settings = settings or Settings.from_env()
     logsafe.install()
     logging.getLogger("app").setLevel(settings.server.log_level)
     engine = with_redaction(
         engine or build_engine(settings), settings.redaction.types, settings.redaction.patterns_file
     )
+    if role == "front":
+        processes = settings.processes
+        engine = EngineProxy(
+            engine, processes.engine_urls, processes.engine_token,
+            settings.engine.timeout_seconds, processes.engine_wait_seconds,
+            connections=settings.engine_callers(),
+        )  # fmt: skip
     metrics.initialise(engine.kind)
-    shared = service.build(settings, engine, store)
+    shared = service.build(settings, engine, store, role=role)
 
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_request_bytes
@@ -42,3 +53,9 @@ def create_app(
     prefixes = {rule.rule.split("/")[1] for rule in app.url_map.iter_rules()}
     app.wsgi_app = endpoints.Endpoints(shared, app.wsgi_app, prefixes)  # type: ignore[method-assign]
     return app
+
+
+def create_front(settings: Settings | None = None) -> Flask:
+    """A front worker's app: no engine is loaded here (``python -m app front``; with
+    gunicorn's own CLI: ``gunicorn -c gunicorn.conf.py "app.web:create_front()"``)."""
+    return create_app(settings, role="front")

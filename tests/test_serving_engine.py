@@ -30,7 +30,7 @@ def backend(tmp_path_factory):  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL",)}
     env.update(
         HOST="127.0.0.1", HTTP_PORT=str(http_port), GRPC_PORT=str(grpc_port),
-        WEB_CONCURRENCY="1", WEB_THREADS="4", CACHE_ENABLED="false",
+        WEB_CONCURRENCY="1", ENGINE_PROCESSES="1", WEB_THREADS="4", CACHE_ENABLED="false",
         OCR_WORK_DIR=str(tmp / "models"), PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"),
     )  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env)

@@ -46,7 +46,7 @@ def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
     port, grpc_port = free_port(), free_port()
     overrides = dict(
         HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port),
-        WEB_CONCURRENCY="1", WEB_THREADS="2", REDIS_URL=redis_server.url,
+        WEB_CONCURRENCY="1", ENGINE_PROCESSES="1", WEB_THREADS="2", REDIS_URL=redis_server.url,
         CACHE_KEY_PREFIX="slow-clients", OCR_WORK_DIR=str(tmp / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"), MAX_REQUEST_BYTES="1048576",
         HTTP_HEADER_TIMEOUT_SECONDS=str(DEADLINE), HTTP_BODY_TIMEOUT_SECONDS=str(DEADLINE),

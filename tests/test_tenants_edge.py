@@ -48,7 +48,7 @@ def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
     grpc_port = free_port()
     overrides = dict(
         HOST="127.0.0.1", HTTP_PORT=str(free_port()), GRPC_PORT=str(grpc_port),
-        WEB_CONCURRENCY="2", WEB_THREADS="4", REDIS_URL=redis_server.url,
+        WEB_CONCURRENCY="2", ENGINE_PROCESSES="2", WEB_THREADS="4", REDIS_URL=redis_server.url,
         CACHE_KEY_PREFIX="tenants-edge", OCR_WORK_DIR=str(tmp / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"), AUTH="keys",
         API_KEYS_FILE=str(tenants),
@@ -90,7 +90,7 @@ def test_a_tenants_rate_is_one_budget_for_every_replica(service, tmp_path: Path)
     image = b64(WORD_CH.read_bytes())
     replica = {
         **service[4], "HTTP_PORT": str(free_port()), "GRPC_PORT": str(free_port()),
-        "WEB_CONCURRENCY": "1", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+        "WEB_CONCURRENCY": "1", "ENGINE_PROCESSES": "1", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
     }  # fmt: skip
     output: list[str] = []
     with serving(replica, output=output) as (_, second):

@@ -55,10 +55,17 @@ class EngineRunner:
         self._lock = threading.Lock()
         self._waiting = 0
         self._mean_seconds: float | None = None  # moving average of a call (from the first)
+        self.calls = 0  # calls that ran to their end (an engine process retires past a bound)
+        self.running = 0  # calls running now (a retiring engine process waits for none)
 
     @property
     def waiting(self) -> int:
         return self._waiting
+
+    @property
+    def slots(self) -> int:
+        """Calls that run at once."""
+        return self._workers
 
     @property
     def mean_seconds(self) -> float:
@@ -137,11 +144,16 @@ class EngineRunner:
         if queued:
             self._left_queue()
         metrics.ENGINE_CALLS_RUNNING.inc()
+        with self._lock:
+            self.running += 1
         began = time.perf_counter()
         try:
             return fn(*args)
         finally:
             metrics.ENGINE_CALLS_RUNNING.dec()
+            with self._lock:
+                self.running -= 1
+                self.calls += 1
             ended = time.perf_counter()
             elapsed = max(0.0, ended - began - self._paused(began, ended))
             mean = self._mean_seconds

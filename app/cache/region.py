@@ -18,7 +18,6 @@ from typing import Any
 from app import metrics
 from app.cache.compute import Computer
 from app.cache.documents import Documents
-from app.cache.feeders import Feeders
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
 from app.cache.l3 import ColdTier
@@ -28,6 +27,7 @@ from app.cache.store import Store
 from app.cache.tier import Chain, Probe
 from app.engines.base import Engine
 from app.imaging import DecodedImage
+from app.queue.feeders import Feeders
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, Outcome
 
 Decoder = Callable[[bytes], DecodedImage]
@@ -77,10 +77,24 @@ class OcrCache:
         there is none): until then its misses are computed here."""
         return self._feeders is None or self._feeders.reported.wait(timeout)
 
-    def close(self) -> None:
-        """Stop taking jobs from the global queue (jobs being computed finish)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop taking jobs from the global queue (jobs being computed finish: waited for
+        up to ``timeout`` seconds)."""
         if self._feeders is not None:
-            self._feeders.stop()
+            self._feeders.stop(timeout)
+
+    @property
+    def computer(self) -> Computer:
+        """The engine side of a miss (an engine process's direct endpoint calls it)."""
+        return self._computer
+
+    @property
+    def decode(self) -> Decoder:
+        return self._decode
+
+    @property
+    def misses(self) -> MissPath:
+        return self._misses
 
     def prefix(self, namespace: str = "") -> str:
         """``{CACHE_KEY_PREFIX}`` or, for a tenant, ``{CACHE_KEY_PREFIX}.{tenant}``."""

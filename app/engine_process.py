@@ -1,0 +1,218 @@
+"""``python -m app engine``: one engine process. It loads the configured engine, consumes the
+miss queue (``ENGINE_WORKERS`` slots: the feeders of ``app.cache.feeders``), and listens on
+``ENGINE_PORT`` for ``/healthz``, ``/readyz``, ``/metrics`` and the direct endpoint that
+fronts call while Redis is down (``app.engines.direct``). It speaks no public protocol.
+
+It retires itself past ``ENGINE_MAX_CALLS`` calls or ``ENGINE_MAX_RSS_MB`` of memory, as
+gunicorn's ``max_requests`` does for a worker: under ``serve`` it asks the supervisor for
+its replacement first (``SIGUSR1``) and keeps taking misses until that one reports in, then
+stops taking, finishes what it holds and exits 0; under Kubernetes the kubelet restarts it
+while the other replicas take the queue. ``SIGTERM`` stops it the same way, without waiting
+for a replacement.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.serving import make_server
+
+from app import memory, metrics, service
+from app.cache.keys import digest_image
+from app.cache.store import RedisStore
+from app.cache.tier import Probe
+from app.config import Settings
+from app.engines import build_engine, direct
+from app.engines.redacting import with_redaction
+from app.protocols import rest
+from app.vocabulary import CacheControls, ClientError, EngineBusy, EngineError, EngineTimeout
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_PID = "OCR_SUPERVISOR_PID"  # set by ``serve`` for the engines it runs
+REPLACEMENT_WAIT_SECONDS = 120.0  # the longest a retiring engine waits for its replacement
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (not its peak)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def engine_app(shared: service.OcrService, settings: Settings) -> Flask:
+    """The engine process's own small HTTP app (no public protocol)."""
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.server.max_request_bytes * 4 // 3 + 65536
+    processes = settings.processes
+    inflight = threading.BoundedSemaphore(processes.direct_max_inflight)
+    cache = shared.cache
+
+    def error(status: int, code: str, message: str, retry_after: int = 0) -> Response:
+        body = rest.error_body(code, message)
+        response = Response(body, status=status, mimetype="application/json")
+        if retry_after:
+            response.headers["Retry-After"] = str(retry_after)
+        return response
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return jsonify({"status": "alive", "role": "engine"})
+
+    @app.get("/readyz")
+    def readyz() -> Any:
+        state = shared.engine_state.status
+        feeding = cache.dispatch_ready(0)
+        body = {"role": "engine", "engine": state, "queue": "consuming" if feeding else "waiting",
+                "fingerprint": cache.engine.fingerprint}  # fmt: skip
+        return jsonify(body), (200 if state == "ready" and feeding else 503)
+
+    @app.get("/metrics")
+    def metrics_endpoint() -> Response:
+        payload, content_type = metrics.render()
+        return Response(payload, content_type=content_type)
+
+    @app.post(direct.PATH)
+    def recognize() -> Response:
+        token = processes.engine_token
+        if not token:
+            return error(404, "not_found", "the direct endpoint is off (ENGINE_TOKEN unset)")
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return error(401, "unauthorized", "a valid ENGINE_TOKEN is required")
+        if not inflight.acquire(blocking=False):
+            return error(503, "engine_busy", "too many direct calls in flight", 1)
+        try:
+            data, params, namespace = direct.decode_request(request.get_data())
+            probe = Probe(
+                data, params, digest_image(data), cache.keys.task(params),
+                CacheControls(namespace=namespace), decode=cache.decode,
+            )  # fmt: skip
+            cache.engine.check_params(params)
+            probe.image  # noqa: B018 - a bad image is the caller's error, before the engine
+            result = cache.computer.compute(probe)
+        except EngineBusy as exc:
+            return error(503, exc.code, str(exc), exc.retry_after)
+        except EngineTimeout as exc:
+            return error(504, exc.code, str(exc))
+        except EngineError as exc:
+            return error(502, exc.code, str(exc))
+        except ClientError as exc:
+            return error(400, exc.code, str(exc))
+        finally:
+            inflight.release()
+        return Response(
+            direct.orjson.dumps({"format": direct.FORMAT, "result": result.to_dict()}),
+            mimetype="application/json",
+        )
+
+    return app
+
+
+class Retirement:
+    """Past a call or memory bound: replacement first (under ``serve``), then a drain."""
+
+    def __init__(self, shared: service.OcrService, settings: Settings, stop: threading.Event):
+        self._shared = shared
+        self._max_calls = settings.processes.max_calls
+        self._max_rss = settings.processes.max_rss_mb
+        self._stop = stop
+        self.reason = ""
+
+    def watch(self) -> None:
+        if not (self._max_calls or self._max_rss):
+            return
+        runner = self._shared.cache.computer.runner
+        while not self._stop.wait(1.0):
+            if self._max_calls and runner.calls >= self._max_calls:
+                self.reason = f"{runner.calls} calls (ENGINE_MAX_CALLS={self._max_calls})"
+            elif self._max_rss and (rss := rss_mb()) > self._max_rss:
+                self.reason = f"{rss:.0f} MB resident (ENGINE_MAX_RSS_MB={self._max_rss})"
+            else:
+                continue
+            log.info("engine retiring after %s", self.reason)
+            self._await_replacement()
+            self._stop.set()
+            return
+
+    def _await_replacement(self) -> None:
+        """Ask ``serve`` for a replacement, and keep taking misses until it reports in."""
+        supervisor = int(os.environ.get(SUPERVISOR_PID, "0") or 0)
+        if not supervisor:
+            return
+        before = live_engines(self._shared)
+        try:
+            os.kill(supervisor, signal.SIGUSR1)
+        except OSError:
+            return
+        deadline = time.monotonic() + REPLACEMENT_WAIT_SECONDS
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if live_engines(self._shared) > before:
+                return
+            time.sleep(0.5)
+
+
+def live_engines(shared: service.OcrService) -> int:
+    """Engine slots that reported in lately (the queue's register); 0 without Redis."""
+    store = shared.cache.store
+    queue = shared.cache.misses.queue
+    if not isinstance(store, RedisStore) or queue is None:
+        return 0
+    engines, live_ms = queue.names.engines, queue.live_ms
+    ok, count = store.run("dispatch", lambda c: c.zcount(engines, _redis_ms(c) - live_ms, "+inf"))
+    return int(count) if ok else 0
+
+
+def _redis_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def run(settings: Settings) -> int:
+    """Serve until SIGTERM/SIGINT or retirement; 0 on a clean stop."""
+    memory.keep_large_buffers()
+    engine = with_redaction(
+        build_engine(settings), settings.redaction.types, settings.redaction.patterns_file
+    )
+    metrics.initialise(engine.kind)
+    shared = service.build(settings, engine, None, role="engine")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per probe
+    server = make_server(
+        settings.server.host, settings.processes.engine_port,
+        engine_app(shared, settings), threaded=True,
+    )  # fmt: skip
+    threading.Thread(target=server.serve_forever, name="engine-http", daemon=True).start()
+    retirement = Retirement(shared, settings, stop)
+    threading.Thread(target=retirement.watch, name="engine-retire", daemon=True).start()
+    log.info(
+        "engine process %d: %s on the miss queue, %d slot(s), port %d",
+        os.getpid(), engine.kind, shared.cache.computer.runner.slots,
+        settings.processes.engine_port,
+    )  # fmt: skip
+    while not stop.wait(1.0):
+        pass
+    drain(shared, float(settings.engine.timeout_seconds))
+    server.shutdown()
+    log.info("engine process %d stopped%s", os.getpid(),
+             f" (retired after {retirement.reason})" if retirement.reason else "")  # fmt: skip
+    return 0
+
+
+def drain(shared: service.OcrService, timeout: float) -> None:
+    """Take no more misses; let the calls in progress finish (their results are stored)."""
+    shared.cache.close()
+    runner = shared.cache.computer.runner
+    deadline = time.monotonic() + timeout
+    while runner.running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if shared.cache.l3 is not None:
+        shared.cache.l3.flush(5.0)
