@@ -32,11 +32,11 @@ from app.config import Settings
 from app.engines import build_engine, direct
 from app.engines.redacting import with_redaction
 from app.protocols import rest
+from app.supervisor import SUPERVISOR_PID
 from app.vocabulary import CacheControls, ClientError, EngineBusy, EngineError, EngineTimeout
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR_PID = "OCR_SUPERVISOR_PID"  # set by ``serve`` for the engines it runs
 REPLACEMENT_WAIT_SECONDS = 120.0  # the longest a retiring engine waits for its replacement
 
 

@@ -25,9 +25,10 @@ from prometheus_client import multiprocess
 
 from app.config import ConfigError, Settings
 from app.embedded_redis import free_port
-from app.engine_process import SUPERVISOR_PID
 
 log = logging.getLogger("app.serve")
+
+SUPERVISOR_PID = "OCR_SUPERVISOR_PID"  # set for the engines: where a retiring one asks
 
 ENGINE_GIB = {"paddle": 1.1}  # resident memory of one engine process (docs/ENGINES.md)
 REMOTE_ENGINE_GIB = 0.2  # an engine process whose model runs elsewhere (serving, hunyuan)
@@ -99,7 +100,12 @@ class Supervisor:
         self.env[SUPERVISOR_PID] = str(os.getpid())
         # One metrics folder for the fronts and the engines: the front's /metrics is the
         # whole machine's, as it was when the engines lived in the workers.
-        self.metrics_dir = tempfile.mkdtemp(prefix="ocr-serve-metrics-")
+        self.metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+        if self.metrics_dir:  # a clean one: an earlier run's files would double-count
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            os.makedirs(self.metrics_dir)
+        else:
+            self.metrics_dir = tempfile.mkdtemp(prefix="ocr-serve-metrics-")
         self.env.update(PROMETHEUS_MULTIPROC_DIR=self.metrics_dir, OCR_SHARED_METRICS="1")
         self.env["ENGINE_URLS"] = ",".join(f"http://127.0.0.1:{port}" for port in self._ports)
 
