@@ -85,8 +85,8 @@ def corpus_bytes(path: Path) -> bytes:
 @pytest.fixture(autouse=True)
 def _stop_dispatch_feeders() -> Iterator[None]:
     """Every front door started during a test stops feeding on its engine after it: a
-    feeder left running would take a later test's jobs to an earlier test's engine."""
-    from app.cache import feeders
+    feeder left running would take a later test's tickets to an earlier test's engine."""
+    from app.queue import feeders
 
     before = set(feeders._live)
     yield

@@ -7,7 +7,7 @@ import re
 import threading
 from typing import Any
 
-from app.cache.jobs import ERROR_TTL_S
+from app.queue.ticket import ERROR_TTL_S
 from app.vocabulary import EngineError
 
 
@@ -45,13 +45,13 @@ class FlakyEngine:
         return self._engine.recognize(request)
 
 
-# Keys beside the entries: the near-duplicate indexes, and a failed job's error marker
-# (app/cache/jobs.py: read by that job's waiters only, expiring within a minute).
+# Keys beside the entries: the near-duplicate indexes, and a failed ticket's error marker
+# (app/queue/claims.py: read by that ticket's waiters only, expiring within a minute).
 _INDEX_PARTS = (b":px2:", b":simband:", b":simref", b":error:")
 
 
 def stored_keys(client: Any, pattern: str = "*") -> list[bytes]:
-    """Every key matching ``pattern`` but a failed job's error markers, which must expire
+    """Every key matching ``pattern`` but a failed ticket's error markers, which must expire
     within ERROR_TTL_S: what "nothing cached" means after a failed or refused request."""
     found = client.keys(pattern)
     ttls = {k: client.ttl(k) for k in found if b":error:" in k}  # -2: expired meanwhile

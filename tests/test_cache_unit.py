@@ -16,13 +16,13 @@ import redis
 
 from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
-from app.cache.jobs import Job
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
 from app.engines.base import OcrRequest
 from app.imaging import decode_image
+from app.queue.ticket import Ticket
 from app.tenants import TenantBook
 from app.vocabulary import (
     CacheControls,
@@ -95,8 +95,8 @@ def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
 
 
 def only_error_markers(client: redis.Redis) -> bool:
-    """Nothing a request reads stays behind a failure (no entry, no job marker): only the
-    failed job's own error marker, expiring within a minute (``jobs.ERROR_TTL_S``)."""
+    """Nothing a request reads stays behind a failure (no entry, no ticket marker): only the
+    failed ticket's own error marker, expiring within a minute (``ticket.ERROR_TTL_S``)."""
     keys = client.keys("*")
     return all(b":error:" in k and 0 < client.ttl(k) <= 60 for k in keys)
 
@@ -179,7 +179,7 @@ def test_key_format_and_params_digest_are_those_of_existing_entries(settings, do
         f"{tag}:{name}"
         for name in ("ring", "deficits", "shares", "costs", "lanes", "bell", "interject")
     }  # fmt: skip
-    # A job marker lives in the queue's slot (its hash tag comes first), whatever the entry's.
+    # A ticket marker lives in the queue's slot (its hash tag comes first), whatever the entry's.
     sha = digest_image(data).sha256
     assert names.marker(key, sha) == f"{tag}:job:{key}:{sha}"
 
@@ -332,8 +332,8 @@ def test_threads_of_one_process_share_one_computation(settings, double):
     assert set(statuses) <= {CacheStatus.MISS, CacheStatus.COALESCED, CacheStatus.HIT}
 
 
-def test_a_second_process_joins_the_queued_job(settings, double, redis_client):
-    """Submitting is idempotent per key: the second process becomes a waiter on the job the
+def test_a_second_process_joins_the_queued_ticket(settings, double, redis_client):
+    """Submitting is idempotent per key: the second process becomes a waiter on the ticket the
     first one queued (its marker names it while it runs, and goes with it)."""
     first, second = make_cache(settings, double), make_cache(settings, double)
     key = first.key_for(digest_image(IMAGES[0]), OcrParams())
@@ -344,8 +344,8 @@ def test_a_second_process_joins_the_queued_job(settings, double, redis_client):
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(first.get_or_compute, IMAGES[0])
         assert double.entered.wait(WAIT)
-        job_id = redis_client.get(marker)
-        assert job_id is not None and redis_client.xrange(stream, job_id, job_id)
+        ticket_id = redis_client.get(marker)
+        assert ticket_id is not None and redis_client.xrange(stream, ticket_id, ticket_id)
         second_joined = joined(second)
         b = pool.submit(second.get_or_compute, IMAGES[0])
         assert second_joined.wait(WAIT)
@@ -354,7 +354,7 @@ def test_a_second_process_joins_the_queued_job(settings, double, redis_client):
     assert double.calls == 1
     assert [o.status for o in outcomes] == [CacheStatus.MISS, CacheStatus.COALESCED]
     assert outcomes[0].result == outcomes[1].result
-    wait_for(lambda: not redis_client.exists(marker), "the marker outlived its job")
+    wait_for(lambda: not redis_client.exists(marker), "the marker outlived its ticket")
 
 
 def joined(cache: OcrCache) -> threading.Event:
@@ -371,10 +371,10 @@ def joined(cache: OcrCache) -> threading.Event:
     return done
 
 
-def failing_job_joined(
+def failing_ticket_joined(
     pool: ThreadPoolExecutor, first: OcrCache, second: OcrCache, double: CountingEngine
 ) -> tuple[Future, Future]:
-    """A job of ``first``'s whose engine call will fail (held until the caller releases the
+    """A ticket of ``first``'s whose engine call will fail (held until the caller releases the
     double), joined by ``second``: both requests' futures."""
     second_joined = joined(second)
     double.hold()
@@ -386,11 +386,11 @@ def failing_job_joined(
     return a, b
 
 
-def test_a_failed_job_fails_every_waiter_at_once(settings, double, redis_client):
+def test_a_failed_ticket_fails_every_waiter_at_once(settings, double, redis_client):
     first = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     with ThreadPoolExecutor(2) as pool:
-        futures = failing_job_joined(pool, first, second, double)
+        futures = failing_ticket_joined(pool, first, second, double)
         double.release.set()
         for future in futures:
             with pytest.raises(EngineError):
@@ -400,9 +400,9 @@ def test_a_failed_job_fails_every_waiter_at_once(settings, double, redis_client)
 
 
 def test_a_failure_announced_late_is_still_the_joiners_error(settings, double, redis_client):
-    """A joiner that wakes (its poll) after the failed job left the queue and before its copy
-    of the announcement arrives (its notifier's own connection) finds the job's error
-    marker, and does not take the vanished job for one to submit again, which would compute
+    """A joiner that wakes (its poll) after the failed ticket left the queue and before its copy
+    of the announcement arrives (its notifier's own connection) finds the ticket's error
+    marker, and does not take the vanished ticket for one to submit again, which would compute
     the failing image a second time."""
     first = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
@@ -416,13 +416,13 @@ def test_a_failure_announced_late_is_still_the_joiners_error(settings, double, r
 
     notifier._wake = held_back  # type: ignore[method-assign]
     with ThreadPoolExecutor(2) as pool:
-        a, b = failing_job_joined(pool, first, second, double)
+        a, b = failing_ticket_joined(pool, first, second, double)
         double.release.set()
         with pytest.raises(EngineError):
             a.result(WAIT)
         stream = first.keys.dispatch().stream("~")
         deadline = time.monotonic() + WAIT
-        while redis_client.xlen(stream):  # the failed job has left the queue
+        while redis_client.xlen(stream):  # the failed ticket has left the queue
             assert time.monotonic() < deadline
             time.sleep(0.01)
         for events in list(notifier._waiters.values()):
@@ -439,12 +439,12 @@ def test_a_failure_announced_late_is_still_the_joiners_error(settings, double, r
 def test_evicted_queue_keys_cost_a_resubmission_not_the_deadline(
     settings, double, redis_client, evicted
 ):
-    """Under allkeys-lru the queue's keys are ordinary keys: a waiter whose job's marker (or
+    """Under allkeys-lru the queue's keys are ordinary keys: a waiter whose ticket's marker (or
     the whole stream) vanished submits again rather than wait for its deadline (an hour)."""
     busy = CountingEngine()
-    make_cache(settings, busy)  # another process's engine, which takes the first job
+    make_cache(settings, busy)  # another process's engine, which takes the first ticket
     cache = make_cache(settings, double, ocr_timeout_seconds=3600.0)
-    cache.close()  # its own engine takes no jobs: the other process's busy one does
+    cache.close()  # its own engine takes no tickets: the other process's busy one does
     names = cache.keys.dispatch()
     stream = names.stream("~")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
@@ -461,7 +461,7 @@ def test_evicted_queue_keys_cost_a_resubmission_not_the_deadline(
 
 
 def test_a_joiner_outlives_the_creators_deadline(settings, double, redis_client):
-    """A job runs on its creator's deadline; a waiter that joined it with more time left is
+    """A ticket runs on its creator's deadline; a waiter that joined it with more time left is
     not failed by that deadline: it submits again and is answered."""
     first = make_cache(settings, double, ocr_timeout_seconds=1.0)
     second = make_cache(settings, double, ocr_timeout_seconds=3600.0)
@@ -480,8 +480,8 @@ def test_a_joiner_outlives_the_creators_deadline(settings, double, redis_client)
     assert outcome.result.lines[0].text == hashlib.sha256(IMAGES[0]).hexdigest()[:8]
 
 
-def test_images_with_one_md5_never_share_a_job(settings, redis_client):
-    """Two files with one MD5 share an entry key but are two jobs: the second is not made a
+def test_images_with_one_md5_never_share_a_ticket(settings, redis_client):
+    """Two files with one MD5 share an entry key but are two tickets: the second is not made a
     waiter on the first's computation (whose result or error is not its own)."""
     from tests.conftest import CORPUS
     from tests.md5_collisions import colliding_jpegs
@@ -498,46 +498,47 @@ def test_images_with_one_md5_never_share_a_job(settings, redis_client):
         x = pool.submit(first.get_or_compute, a)
         assert engine.entered.wait(WAIT)
         y = pool.submit(second.get_or_compute, b)
-        wait_for(lambda: engine.calls == 2, "the second image joined the first's job")
+        wait_for(lambda: engine.calls == 2, "the second image joined the first's ticket")
         engine.release.set()
         answers = [f.result(WAIT).result.lines[0].text for f in (x, y)]
     assert answers == [hashlib.sha256(d).hexdigest()[:8] for d in (a, b)]
 
 
-def test_a_job_made_redundant_by_a_stored_entry_is_withdrawn(settings, double, redis_client):
+def test_a_ticket_made_redundant_by_a_stored_entry_is_withdrawn(settings, double, redis_client):
     """The entry appeared between the second look and the submission (another process
-    stored it): the job just queued is deleted before any engine computes it again."""
+    stored it): the ticket just queued is deleted before any engine computes it again."""
     cache = make_cache(settings, double)
-    cache.close()  # takes no job
+    cache.close()  # takes no ticket
     queue = cache._misses._queue
     assert queue is not None
-    stand_in_engine(redis_client, queue.names.engines)  # jobs are queued, not computed here
+    stand_in_engine(redis_client, queue.names.engines)  # tickets are queued, not computed here
     probe_key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
-    job = Job(probe_key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60,
+    ticket = Ticket(probe_key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60,
               time.time() + 60, IMAGES[0])  # fmt: skip
     stored = OcrResult(1, 1, ())
-    result, joined_other = queue.request(job, lambda job_id: (True, stored, None), 60)
-    assert result is stored and joined_other  # another job computed it: COALESCED
-    assert redis_client.xlen(queue.stream(job)) == 0 and not redis_client.exists(queue.marker(job))
+    result, joined_other = queue.request(ticket, lambda ticket_id: (True, stored, None), 60)
+    assert result is stored and joined_other  # another ticket computed it: COALESCED
+    assert redis_client.xlen(queue.stream(ticket)) == 0
+    assert not redis_client.exists(queue.marker(ticket))
 
 
-def test_a_feeder_survives_redis_failing_while_it_checks_its_jobs(settings, double):
+def test_a_feeder_survives_redis_failing_while_it_checks_its_tickets(settings, double):
     """The check of who still waits is a Redis read: when it fails, the feeder computes the
-    jobs still in time instead of dying (which would leave its engine out of the queue)."""
+    tickets still in time instead of dying (which would leave its engine out of the queue)."""
     cache = make_cache(settings, double)
     feeders = cache._feeders
     assert feeders is not None
     dead = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
-    job = Job("k", "s", OcrParams(), "", 60, time.time() + 60, IMAGES[0], id="1-0")
-    late = Job("k2", "s", OcrParams(), "", 60, time.time() - 1, IMAGES[1], id="2-0")
-    served: list[list[Job]] = []
+    ticket = Ticket("k", "s", OcrParams(), "", 60, time.time() + 60, IMAGES[0], id="1-0")
+    late = Ticket("k2", "s", OcrParams(), "", 60, time.time() - 1, IMAGES[1], id="2-0")
+    served: list[list[Ticket]] = []
 
-    def serve(jobs: list[Job]) -> dict[str, float]:
-        served.append(jobs)
+    def serve(tickets: list[Ticket]) -> dict[str, float]:
+        served.append(tickets)
         return {}
 
-    feeders._run(dead, "consumer", [job, late], 0.0, serve)
-    assert served == [[job]]
+    feeders.claims.serve(dead, "consumer", [ticket, late], 0.0, serve)
+    assert served == [[ticket]]
 
 
 def test_no_live_engine_computes_here(settings, double, redis_client):
@@ -579,15 +580,15 @@ def test_calls_made_here_queue_in_the_worker_and_are_refused_when_it_is_full(set
 @pytest.mark.parametrize(
     "plant",
     [
-        lambda r, key: r.set(key, "0-1"),  # a string without TTL naming no job
+        lambda r, key: r.set(key, "0-1"),  # a string without TTL naming no ticket
         lambda r, key: r.rpush(key, "x"),  # another type
         lambda r, key: r.hset(key, "a", "b"),
     ],
     ids=["string-no-ttl", "list", "hash"],
 )
-def test_a_foreign_job_marker_costs_nothing(settings, double, redis_client, plant):
+def test_a_foreign_ticket_marker_costs_nothing(settings, double, redis_client, plant):
     """A marker key nobody will clear, written by something else: its image is computed at
-    once (a new job replaces a marker naming no job; a marker Redis refuses to read is a
+    once (a new ticket replaces a marker naming no ticket; a marker Redis refuses to read is a
     failed submission, so this process computes), never after OCR_TIMEOUT_SECONDS."""
     cache = make_cache(settings, double, ocr_timeout_seconds=3600.0)
     names = cache.keys.dispatch()

@@ -1,8 +1,10 @@
 """The shape of the code, checked by reading it: Lua lives in ``.lua`` files and is sent from
-one module only (``app/cache/scripts/``)."""
+one module only (``app/cache/scripts/``); the miss path's modules and classes stay small
+enough to read (``app/cache/``, ``app/queue/``)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -40,3 +42,30 @@ def test_scripts_are_sent_from_the_registry_only() -> None:
     ]
     assert not found, f"scripts sent outside app/cache/scripts/__init__.py: {found}"
     assert _SENDS.search(REGISTRY.read_text())  # the check would see one
+
+
+# The miss path reads as named parts: no module or class a reader cannot take in at once.
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 250
+BOUNDED = (APP / "cache", APP / "queue")
+
+
+def _bounded_sources() -> list[Path]:
+    return sorted(p for folder in BOUNDED for p in folder.rglob("*.py"))
+
+
+def test_no_module_over_its_bound() -> None:
+    sizes = {p: len(p.read_text().splitlines()) for p in _bounded_sources()}
+    over = {str(p.relative_to(APP)): n for p, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+def test_no_class_over_its_bound() -> None:
+    over = {}
+    for path in _bounded_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    over[f"{path.relative_to(APP)}:{node.name}"] = lines
+    assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"

@@ -1,4 +1,4 @@
-"""The global miss queue (``app/cache/jobs.py``, ``feeders.py``): the unit layer, against a
+"""The global miss queue (``app/queue/``): the unit layer, against a
 real embedded Redis with counting engine doubles held and released by events. Each
 ``make_cache`` is one process's front door (its own store, notifier and feeder threads); the
 doubles here take one call at a time, as the in-process Paddle engine does."""
@@ -20,11 +20,11 @@ import redis
 from prometheus_client import REGISTRY
 
 from app.cache import redis_client as redis_clients
-from app.cache.jobs import Job
 from app.cache.keys import QueueKeys, digest_image
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
 from app.engines.base import OcrRequest
+from app.queue.ticket import Ticket
 from app.vocabulary import (
     CacheControls,
     CacheStatus,
@@ -110,18 +110,18 @@ def test_one_computation_per_distinct_image_over_three_processes(settings, redis
         outcomes = list(pool.map(lambda i: caches[i % 3].get_or_compute(trace[i]), range(24)))
     names = caches[0].keys.dispatch()
     stream = names.stream("~")
-    wait_for(lambda: redis_client.xlen(stream) == 0, "jobs left in the queue")  # none runs late
+    wait_for(lambda: redis_client.xlen(stream) == 0, "tickets left in the queue")  # none runs late
     assert sum(e.calls for e in engines) == 4
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in trace]
     # At least one MISS per image. One more is possible without a computation: a request
-    # whose lookup missed just before another's entry was stored queues a job that a feeder
+    # whose lookup missed just before another's entry was stored queues a ticket that a feeder
     # takes and finds stored (``already_stored``); its requester cannot tell and says MISS.
     statuses = [o.status for o in outcomes]
     assert statuses.count(CacheStatus.MISS) >= 4, statuses
     assert set(statuses) <= {CacheStatus.MISS, CacheStatus.COALESCED, CacheStatus.HIT}
 
 
-def test_params_and_tenant_travel_with_the_job(settings, redis_client):
+def test_params_and_tenant_travel_with_the_ticket(settings, redis_client):
     """Computed by the other process's engine: stored under the requester's tenant and
     parameters, answering exactly that request."""
     engines = [SerialEngine(), SerialEngine()]
@@ -156,7 +156,7 @@ def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
         stream = names.stream("~")
         wait_for(lambda: cache.store.run("t", lambda c: c.xlen(stream))[1] == 2, "not queued")
         with pytest.raises(EngineBusy) as busy:
-            cache.get_or_compute(IMAGES[2])  # one engine, one waiting job: full
+            cache.get_or_compute(IMAGES[2])  # one engine, one waiting ticket: full
         assert busy.value.retry_after >= 1
         assert counter("ocr_dispatch_queue_depth") == 1
         assert counter("ocr_engine_queue_dropped_total", reason="full") == before + 1
@@ -166,7 +166,7 @@ def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
     assert cache.get_or_compute(IMAGES[2]).status is CacheStatus.MISS
 
 
-def test_a_job_whose_caller_gave_up_is_not_computed(settings, redis_client):
+def test_a_ticket_whose_caller_gave_up_is_not_computed(settings, redis_client):
     engine = SerialEngine()
     cache = make_cache(settings, engine, ocr_timeout_seconds=1.5)
     engine.hold()
@@ -178,18 +178,18 @@ def test_a_job_whose_caller_gave_up_is_not_computed(settings, redis_client):
             cache.get_or_compute(IMAGES[1])  # waits behind the held call, then gives up
         # Deleted from the queue by its requester, or (taken meanwhile) dropped unstarted.
         wait_for(lambda: counter("ocr_engine_queue_dropped_total", reason="caller_gone") > gone,
-                 "the abandoned job was neither deleted nor dropped")  # fmt: skip
+                 "the abandoned ticket was neither deleted nor dropped")  # fmt: skip
         engine.release.set()
         with pytest.raises(EngineTimeout):
             running.result(WAIT)  # it too waited longer than 1.5 s
     names = cache.keys.dispatch()
     stream = names.stream("~")
-    wait_for(lambda: redis_client.xlen(stream) == 0, "the running job was never acked")
-    assert engine.calls == 1  # the abandoned job never reached the engine
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the running ticket was never acked")
+    assert engine.calls == 1  # the abandoned ticket never reached the engine
 
 
 def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> None:
-    """A job written straight into the default lane, as a writer to Redis could (the lane
+    """A ticket written straight into the default lane, as a writer to Redis could (the lane
     registered; the feeders' heartbeat puts it in the round robin's ring)."""
     try:
         client.xgroup_create(names.stream("~"), "engines", id="0", mkstream=True)
@@ -199,19 +199,19 @@ def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> None:
     client.sadd(names.lanes, "~")
 
 
-def test_a_superseded_job_is_dropped_by_its_consumer(settings, redis_client):
-    """Its key's marker names another job: its requesters moved on to that one."""
+def test_a_superseded_ticket_is_dropped_by_its_consumer(settings, redis_client):
+    """Its key's marker names another ticket: its requesters moved on to that one."""
     engine = SerialEngine()
     cache = make_cache(settings, engine)
     names = cache.keys.dispatch()
     wait_for(lambda: redis_client.exists(names.engines), "the feeder never started")
     gone = counter("ocr_dispatch_jobs_total", outcome="caller_gone")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
-    orphan = Job(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
+    orphan = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                  IMAGES[0])  # fmt: skip
     fields = orphan.fields()
     marker = names.marker(key, orphan.sha256)
-    redis_client.set(marker, "9999999999999-0", px=60_000)  # the newer job
+    redis_client.set(marker, "9999999999999-0", px=60_000)  # the newer ticket
     plant(redis_client, names, fields)
     wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
@@ -219,8 +219,8 @@ def test_a_superseded_job_is_dropped_by_its_consumer(settings, redis_client):
     assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
 
 
-def test_a_job_whose_entry_is_already_stored_is_not_computed(settings, redis_client):
-    """Queued in the instant another job of the image finished: the engine's side looks in
+def test_a_ticket_whose_entry_is_already_stored_is_not_computed(settings, redis_client):
+    """Queued in the instant another ticket of the image finished: the engine's side looks in
     L2 first and answers its waiters from the entry."""
     engine = SerialEngine()
     cache = make_cache(settings, engine)
@@ -229,18 +229,18 @@ def test_a_job_whose_entry_is_already_stored_is_not_computed(settings, redis_cli
     stream = names.stream("~")
     stored = counter("ocr_dispatch_jobs_total", outcome="already_stored")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
-    late = Job(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
+    late = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                IMAGES[0])  # fmt: skip
     fields = late.fields()
     plant(redis_client, names, fields)
-    wait_for(lambda: redis_client.xlen(stream) == 0, "the late job was never taken")
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the late ticket was never taken")
     assert engine.calls == 1
     assert counter("ocr_dispatch_jobs_total", outcome="already_stored") == stored + 1
 
 
 @pytest.mark.parametrize("forgery", ["other_image", "other_params", "other_tenant"])
-def test_a_forged_job_is_refused_and_nothing_is_stored(settings, redis_client, forgery):
-    """A Redis writer queues a job whose key is not what its bytes, params and tenant make
+def test_a_forged_ticket_is_refused_and_nothing_is_stored(settings, redis_client, forgery):
+    """A Redis writer queues a ticket whose key is not what its bytes, params and tenant make
     (e.g. image B's default entry with a translation or other thresholds): the consumer
     refuses it, so no entry a later request would read is ever written."""
     engine = SerialEngine()
@@ -256,17 +256,17 @@ def test_a_forged_job_is_refused_and_nothing_is_stored(settings, redis_client, f
         params = dataclasses.replace(OcrParams(), det_thresh=0.9)
     else:
         tenant = "acme"
-    forged = Job(key, digest_image(data).sha256, params, tenant, 60, time.time() + 60, data)
+    forged = Ticket(key, digest_image(data).sha256, params, tenant, 60, time.time() + 60, data)
     fields = forged.fields()
     plant(redis_client, names, fields)
-    wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the forged job was never taken")
+    wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the forged ticket was never taken")
     wait_for(lambda: counter("ocr_dispatch_jobs_total", outcome="failed") == failed + 1,
-             "the forged job was not refused")  # fmt: skip
+             "the forged ticket was not refused")  # fmt: skip
     assert engine.calls == 0 and redis_client.exists(key) == 0
 
 
-def test_a_job_whose_consumer_died_is_reclaimed(settings, redis_client):
-    """A consumer read the job and died (it never acks, never touches it): after
+def test_a_ticket_whose_consumer_died_is_reclaimed(settings, redis_client):
+    """A consumer read the ticket and died (it never acks, never touches it): after
     DISPATCH_CLAIM_MS a live feeder claims it, computes it, and the requester is answered."""
     engine = SerialEngine()
     gate = threading.Event()
@@ -275,24 +275,24 @@ def test_a_job_whose_consumer_died_is_reclaimed(settings, redis_client):
     stream, engines = names.stream("~"), names.engines
     redis_client.xgroup_create(stream, "engines", id="0", mkstream=True)
     now_ms = int(redis_client.time()[0]) * 1000
-    redis_client.zadd(engines, {"dead-consumer": now_ms})  # it was live when the job came
+    redis_client.zadd(engines, {"dead-consumer": now_ms})  # it was live when the ticket came
     reclaimed = counter("ocr_dispatch_jobs_total", outcome="reclaimed")
     with ThreadPoolExecutor(1) as pool:
         asked = pool.submit(cache.get_or_compute, IMAGES[0])
         taken = redis_client.xreadgroup("engines", "dead-consumer", {stream: ">"}, count=1,
                                         block=int(WAIT * 1000))  # fmt: skip
-        assert taken, "the requester never queued its job"
+        assert taken, "the requester never queued its ticket"
         gate.set()  # this process's engine is ready now: its feeder starts
         outcome = asked.result(WAIT)
     assert outcome.status is CacheStatus.MISS and outcome.result.lines[0].text == text_of(IMAGES[0])
     assert engine.calls == 1
     assert counter("ocr_dispatch_jobs_total", outcome="reclaimed") == reclaimed + 1
-    wait_for(lambda: redis_client.xlen(stream) == 0, "the reclaimed job was never acked")
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the reclaimed ticket was never acked")
 
 
 def test_an_engine_error_reaches_the_requester_at_once_and_is_not_cached(settings, redis_client):
     """The consumer's error comes back as an error (not after OCR_TIMEOUT_SECONDS, set to an
-    hour here), and nothing a request reads stays in Redis: no entry, no job marker (the
+    hour here), and nothing a request reads stays in Redis: no entry, no ticket marker (the
     error marker expires on its own)."""
     failing, other = SerialEngine(), SerialEngine()
     a = make_cache(settings, failing, ocr_timeout_seconds=3600.0)
@@ -308,7 +308,7 @@ def test_an_engine_error_reaches_the_requester_at_once_and_is_not_cached(setting
 
 
 def test_redis_down_while_waiting_the_requester_computes_itself(base_settings):
-    """The queue's Redis stops while the job is on another process's busy engine: the
+    """The queue's Redis stops while the ticket is on another process's busy engine: the
     requester computes it with its own engine, which was still loading until then."""
     with EmbeddedRedis() as server:
         settings = base_settings.with_overrides(redis_url=server.url, redis_timeout_ms=200)
@@ -322,7 +322,7 @@ def test_redis_down_while_waiting_the_requester_computes_itself(base_settings):
         busy.hold()
         with ThreadPoolExecutor(1) as pool:
             asked = pool.submit(a.get_or_compute, IMAGES[0])
-            assert busy.entered.wait(WAIT)  # the job runs on the other process's engine
+            assert busy.entered.wait(WAIT)  # the ticket runs on the other process's engine
             server.stop()
             loaded.set()
             outcome = asked.result(WAIT)
@@ -331,7 +331,7 @@ def test_redis_down_while_waiting_the_requester_computes_itself(base_settings):
     assert outcome.result.lines[0].text == text_of(IMAGES[0]) and own.calls == 1
 
 
-def test_batches_take_up_to_engine_batch_max_waiting_jobs(settings):
+def test_batches_take_up_to_engine_batch_max_waiting_tickets(settings):
     engine = BatchingEngine()
     cache = make_cache(settings, engine, engine_batch_max=4)
     engine.hold()
@@ -344,7 +344,7 @@ def test_batches_take_up_to_engine_batch_max_waiting_jobs(settings):
         wait_for(lambda: cache.store.run("t", lambda c: c.xlen(stream))[1] == 4, "not queued")
         engine.release.set()
         outcomes = [f.result(WAIT) for f in [first, *rest]]
-    assert engine.batches[-1] == 3  # the three waiting jobs went in one call
+    assert engine.batches[-1] == 3  # the three waiting tickets went in one call
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES]
 
 
@@ -352,7 +352,7 @@ def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
     settings, redis_client, monkeypatch
 ):
     """The soak's ``OCR_ENGINE=serving`` workers (16 feeders each) gained two Redis
-    connections per feeder as jobs reached it, one feeder after another: the markers'
+    connections per feeder as tickets reached it, one feeder after another: the markers'
     pipeline took a second connection from the feeder's own client, the L2 re-check a read
     connection for the feeder's thread. Each feeder connects once, for all it does
     (docs/RELIABILITY.md, "Soak"). The shared pool is filled beforehand, so that a thread
@@ -377,7 +377,7 @@ def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
     engine.hold()
     with ThreadPoolExecutor(4) as pool:
         asked = [pool.submit(cache.get_or_compute, data) for data in IMAGES]
-        wait_for(lambda: engine.calls == 4, "not every feeder took a job")  # each holds one
+        wait_for(lambda: engine.calls == 4, "not every feeder took a ticket")  # each holds one
         engine.release.set()
         outcomes = [f.result(WAIT) for f in asked]
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES]
@@ -387,7 +387,7 @@ def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
 
 def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):
     """The worker_exit hook reaches the real ``OcrService`` (an attribute object, not a dict):
-    the worker's feeders leave the consumer group and take no more jobs."""
+    the worker's feeders leave the consumer group and take no more tickets."""
     from types import SimpleNamespace
 
     from app import gunicorn_app

@@ -1,6 +1,6 @@
 """The fair miss queue (issue 26 §3) on the real dispatch path: a real Redis, two front doors
 as two workers' processes (each with its feeder and a slow counting engine), tenants as key
-namespaces. The jobs are queued first by a front door whose own engine takes none (a
+namespaces. The tickets are queued first by a front door whose own engine takes none (a
 stand-in engine keeps the queue open), then two workers start and take them, so the order
 the engines compute them in is the queue's choice alone. Interjection
 (``DISPATCH_INTERJECT``): engines whose calls pause between steps, tenant a's calls held at
@@ -20,12 +20,12 @@ import pytest
 import redis
 from PIL import Image
 
-from app.cache.jobs import Job
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.engines.base import OcrRequest
 from app.engines.engine_thread import EngineThread
+from app.queue.ticket import Ticket
 from app.tenants import Tenant, TenantBook
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult
 from tests.helpers import stand_in_engine
@@ -111,7 +111,7 @@ class Fleet:
         self._settings, self._book, self._gate = settings, book, gate
         self.engines: list[TimedEngine] = []
         self.front = make_cache(settings, self._engine(), book=book)
-        self.front.close()  # takes no job (and leaves the live-engine register)
+        self.front.close()  # takes no ticket (and leaves the live-engine register)
         if gate is None:
             self._stand_in()
         self.engines.clear()
@@ -204,11 +204,11 @@ def test_one_new_page_is_not_held_behind_another_tenants_flood(
 
 def test_shares_divide_the_engines_time(settings: Settings, redis_client: redis.Redis) -> None:
     """Tenants a (share 3) and b (share 1) both back-filling: while both wait, the engines'
-    time goes 3:1; a lane's cost is learnt from its first job (one warm-up job each)."""
+    time goes 3:1; a lane's cost is learnt from its first ticket (one warm-up ticket each)."""
     book = TenantBook.of([Tenant("a", share=3.0), Tenant("b", share=1.0)])
     fleet = Fleet(settings, book)
     fleet.start_workers()
-    for tenant in "ab":  # the lanes' job costs, known from a first job each
+    for tenant in "ab":  # the lanes' ticket costs, known from a first ticket each
         assert fleet.workers[0].get_or_compute(
             page(tenant, 999), None, CacheControls(namespace=tenant)
         ).status in (CacheStatus.MISS, CacheStatus.COALESCED)
@@ -231,35 +231,35 @@ def test_shares_divide_the_engines_time(settings: Settings, redis_client: redis.
 def test_one_tenant_alone_keeps_every_engine_busy(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    """Work-conserving: with nobody else waiting, one tenant's jobs take both engines."""
+    """Work-conserving: with nobody else waiting, one tenant's tickets take both engines."""
     fleet = Fleet(settings, TenantBook.of([Tenant("a", share=0.1)]))
     with ThreadPoolExecutor(16) as pool:
         futures = [ask(pool, fleet.front, "a", page("a", i)) for i in range(12)]
-        wait_for(lambda: fleet.waiting(redis_client, "a") == 12, "a's jobs were not queued")
+        wait_for(lambda: fleet.waiting(redis_client, "a") == 12, "a's tickets were not queued")
         fleet.start_workers()
         for future in futures:
             assert future.result(WAIT).status is CacheStatus.MISS
     assert fleet.running[1] == 2 and len(fleet.order) == 12
 
 
-def plant(client: redis.Redis, names: Any, lane: str, job: Job) -> str:
-    """A job written straight into a lane (as submitting leaves it, ring and lanes too)."""
+def plant(client: redis.Redis, names: Any, lane: str, ticket: Ticket) -> str:
+    """A ticket written straight into a lane (as submitting leaves it, ring and lanes too)."""
     try:
         client.xgroup_create(names.stream(lane), "engines", id="0", mkstream=True)
     except redis.ResponseError:  # BUSYGROUP
         pass
-    fields = job.fields()
+    fields = ticket.fields()
     entry = client.xadd(names.stream(lane), dict(zip(fields[::2], fields[1::2], strict=True)))
     client.sadd(names.lanes, lane)
     client.rpush(names.ring, lane)
     return entry.decode()
 
 
-def a_job(cache: OcrCache, tenant: str, n: int) -> Job:
+def a_ticket(cache: OcrCache, tenant: str, n: int) -> Ticket:
     data = page(tenant, n)
     digest = digest_image(data)
     key = cache.keys.entry(digest, cache.keys.task(OcrParams()), tenant)
-    return Job(key, digest.sha256, OcrParams(), tenant, 60, time.time() + 60, data)
+    return Ticket(key, digest.sha256, OcrParams(), tenant, 60, time.time() + 60, data)
 
 
 def test_an_undeliverable_lane_does_not_stall_the_others(
@@ -270,7 +270,7 @@ def test_an_undeliverable_lane_does_not_stall_the_others(
     entries (their waiters then submit again), and serve the next lane."""
     fleet = Fleet(settings, TenantBook())
     names = fleet.front._misses._queue.names  # type: ignore[union-attr]
-    plant(redis_client, names, "x", a_job(fleet.front, "x", 0))
+    plant(redis_client, names, "x", a_ticket(fleet.front, "x", 0))
     redis_client.xreadgroup("engines", "gone", {names.stream("x"): ">"}, count=1)
     redis_client.xgroup_delconsumer(names.stream("x"), "engines", "gone")
     redis_client.hset(names.deficits, "x", "5.0")  # credit: it would be chosen first
@@ -282,16 +282,16 @@ def test_an_undeliverable_lane_does_not_stall_the_others(
     assert redis_client.xlen(names.stream("x")) == 0
 
 
-def test_queue_keys_taken_by_the_lru_cost_no_waiting_job(
+def test_queue_keys_taken_by_the_lru_cost_no_waiting_ticket(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    """allkeys-lru may take the ring, the lanes, the deficits, shares and costs: the jobs
+    """allkeys-lru may take the ring, the lanes, the deficits, shares and costs: the tickets
     queued meanwhile are still taken (waiters and heartbeats put their lanes back)."""
     fleet = Fleet(settings, TenantBook.of([Tenant("a", share=2.0)]))
     names = fleet.front._misses._queue.names  # type: ignore[union-attr]
     with ThreadPoolExecutor(8) as pool:
         futures = [ask(pool, fleet.front, t, page(t, i)) for i in range(3) for t in "ab"]
-        wait_for(lambda: fleet.waiting(redis_client, "b") == 3, "the jobs were not queued")
+        wait_for(lambda: fleet.waiting(redis_client, "b") == 3, "the tickets were not queued")
         redis_client.delete(names.ring, names.lanes, names.deficits, names.shares, names.costs)
         fleet.start_workers()
         assert all(f.result(WAIT).status is CacheStatus.MISS for f in futures)
@@ -301,24 +301,24 @@ def test_queue_keys_taken_by_the_lru_cost_no_waiting_job(
 def test_a_rounding_remainder_never_leaves_the_engines_without_a_lane(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    """A deficit the rounds leave at exactly 0 (-0.29 with jobs of 0.01: a batch's charge)
+    """A deficit the rounds leave at exactly 0 (-0.29 with tickets of 0.01: a batch's charge)
     still gives a lane to serve: the one with the most credit."""
     cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
     cache.close()
     feeders, names = cache._feeders, cache._misses._queue.names  # type: ignore[union-attr]
     assert feeders is not None
-    entry = plant(redis_client, names, "a", a_job(cache, "a", 0))
+    entry = plant(redis_client, names, "a", a_ticket(cache, "a", 0))
     redis_client.hset(names.deficits, "a", "-0.290000")
     redis_client.hset(names.costs, "a", "0.010000")
-    jobs, cost = feeders._take(redis_client, "consumer")
-    assert [job.id for job in jobs] == [entry] and cost == pytest.approx(0.01)
+    tickets, cost = feeders.scheduler.take(redis_client, "consumer")
+    assert [ticket.id for ticket in tickets] == [entry] and cost == pytest.approx(0.01)
 
 
 def test_a_tenant_holds_the_queue_only_while_others_wait_behind_it(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
     """``ocr_tenant_queue_hold_seconds``: how long one tenant has had at least half of the
-    waiting jobs while others waited too; a tenant alone in the queue holds nobody up."""
+    waiting tickets while others waited too; a tenant alone in the queue holds nobody up."""
     from app import metrics
 
     cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()),
@@ -330,15 +330,15 @@ def test_a_tenant_holds_the_queue_only_while_others_wait_behind_it(
     def held(tenant: str) -> float:
         return metrics.TENANT_QUEUE_HOLD.labels(tenant=tenant)._value.get()
 
-    feeders._report({"a": 9})
+    feeders.heartbeat.report({"a": 9})
     time.sleep(0.05)
-    feeders._report({"a": 9})
+    feeders.heartbeat.report({"a": 9})
     assert held("a") == 0.0  # alone
-    feeders._report({"a": 9, "b": 1})
+    feeders.heartbeat.report({"a": 9, "b": 1})
     time.sleep(0.05)
-    feeders._report({"a": 8, "b": 2, "~": 1})
+    feeders.heartbeat.report({"a": 8, "b": 2, "~": 1})
     assert held("a") >= 0.05 and held("b") == 0.0 and held("default") == 0.0
-    feeders._report({"a": 1, "b": 3})
+    feeders.heartbeat.report({"a": 1, "b": 3})
     assert held("a") == 0.0 and held("b") == 0.0  # b's start
 
 
@@ -398,7 +398,7 @@ def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
     assert isinstance(engine, SteppedEngine)
     feeders = fleet.workers[0]._feeders
     assert feeders is not None
-    call_began = feeders._running[0].began  # the feeders' own clock: a's call, held by the gate
+    call_began = feeders.calls.running(0).began  # the feeders' clock: a's call, held by the gate
     before = interjected()
     engine.seconds[page("b", 0)] = 1.0
     for i in range(3):
@@ -474,8 +474,8 @@ def test_interjection_is_decided_by_the_queue_alone(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
     """``_TAKE`` in interjection mode, on the queue's own keys: nothing while a live engine
-    is idle, nor from a lane with a job running; else the job the round robin takes next.
-    A declined take leaves the ring as it was. A lane whose running jobs are all the call
+    is idle, nor from a lane with a ticket running; else the ticket the round robin takes next.
+    A declined take leaves the ring as it was. A lane whose running tickets are all the call
     to pause (of that lane alone) may pause itself."""
     cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
     cache.close()
@@ -484,49 +484,49 @@ def test_interjection_is_decided_by_the_queue_alone(
     seconds, micros = redis_client.time()
     now = seconds * 1000 + micros // 1000
     redis_client.zadd(names.engines, {"e1": now, "e2": now})
-    plant(redis_client, names, "a", a_job(cache, "a", 0))
-    plant(redis_client, names, "a", a_job(cache, "a", 1))
+    plant(redis_client, names, "a", a_ticket(cache, "a", 0))
+    plant(redis_client, names, "a", a_ticket(cache, "a", 1))
     redis_client.xreadgroup("engines", "e1", {names.stream("a"): ">"}, count=1)  # e1 busy
-    b_entry = plant(redis_client, names, "b", a_job(cache, "b", 0))
+    b_entry = plant(redis_client, names, "b", a_ticket(cache, "b", 0))
     redis_client.hset(names.deficits, "a", "0.000001")  # b's turn: it has the most credit
     redis_client.delete(names.ring)
     redis_client.rpush(names.ring, "a", "b")
     ring = redis_client.lrange(names.ring, 0, -1)
 
-    assert feeders._take(redis_client, "i", interject=True) == ([], 0.0)  # e2 is idle
+    assert feeders.scheduler.take(redis_client, "i", interject=True) == ([], 0.0)  # e2 is idle
     assert redis_client.lrange(names.ring, 0, -1) == ring
     redis_client.xreadgroup("engines", "e2", {names.stream("a"): ">"}, count=1)  # e2 busy
-    jobs, _ = feeders._take(redis_client, "i", interject=True)
-    assert [job.id for job in jobs] == [b_entry]
+    tickets, _ = feeders.scheduler.take(redis_client, "i", interject=True)
+    assert [ticket.id for ticket in tickets] == [b_entry]
 
-    b_next = plant(redis_client, names, "b", a_job(cache, "b", 1))  # b has one running now
-    assert feeders._take(redis_client, "i", interject=True) == ([], 0.0)
-    # Into b's own call (all b's running jobs held by the engine to pause, "i"), and only
+    b_next = plant(redis_client, names, "b", a_ticket(cache, "b", 1))  # b has one running now
+    assert feeders.scheduler.take(redis_client, "i", interject=True) == ([], 0.0)
+    # Into b's own call (all b's running tickets held by the engine to pause, "i"), and only
     # there: not into e2's call (it holds none of b's), nor a call of a's, nor a mixed one.
     for paused in (("b", "e2"), ("a", "i"), ("", "i")):
-        assert feeders._take(redis_client, "j", True, paused) == ([], 0.0), paused
-    jobs, _ = feeders._take(redis_client, "j", True, ("b", "i"))
-    assert [job.id for job in jobs] == [b_next]
-    plant(redis_client, names, "b", a_job(cache, "b", 2))  # b: two running, one elsewhere
-    assert feeders._take(redis_client, "k", True, ("b", "i")) == ([], 0.0)
+        assert feeders.scheduler.take(redis_client, "j", True, paused) == ([], 0.0), paused
+    tickets, _ = feeders.scheduler.take(redis_client, "j", True, ("b", "i"))
+    assert [ticket.id for ticket in tickets] == [b_next]
+    plant(redis_client, names, "b", a_ticket(cache, "b", 2))  # b: two running, one elsewhere
+    assert feeders.scheduler.take(redis_client, "k", True, ("b", "i")) == ([], 0.0)
 
 
-def test_a_failed_job_frees_its_key_before_its_requesters_hear(
+def test_a_failed_ticket_frees_its_key_before_its_requesters_hear(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    """``fail`` removes the key's marker (if it still names the job) before it publishes: a
-    retry made on hearing the error queues a new job instead of joining the failed one
-    (whose entry lives until ``_finish``); a newer job's marker is left alone."""
+    """``fail`` removes the key's marker (if it still names the ticket) before it publishes: a
+    retry made on hearing the error queues a new ticket instead of joining the failed one
+    (whose entry lives until ``_finish``); a newer ticket's marker is left alone."""
     cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))
     cache.close()
     feeders, queue = cache._feeders, cache._misses._queue  # type: ignore[union-attr]
     assert feeders is not None
-    job = replace(a_job(cache, "b", 0), id="1-0")
-    marker = queue.marker(job)
+    ticket = replace(a_ticket(cache, "b", 0), id="1-0")
+    marker = queue.marker(ticket)
     redis_client.set(marker, "1-0")
-    feeders.fail(job, "error:boom")
+    feeders.fail(ticket, "error:boom")
     assert redis_client.get(marker) is None
-    assert redis_client.get(cache.keys.job_error(job.key, "1-0")) == b"error:boom"
-    redis_client.set(marker, "2-0")  # a newer job of the same key
-    feeders.fail(job, "error:boom")
+    assert redis_client.get(cache.keys.ticket_error(ticket.key, "1-0")) == b"error:boom"
+    redis_client.set(marker, "2-0")  # a newer ticket of the same key
+    feeders.fail(ticket, "error:boom")
     assert redis_client.get(marker) == b"2-0"

@@ -287,7 +287,7 @@ def test_no_purge_pattern_matches_service_state_whatever_the_prefix(
     cache = {
         t: {
             f"{keys.prefix(t)}:v1:fp:{task}:{{{MD5}}}",
-            keys.job_error(f"{keys.prefix(t)}:v1:fp:{task}:{{{MD5}}}", "j1"),
+            keys.ticket_error(f"{keys.prefix(t)}:v1:fp:{task}:{{{MD5}}}", "j1"),
             keys.pixel_bucket("abcd", task, t),
             keys.similar_band(0, "ff", task, t),
         }

@@ -1,7 +1,7 @@
 """A request that stops waiting for the engine (``EngineTimeout``) or a full queue
 (``EngineBusy``) is load, not a broken engine (issue 25): neither marks the engine failing
-(``Computer.failing``, which pauses the feeders ``UNHEALTHY_PAUSE_SECONDS`` between jobs), nor
-reaches ``on_engine_outcome`` (/readyz), on any path: a call made here (``compute``), a job
+(``Computer.failing``, which pauses the feeders ``UNHEALTHY_PAUSE_SECONDS`` between tickets), nor
+reaches ``on_engine_outcome`` (/readyz), on any path: a call made here (``compute``), a ticket
 of the global queue (``serve``), a batch (``_many``). Nor is such a call retried: a timed-out
 batch is still running in the engine and its requesters' time is gone, so re-running its
 images one by one would only queue engine work for nobody. Engine doubles held and released
@@ -21,8 +21,6 @@ from prometheus_client import REGISTRY
 from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
 from app.cache.engine_runner import EngineRunner
-from app.cache.feeders import UNHEALTHY_PAUSE_SECONDS
-from app.cache.jobs import Job
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
@@ -30,6 +28,8 @@ from app.config import Settings
 from app.engine_state import EngineState
 from app.engines.base import OcrRequest
 from app.imaging import decode_image
+from app.queue.feeders import UNHEALTHY_PAUSE_SECONDS
+from app.queue.ticket import Ticket
 from app.vocabulary import (
     CacheControls,
     EngineBusy,
@@ -86,8 +86,8 @@ def front(base_settings: Settings, redis_client: redis.Redis) -> Iterator[Front]
         outcomes.append(ok)
         state.record(ok)
 
-    # Long enough for a feeder on a loaded host to take the job before its requester stops
-    # waiting (a job taken after that is dropped unread: no engine call, no timeout to count).
+    # Long enough for a feeder on a loaded host to take the ticket before its requester stops
+    # waiting (a ticket taken after that is dropped unread: no engine call, no timeout to count).
     settings = base_settings.with_overrides(ocr_timeout_seconds=3.0)
     r = settings.redis
     store = RedisStore(r.url, r.timeout_ms, r.connect_timeout_ms,
@@ -123,14 +123,14 @@ def assert_load_not_failure(front: Front) -> None:
 @pytest.mark.parametrize("where", ["here", "global queue"])
 def test_a_timeout_is_not_an_engine_failure_and_the_next_request_has_no_pause(front, where):
     """``here``: a ``no-store`` request computes with this process's engine
-    (``Computer.compute``); ``global queue``: a feeder takes the job (``Computer.serve``).
+    (``Computer.compute``); ``global queue``: a feeder takes the ticket (``Computer.serve``).
     After the timed-out call ends, the next miss is computed at once: no feeder pause."""
     controls = CacheControls(no_store=where == "here")
     before = calls("timeout")
     front.engine.hold()
     with pytest.raises(EngineTimeout):
         front.cache.get_or_compute(IMAGES[0], None, controls)
-    assert front.engine.entered.is_set(), "the job was never taken before its deadline"
+    assert front.engine.entered.is_set(), "the ticket was never taken before its deadline"
     wait_for(lambda: calls("timeout") == before + 1, "the timeout was not counted")
     assert_load_not_failure(front)
     front.engine.release.set()
@@ -153,13 +153,13 @@ def test_the_engines_own_error_is_a_failure(front):
 
 def _probes(front: Front, n: int) -> list:
     computer = front.cache._computer
-    jobs = [_job(front, data, time.time() + 60) for data in IMAGES[:n]]
-    return [computer._probe(job) for job in jobs]
+    tickets = [_ticket(front, data, time.time() + 60) for data in IMAGES[:n]]
+    return [computer._probe(ticket) for ticket in tickets]
 
 
-def _job(front: Front, data: bytes, deadline: float) -> Job:
+def _ticket(front: Front, data: bytes, deadline: float) -> Ticket:
     key = front.cache.key_for(digest_image(data), OcrParams())
-    return Job(key, digest_image(data).sha256, OcrParams(), "", 60, deadline, data, id="1-0")
+    return Ticket(key, digest_image(data).sha256, OcrParams(), "", 60, deadline, data, id="1-0")
 
 
 def test_a_timed_out_batch_is_not_rerun_image_by_image(front):
@@ -204,25 +204,25 @@ def test_a_refused_batch_is_load_and_not_retried(front):
 
 
 class Told:
-    """What ``Computer.serve`` tells a job's requesters (``Feeders.fail``/``succeeded``)."""
+    """What ``Computer.serve`` tells a ticket's requesters (``Feeders.fail``/``succeeded``)."""
 
     def __init__(self) -> None:
         self.failed: list[str] = []
         self.stored: list[str] = []
 
-    def fail(self, job: Job, marker: str) -> None:
+    def fail(self, ticket: Ticket, marker: str) -> None:
         self.failed.append(marker)
 
-    def succeeded(self, job: Job) -> None:
-        self.stored.append(job.id)
+    def succeeded(self, ticket: Ticket) -> None:
+        self.stored.append(ticket.id)
 
 
-def test_a_job_whose_time_is_gone_is_not_computed(front):
-    """``serve`` with a job whose requester's deadline passed (between the feeder's check and
+def test_a_ticket_whose_time_is_gone_is_not_computed(front):
+    """``serve`` with a ticket whose requester's deadline passed (between the feeder's check and
     the engine): answered as a timeout without an engine call (the engine used to get
     0.001 s of bound, long enough to start the call for nobody)."""
     told = Told()
-    front.cache._computer.serve(told, [_job(front, IMAGES[0], time.time() - 0.01)])
+    front.cache._computer.serve(told, [_ticket(front, IMAGES[0], time.time() - 0.01)])
     assert told.stored == [] and len(told.failed) == 1, told.failed
     assert told.failed[0].startswith("timeout:"), told.failed
     time.sleep(0.2)  # a call that slipped through would have started by now

@@ -27,8 +27,6 @@ from app.cache.compute import Computer, Ttl
 from app.cache.documents import Documents
 from app.cache.engine_runner import EngineRunner
 from app.cache.extraction_index import ExtractionTier
-from app.cache.feeders import BLOCK_MS, Feeders
-from app.cache.jobs import JobQueue
 from app.cache.keys import KeySpace
 from app.cache.l1 import L1Cache, L1Tier
 from app.cache.l2 import L2Tier
@@ -43,6 +41,8 @@ from app.cache.similarity import SimilarityIndex, SimilarTier
 from app.cache.store import NullStore, RedisStore, Store
 from app.cache.tier import Chain, Tier
 from app.engines.base import Engine
+from app.queue.feeders import BLOCK_MS, Feeders
+from app.queue.requester import TicketQueue
 from app.tenants import TenantBook
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def build(
     if redis is not None:
         fair = dispatch.fairness == "drr"
         notifier = Notifier(redis, keys, on_purge=l1.clear)
-        queue = JobQueue(
+        queue = TicketQueue(
             redis, keys, notifier,
             per_engine_max=dispatch.queue_max,
             live_ms=max(dispatch.claim_ms, 3 * BLOCK_MS),
@@ -168,7 +168,7 @@ def build(
             hold_seconds=tenants.queue_hold_seconds,
             interjecting=interject is not None and dispatch.interject and fair,
         )  # fmt: skip
-        feeders.start(wait_for_engine, lambda jobs, inside: computer.serve(feeders, jobs, inside),
+        feeders.start(wait_for_engine, lambda ts, inside: computer.serve(feeders, ts, inside),
                       healthy=lambda: not computer.failing)  # fmt: skip
     misses = MissPath(
         computer, queue, store, keys, codec, engine_settings.timeout_seconds,

@@ -1,6 +1,6 @@
 """The engine side of a miss: an engine call in this process (bounded, timed, counted) and
-the result stored in every tier; and the jobs this process's feeders took from the global
-queue, computed and stored the same way, their requesters told (``feeders.Feeders``).
+the result stored in every tier; and the tickets this process's feeders took from the global
+queue, computed and stored the same way, their requesters told (``app.queue.feeders``).
 
 Only the engine's own errors mark it failing (readiness, the feeders' pause): a request that
 stopped waiting (``EngineTimeout``) or a full queue (``EngineBusy``) is load, not a broken
@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 
 from app import metrics
 from app.cache.engine_runner import EngineRunner
-from app.cache.feeders import Feeders
-from app.cache.jobs import Job
 from app.cache.keys import KeySpace, digest_image
 from app.cache.tier import Chain, Probe
 from app.engines.base import Engine, LineUse, OcrRequest
 from app.imaging import DecodedImage
+from app.queue.feeders import Feeders
+from app.queue.ticket import Ticket
 from app.vocabulary import (
     TENANT_NAME,
     CacheControls,
@@ -183,114 +183,120 @@ class Computer:
                 answers.append(exc)
         return answers
 
-    # The jobs of the global queue (``Feeders``' ``serve``) --------------------------------
+    # The tickets of the global queue (``Feeders``' ``serve``) -----------------------------
 
     def serve(
-        self, feeders: Feeders, jobs: Sequence[Job], interject: bool = False
+        self, feeders: Feeders, tickets: Sequence[Ticket], interject: bool = False
     ) -> dict[str, float]:
-        """Compute jobs, store each result in every tier and tell its requesters; a failed
-        job gets an error marker instead (never an entry). A job whose entry is already in
-        L2 (queued in the instant another job of that image finished) is not computed.
-        Answers each computed job's engine seconds, by id (the round robin's correction).
+        """Compute tickets, store each result in every tier and tell its requesters; a
+        failed ticket gets an error marker instead (never an entry). A ticket whose entry is
+        already in L2 (queued in the instant another ticket of that image finished) is not
+        computed.
+        Answers each computed ticket's engine seconds, by id (the round robin's correction).
         ``interject``: all of it on the engine's thread, inside its call in progress
         (``EngineRunner.interjected``)."""
         if not interject:
-            return self._serve(feeders, jobs)
+            return self._serve(feeders, tickets)
         try:
-            left = max(job.deadline for job in jobs) - time.time()
-            return self.runner.interjected(lambda: self._serve(feeders, jobs), left)
+            left = max(ticket.deadline for ticket in tickets) - time.time()
+            return self.runner.interjected(lambda: self._serve(feeders, tickets), left)
         except EngineTimeout as exc:  # never started: its requesters hear of it now
-            for job in jobs:
-                feeders.fail(job, f"timeout:{exc}")
+            for ticket in tickets:
+                feeders.fail(ticket, f"timeout:{exc}")
             return {}
 
-    def _serve(self, feeders: Feeders, jobs: Sequence[Job]) -> dict[str, float]:
+    def _serve(self, feeders: Feeders, tickets: Sequence[Ticket]) -> dict[str, float]:
         spent: dict[str, float] = {}
-        genuine: list[tuple[Job, Probe]] = []
-        for job in jobs:
-            if not self._is_genuine(job):
+        genuine: list[tuple[Ticket, Probe]] = []
+        for ticket in tickets:
+            if not self._is_genuine(ticket):
                 # Only a writer to Redis could queue this (a key that is not the one its image,
                 # params and tenant name): refused, so no entry can be stored under it.
-                log.warning("dispatch: job %s does not match its key; refused", job.id)
-                feeders.fail(job, "error:a queued job that does not match its key")
+                log.warning("dispatch: ticket %s does not match its key; refused", ticket.id)
+                feeders.fail(ticket, "error:a queued ticket that does not match its key")
                 metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
                 continue
-            genuine.append((job, self._probe(job)))
+            genuine.append((ticket, self._probe(ticket)))
         l2 = self._chain.index("l2")
         self._chain.lookup([probe for _, probe in genuine], start=l2, stop=l2 + 1)
-        groups: dict[OcrParams, list[tuple[Job, Probe]]] = {}
-        for job, probe in genuine:
+        groups: dict[OcrParams, list[tuple[Ticket, Probe]]] = {}
+        for ticket, probe in genuine:
             if probe.outcome is not None:
                 metrics.DISPATCH_JOBS.labels(outcome="already_stored").inc()
-                feeders.succeeded(job)
+                feeders.succeeded(ticket)
                 continue
-            if job.deadline <= time.time():  # its requester stopped waiting since it was read
+            if ticket.deadline <= time.time():  # its requester stopped waiting since it was read
                 metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()  # as _wanted
-                feeders.fail(job, "timeout:the requester's deadline passed before the engine")
+                feeders.fail(ticket, "timeout:the requester's deadline passed before the engine")
                 continue
             try:
-                probe.image  # noqa: B018 - decoded now: a bad image fails only its job
-            except ClientError as exc:  # cannot happen for a job its requester decoded
-                feeders.fail(job, f"error:{exc}")
+                probe.image  # noqa: B018 - decoded now: a bad image fails only its ticket
+            except ClientError as exc:  # cannot happen for a ticket its requester decoded
+                feeders.fail(ticket, f"error:{exc}")
                 continue
-            groups.setdefault(job.params, []).append((job, probe))
+            groups.setdefault(ticket.params, []).append((ticket, probe))
         for members in groups.values():
             answered: set[str] = set()
             seconds: list[float] = []
             try:
                 # The requesters' deadlines bound the call, not this process's own timeout.
                 answers = self._many(
-                    [probe for _, probe in members], [job.deadline for job, _ in members], seconds
+                    [probe for _, probe in members],
+                    [ticket.deadline for ticket, _ in members],
+                    seconds,
                 )
-                spent.update(zip((job.id for job, _ in members), seconds, strict=False))
-                for (job, probe), answer in zip(members, answers, strict=True):
-                    self._answer(feeders, job, probe, answer)
-                    answered.add(job.id)
+                spent.update(zip((ticket.id for ticket, _ in members), seconds, strict=False))
+                for (ticket, probe), answer in zip(members, answers, strict=True):
+                    self._answer(feeders, ticket, probe, answer)
+                    answered.add(ticket.id)
             except Exception as exc:  # a bug: the requesters hear of it now, not at their timeout
-                log.exception("dispatch: serving %d jobs failed", len(members))
+                log.exception("dispatch: serving %d tickets failed", len(members))
                 self.failing = True  # this process's feeders slow down (readiness unchanged)
-                for job, _ in members:
-                    if job.id not in answered:
-                        feeders.fail(job, f"bug:{exc.__class__.__name__}")
+                for ticket, _ in members:
+                    if ticket.id not in answered:
+                        feeders.fail(ticket, f"bug:{exc.__class__.__name__}")
                         metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
         return spent
 
-    def _is_genuine(self, job: Job) -> bool:
-        """A job's key is what its own bytes, params and tenant make (and its SHA-256 theirs)."""
-        if job.namespace and not TENANT_NAME.fullmatch(job.namespace):
+    def _is_genuine(self, ticket: Ticket) -> bool:
+        """A ticket's key is what its own bytes, params and tenant make (and its SHA-256
+        theirs)."""
+        if ticket.namespace and not TENANT_NAME.fullmatch(ticket.namespace):
             return False
         try:
-            self._engine.check_params(job.params)
+            self._engine.check_params(ticket.params)
         except ClientError:
             return False
-        digest = digest_image(job.data)
-        return digest.sha256 == job.sha256 and job.key == self._keys.entry(
-            digest, self._keys.task(job.params), job.namespace
+        digest = digest_image(ticket.data)
+        return digest.sha256 == ticket.sha256 and ticket.key == self._keys.entry(
+            digest, self._keys.task(ticket.params), ticket.namespace
         )
 
-    def _probe(self, job: Job) -> Probe:
-        """A queued job as the front door that queued it saw it (to store its result)."""
-        controls = CacheControls(namespace=job.namespace, ttl=None if job.archive else job.ttl)
+    def _probe(self, ticket: Ticket) -> Probe:
+        """A queued ticket as the front door that queued it saw it (to store its result)."""
+        controls = CacheControls(
+            namespace=ticket.namespace, ttl=None if ticket.archive else ticket.ttl
+        )
         return Probe(
-            job.data, job.params, digest_image(job.data), self._keys.task(job.params),
-            controls, key=job.key, decode=self._decode,
+            ticket.data, ticket.params, digest_image(ticket.data), self._keys.task(ticket.params),
+            controls, key=ticket.key, decode=self._decode,
         )  # fmt: skip
 
     def _answer(
-        self, feeders: Feeders, job: Job, probe: Probe, answer: OcrResult | Exception
+        self, feeders: Feeders, ticket: Ticket, probe: Probe, answer: OcrResult | Exception
     ) -> None:
         if isinstance(answer, EngineBusy):
-            feeders.fail(job, f"busy:{answer.retry_after}:{answer}")
+            feeders.fail(ticket, f"busy:{answer.retry_after}:{answer}")
         elif isinstance(answer, EngineTimeout):
-            feeders.fail(job, f"timeout:{answer}")
+            feeders.fail(ticket, f"timeout:{answer}")
         elif isinstance(answer, Exception):
-            feeders.fail(job, f"error:{answer}")
+            feeders.fail(ticket, f"error:{answer}")
         else:
             metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
-            if self._chain.record(probe, answer, job.ttl):
-                feeders.succeeded(job)
+            if self._chain.record(probe, answer, ticket.ttl):
+                feeders.succeeded(ticket)
             else:  # the requesters compute for themselves rather than wait in vain
-                feeders.fail(job, "lost")
+                feeders.fail(ticket, "lost")
             return
         metrics.DISPATCH_JOBS.labels(outcome="failed").inc()

@@ -246,9 +246,9 @@ class KeySpace:
         return QueueKeys(f"{{{self.base_prefix}:dispatch:{DISPATCH_SCHEMA}:{scope}}}")
 
     @staticmethod
-    def job_error(entry: str, job_id: str) -> str:
-        """A short-lived marker: job ``job_id`` failed (never a cached result)."""
-        return f"{entry}:error:{job_id}"
+    def ticket_error(entry: str, ticket_id: str) -> str:
+        """A short-lived marker: ticket ``ticket_id`` failed (never a cached result)."""
+        return f"{entry}:error:{ticket_id}"
 
     def object(self, digest: ImageDigest, task: str, namespace: str = "") -> str:
         """The entry's name in the cold tier (L3), below its bucket prefix:

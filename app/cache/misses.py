@@ -3,13 +3,14 @@
 1. In this process, the threads that miss the same image share one flight
    (``SingleFlight``): one of them goes on, the others wait for its outcome (COALESCED).
 2. Across processes and replicas, that one submits the miss to the global queue
-   (``jobs.JobQueue``): submitting is idempotent per key, so a miss already queued or
-   running anywhere makes it a waiter on that job; the next free engine of any worker
-   computes it and stores it in every tier (``compute.Computer.serve``).
+   as a ticket (``app.queue.requester.TicketQueue``): submitting is idempotent per key, so
+   a miss already queued or running anywhere makes it a waiter on that ticket; the next
+   free engine of any worker computes it and stores it in every tier
+   (``compute.Computer.serve``).
 3. It computes with its own engine (``Computer.compute_and_store``) when there is no queue
    to use: caching off or Redis down (the queue answers nothing), no engine reported in yet,
    a request that recomputes (``no-cache``) or stores nothing (``no-store``: its result has
-   no way back through Redis), or a job that ended without an entry to read.
+   no way back through Redis), or a ticket that ended without an entry to read.
 
 Before any of that, a tenant's miss quotas (``quotas.Quotas.miss``: misses in flight, engine
 seconds per minute) may refuse the miss (429); hits never meet them.
@@ -26,12 +27,13 @@ from collections.abc import Callable
 
 from app.cache.codec import Codec
 from app.cache.compute import Computer
-from app.cache.jobs import Job, JobQueue
 from app.cache.keys import KeySpace
 from app.cache.quotas import Quotas
 from app.cache.singleflight import SingleFlight
 from app.cache.store import Store
 from app.cache.tier import Probe
+from app.queue.requester import TicketQueue
+from app.queue.ticket import Ticket
 from app.vocabulary import CacheStatus, OcrResult, Outcome
 
 
@@ -39,7 +41,7 @@ class MissPath:
     def __init__(
         self,
         computer: Computer,
-        queue: JobQueue | None,
+        queue: TicketQueue | None,
         store: Store,
         keys: KeySpace,
         codec: Codec,
@@ -88,17 +90,18 @@ class MissPath:
         controls = probe.controls
         timeout = None  # the engine call's own (OCR_TIMEOUT_SECONDS)
         if self._queue is not None and not controls.no_cache and not controls.no_store:
-            job, expires = self._job(probe), [0.0]
-            result, joined = self._queue.request(job, self._reader(probe, expires), self._timeout)
+            ticket, expires = self._ticket(probe), [0.0]
+            read = self._reader(probe, expires)
+            result, joined = self._queue.request(ticket, read, self._timeout)
             if result is not None:
                 self._keep(probe, result, expires[0] - self._clock())
                 return Outcome(result, CacheStatus.COALESCED if joined else CacheStatus.MISS)
-            timeout = job.deadline - self._clock()  # what is left (none: answered at once)
+            timeout = ticket.deadline - self._clock()  # what is left (none: answered at once)
         return Outcome(self._computer.compute_and_store(probe, timeout), CacheStatus.MISS)
 
-    def _job(self, probe: Probe) -> Job:
+    def _ticket(self, probe: Probe) -> Ticket:
         controls = probe.controls
-        return Job(
+        return Ticket(
             key=probe.key, sha256=probe.digest.sha256, params=probe.params,
             namespace=controls.namespace, ttl=controls.ttl or self._computer.ttl(),
             deadline=self._clock() + self._timeout, data=probe.data,
@@ -108,11 +111,11 @@ class MissPath:
     def _reader(
         self, probe: Probe, expires: list[float]
     ) -> Callable[[str], tuple[bool, OcrResult | None, str | None]]:
-        """(Redis ok, the entry's result, the job's error marker), in one round trip; the
+        """(Redis ok, the entry's result, the ticket's error marker), in one round trip; the
         entry's expiry goes to ``expires`` (what L1 may keep it for)."""
 
-        def read(job_id: str) -> tuple[bool, OcrResult | None, str | None]:
-            error_key = self._keys.job_error(probe.key, job_id)
+        def read(ticket_id: str) -> tuple[bool, OcrResult | None, str | None]:
+            error_key = self._keys.ticket_error(probe.key, ticket_id)
             ok, (value, error) = self._store.get_many([probe.key, error_key])
             entry = self._codec.decode(
                 value, probe.digest.sha256, self._keys.fingerprint, probe.key

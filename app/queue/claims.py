@@ -1,0 +1,235 @@
+"""Claiming: who holds a ticket, and what happens when the holder dies.
+
+- An engine's consumer holds the tickets it took (the stream's pending list). While its
+  engine computes them it touches them every third of ``DISPATCH_CLAIM_MS`` (XCLAIM
+  JUSTID), and reports its engine live (``heartbeat.py``).
+- A ticket idle longer than ``DISPATCH_CLAIM_MS`` (its holder died) is claimed by another
+  engine, at most ``DISPATCH_MAX_DELIVERIES`` times: an image that kills engines is then
+  failed, not retried forever.
+- A ticket nobody may still wait for is dropped unread: past its deadline, or its key's
+  marker names another ticket (its requesters moved on to a newer one).
+- When done, a ticket is acknowledged and deleted with its marker (``queue_finish.lua``):
+  the next miss of that key (its entry evicted) is queued anew; its lane's deficit is
+  corrected to the engine time it really took (``scheduler.py``).
+- Its requesters are told: ``succeeded`` (its entry is stored) or ``fail`` (an error marker
+  ``{key}:error:{id}``, 60 s, and the done channel; never cached).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from app import metrics
+from app.cache.keys import KeySpace, QueueKeys
+from app.cache.scripts import QUEUE_FINISH, QUEUE_RELEASE, QUEUE_STALE
+from app.cache.store import REDIS_ERRORS, RedisStore
+from app.queue.ticket import ERROR_TTL_S, GROUP, Decoded, Ticket, as_text, by_lane, decode
+
+log = logging.getLogger(__name__)
+
+Serve = Callable[[Sequence[Ticket]], Mapping[str, float]]
+
+
+class Claims:
+    """The tickets this process's engines hold. ``marker(ticket)``: its entry key's marker
+    (``TicketQueue.marker``); ``beat(client, consumer)``: report an engine live
+    (``Heartbeat.beat``)."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        keys: KeySpace,
+        names: QueueKeys,
+        *,
+        marker: Callable[[Ticket], str],
+        beat: Callable[[Any, str], object],
+        claim_ms: int,
+        max_deliveries: int,
+        batch_max: int,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._names = names
+        self._marker = marker
+        self._beat = beat
+        self._claim_ms = claim_ms
+        self._max_deliveries = max_deliveries
+        self._batch_max = batch_max
+
+    def serve(
+        self,
+        client: Any,
+        consumer: str,
+        tickets: list[Ticket],
+        cost: float,
+        serve: Serve,
+        report: bool = True,
+    ) -> None:
+        """Serve the tickets (each charged ``cost`` when taken), holding them meanwhile, then
+        finish them with their lanes' deficits corrected by the engine time they really took;
+        ``report``: the consumer is an engine (an interjector is not: its engine reports
+        itself)."""
+        try:
+            wanted = self._wanted(client, tickets)
+        except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
+            wanted = [ticket for ticket in tickets if ticket.deadline > time.time()]
+        stop = threading.Event()
+        toucher = threading.Thread(
+            target=self._touch, args=(consumer, wanted, stop, report),
+            name="dispatch-touch", daemon=True,
+        )  # fmt: skip
+        toucher.start()
+        seconds: Mapping[str, float] = {}
+        try:
+            if wanted:
+                seconds = serve(wanted) or {}
+        except Exception:  # serve reports per ticket; never let a feeder die
+            log.exception("dispatch: serving %d tickets failed", len(wanted))
+        finally:
+            stop.set()
+            toucher.join()
+            try:
+                self.finish(client, tickets, seconds, cost)
+            except REDIS_ERRORS:
+                pass  # the tickets stay pending and are reclaimed, then dropped as done
+
+    def _wanted(self, client: Any, tickets: list[Ticket]) -> list[Ticket]:
+        """Tickets someone may still wait for: before their deadline, and their marker (when
+        it survives) still naming them."""
+        now = time.time()
+        # One MGET on the feeder's own connection (the markers share the queue's slot): a
+        # pipeline would take a second connection from that client's pool and keep it.
+        markers = client.mget([self._marker(ticket) for ticket in tickets])
+        wanted = []
+        for ticket, marker in zip(tickets, markers, strict=True):
+            if ticket.deadline > now and (marker is None or as_text(marker) == ticket.id):
+                wanted.append(ticket)
+            else:
+                metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+        return wanted
+
+    def _touch(
+        self, consumer: str, tickets: list[Ticket], stop: threading.Event, report: bool
+    ) -> None:
+        """While computing: keep the tickets ours (reset their idle time) and, ``report``,
+        this engine live."""
+        lanes = by_lane(tickets)
+        names = self._names
+        while lanes and not stop.wait(self._claim_ms / 3000):
+
+            def run(client: Any) -> Any:
+                for lane, members in lanes.items():
+                    ids = [ticket.id for ticket in members]
+                    client.xclaim(names.stream(lane), GROUP, consumer, 0, ids, justid=True)
+                return self._beat(client, consumer) if report else None
+
+            self._store.run("dispatch", run)
+
+    def finish(
+        self,
+        client: Any,
+        tickets: list[Ticket],
+        seconds: Mapping[str, float],
+        charged: float = 0.0,
+    ) -> None:
+        """Acknowledge and delete ``tickets`` (per lane), each lane's deficit corrected from
+        ``charged`` per ticket to the engine seconds they took (``seconds``, by id)."""
+        names = self._names
+        for lane, members in by_lane(tickets).items():
+            spent = [seconds.get(ticket.id, 0.0) for ticket in members]
+            markers = [self._marker(ticket) for ticket in members]
+            QUEUE_FINISH(
+                client, [names.stream(lane), names.deficits, names.costs, *markers],
+                [GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
+                 sum(1 for s in spent if s > 0), *[ticket.id for ticket in members]],
+            )  # fmt: skip
+
+    def reject(self, client: Any, rejected: list[Decoded]) -> None:
+        """Entries that cannot be computed: a ticket in a format this engine does not read
+        is failed (its requesters hear why); each is then deleted."""
+        for decoded in rejected:
+            if decoded.marker:
+                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+                self.fail(decoded.ticket, decoded.marker)
+        self.finish(client, [decoded.ticket for decoded in rejected], {})
+
+    def reclaim(self, client: Any, consumer: str) -> list[Ticket]:
+        """Tickets idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their holder died."""
+        names = self._names
+        stale = QUEUE_STALE(
+            client, [names.lanes, names.stream_prefix], [GROUP, self._claim_ms, self._batch_max]
+        )
+        tickets: list[Ticket] = []
+        for i in range(0, len(stale), 4):
+            lane, entry_id = as_text(stale[i]), as_text(stale[i + 1])
+            owner, delivered = as_text(stale[i + 2]), int(stale[i + 3])
+            claimed = client.xclaim(names.stream(lane), GROUP, consumer, self._claim_ms, [entry_id])
+            if not claimed or claimed[0][1] is None:
+                continue  # someone else claimed it first, or it was deleted
+            deliveries = delivered + 1
+            decoded = decode(entry_id, claimed[0][1], deliveries, lane)
+            if decoded.malformed:
+                continue
+            if decoded.marker:
+                self.reject(client, [decoded])
+                continue
+            ticket = decoded.ticket
+            metrics.DISPATCH_JOBS.labels(outcome="reclaimed").inc()
+            log.warning("reclaimed ticket %s of %s (delivery %d)", entry_id, owner, deliveries)
+            if deliveries > self._max_deliveries:
+                metrics.DISPATCH_JOBS.labels(outcome="abandoned").inc()
+                gone = deliveries - 1
+                self.fail(ticket, f"error:no engine survived this image ({gone} deliveries)")
+                self.finish(client, [ticket], {})
+                continue
+            tickets.append(ticket)
+        return tickets
+
+    def forget(self, client: Any, consumer: str) -> None:
+        """Leave the consumer group of every lane, except where this consumer still holds
+        tickets (a finish that failed): deleting it would drop them from the pending list
+        unacknowledged, never delivered or reclaimed again, yet still counted as waiting.
+        Kept, they are reclaimed once idle, like a dead consumer's."""
+        try:
+            for lane in client.smembers(self._names.lanes):
+                stream = self._names.stream(as_text(lane))
+                try:
+                    if not client.xpending_range(
+                        stream, GROUP, min="-", max="+", count=1, consumername=consumer
+                    ):
+                        client.xgroup_delconsumer(stream, GROUP, consumer)
+                except redis.ResponseError:
+                    pass  # that lane's stream or group is gone
+        except REDIS_ERRORS:
+            pass
+
+    def succeeded(self, ticket: Ticket) -> None:
+        """The ticket's entry is stored: its waiters read it now."""
+        self._store.publish(self._keys.done(ticket.key), f"ok:{ticket.id}")
+
+    def fail(self, ticket: Ticket, marker: str) -> None:
+        """Tell the requesters (marker key, then the done channel) that ``ticket`` failed:
+        ``marker`` is ``kind:detail`` (error, timeout, busy:<seconds>, bug) or ``lost`` (no
+        entry could be stored: they compute for themselves)."""
+        channel = self._keys.done(ticket.key)
+        if marker == "lost":
+            self._store.publish(channel, f"lost:{ticket.id}")
+            return
+        # An engine's timeout comes after its requester's own (which started earlier, at
+        # submit), as does any failure past the deadline: no one is left to read a marker.
+        if not marker.startswith("timeout:") and time.time() < ticket.deadline:
+            error_key = self._keys.ticket_error(ticket.key, ticket.id)
+            self._store.run("dispatch", lambda c: c.set(error_key, marker, ex=ERROR_TTL_S))
+        # The key is free before anyone hears: a request made on hearing it (a retry) queues
+        # a new ticket rather than join this failed one until its entry is deleted
+        # (``finish``).
+        marker_key = self._marker(ticket)
+        self._store.run("dispatch", lambda c: QUEUE_RELEASE(c, [marker_key], [ticket.id]))
+        self._store.publish(channel, f"error:{ticket.id}:{marker}")

@@ -1,0 +1,43 @@
+"""Each feeder thread's own Redis connection, for its blocking reads (the doorbells): one
+per thread, registered so that ``stop`` can end a blocked read at once (CLIENT UNBLOCK)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.cache.store import RedisStore
+
+BLOCK_MS = 1000  # a feeder's longest wait for the doorbell: how stale its report may get idle
+
+
+class Connections:
+    """The dedicated connections of one set of feeders, by thread key."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._ids: dict[int, int] = {}
+
+    def open(self, key: int) -> Any:
+        """A connection of the thread's own for blocking reads, registered under ``key``."""
+        client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
+        if getattr(client, "_single_connection_client", False):
+            self._ids[key] = client.client_id()
+        return client
+
+    def drop(self, key: int, client: Any) -> None:
+        """Forget ``key``'s connection and close ``client`` (None: none was open)."""
+        self._ids.pop(key, None)
+        close(client)
+
+    def unblock_all(self) -> None:
+        """End every registered connection's blocking read now."""
+        for client_id in list(self._ids.values()):
+            self._store.run("dispatch", lambda c, i=client_id: c.client_unblock(i))
+
+
+def close(client: Any) -> None:
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # noqa: S110 - closing a broken client
+            pass

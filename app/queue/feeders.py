@@ -1,0 +1,204 @@
+"""The loop that feeds an engine: one feeder thread per engine slot takes the next ticket only
+when its engine is free, so a miss goes to whichever engine of any worker or replica frees
+up first.
+
+Each turn of a feeder: report its engine live (``heartbeat.py``); every half claim time,
+claim the tickets whose holder died (``claims.py``); else take the next tickets by the round
+robin (``scheduler.py``), waiting on the queue's doorbell (``BLPOP``, rung by every
+submission) for at most ``BLOCK_MS`` when there are none; serve them, holding them
+meanwhile, and finish them (``claims.py``). With interjection, each slot also has an
+interjector (``interjection.py``).
+
+While its engine fails (its own errors, not requests that stopped waiting) a feeder takes
+one batch per ``UNHEALTHY_PAUSE_SECONDS``: a broken engine must not drain the fleet's queue
+into errors, yet it still probes, so it recovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from app.cache.keys import KeySpace
+from app.cache.store import REDIS_ERRORS, RedisStore
+from app.queue.claims import Claims
+from app.queue.connections import BLOCK_MS, Connections
+from app.queue.heartbeat import Heartbeat
+from app.queue.interjection import Calls, Interjector, Serve
+from app.queue.requester import TicketQueue
+from app.queue.scheduler import Scheduler
+from app.queue.ticket import Ticket
+from app.vocabulary import EngineError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BLOCK_MS", "UNHEALTHY_PAUSE_SECONDS", "Feeders", "Serve", "stop_all"]
+
+UNHEALTHY_PAUSE_SECONDS = 5.0
+
+
+class Feeders:
+    """This process's engine slots, feeding on the queue of ``queue``, made of the parts
+    above: ``heartbeat``, ``scheduler``, ``claims``, ``calls`` (and the interjector).
+    ``mean_seconds``: an engine call's mean here (the round robin's quantum and a ticket's
+    cost when taken); ``label``, ``labels``, ``hold_seconds``: the queue's gauges
+    (``Heartbeat``); ``interjecting``: the engine can run a ticket inside the call in
+    progress, so each slot also has an interjector."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        keys: KeySpace,
+        queue: TicketQueue,
+        *,
+        slots: int,
+        claim_ms: int,
+        max_deliveries: int,
+        batch_max: int,
+        mean_seconds: Callable[[], float] = lambda: 1.0,
+        label: Callable[[str], str] = lambda namespace: namespace or "default",
+        labels: Callable[[], list[str]] = lambda: ["default"],
+        hold_seconds: float = 300.0,
+        interjecting: bool = False,
+    ) -> None:
+        names = queue.names
+        self._store = store
+        self._names = names
+        self._slots = slots
+        self._claim_ms = claim_ms
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self._interjecting = interjecting
+        self._connections = Connections(store)
+        self.heartbeat = Heartbeat(
+            names, claim_ms=claim_ms, label=label, labels=labels, hold_seconds=hold_seconds
+        )
+        self.reported = self.heartbeat.reported  # a feeder has reported in: tickets are taken
+        self.claims = Claims(
+            store, keys, names, marker=queue.marker, beat=self.heartbeat.beat,
+            claim_ms=claim_ms, max_deliveries=max_deliveries, batch_max=batch_max,
+        )  # fmt: skip
+        self.scheduler = Scheduler(
+            names, mean_seconds=mean_seconds, batch_max=batch_max, live_ms=queue.live_ms,
+            rejected=self.claims.reject,
+        )  # fmt: skip
+        self.calls = Calls(slots, self._stopped, mean_seconds)
+        self._interjector = Interjector(
+            names, self.calls, self.scheduler, self.claims, self._connections,
+            name=self._name, slots=slots, stopped=self._stopped,
+        )  # fmt: skip
+        _live.add(self)
+
+    def start(
+        self, wait_ready: Callable[[], None], serve: Serve, healthy: Callable[[], bool]
+    ) -> None:
+        """``wait_ready`` blocks until the engine is loaded; ``serve`` computes tickets and
+        stores them (``succeeded``/``fail``); ``healthy()`` False: its last call failed."""
+        for slot in range(self._slots):
+            thread = threading.Thread(
+                target=self._feed, args=(slot, wait_ready, serve, healthy),
+                name=f"dispatch-{slot}", daemon=True,
+            )  # fmt: skip
+            thread.start()
+            self._threads.append(thread)
+            if self._interjecting:
+                thread = threading.Thread(
+                    target=self._interjector.run, args=(slot, serve, healthy),
+                    name=f"dispatch-interject-{slot}", daemon=True,
+                )  # fmt: skip
+                thread.start()
+                self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop reading new tickets (tickets being computed finish); wakes blocked reads."""
+        self._stopped.set()
+        self.calls.wake()
+        self._connections.unblock_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        _live.discard(self)
+
+    def succeeded(self, ticket: Ticket) -> None:
+        """The ticket's entry is stored: its waiters read it now."""
+        self.claims.succeeded(ticket)
+
+    def fail(self, ticket: Ticket, marker: str) -> None:
+        """Tell the ticket's requesters it failed (``Claims.fail``)."""
+        self.claims.fail(ticket, marker)
+
+    def _feed(
+        self, slot: int, wait_ready: Callable[[], None], serve: Serve, healthy: Callable[[], bool]
+    ) -> None:
+        self._store.pooled_reads()  # its one connection of its own is ``client`` below
+        while not self._stopped.is_set():
+            try:
+                wait_ready()
+                break
+            except EngineError:  # not loaded (yet): keep out of the queue
+                self._stopped.wait(1.0)
+        consumer = f"{self._name}-{slot}"
+        client: Any = None
+        backoff, next_reclaim = 0.1, 0.0
+        while not self._stopped.is_set():
+            if not healthy() and self._stopped.wait(UNHEALTHY_PAUSE_SECONDS):
+                break
+            try:
+                if client is None:
+                    client = self._connections.open(slot)
+                try:
+                    self.heartbeat.report_in(client, consumer, report=slot == 0)
+                except redis.ResponseError:  # Redis answered (out of memory under noeviction):
+                    pass  # the tickets already queued are still read
+                tickets: list[Ticket] = []
+                if time.monotonic() >= next_reclaim:
+                    tickets = self.claims.reclaim(client, consumer)
+                    next_reclaim = time.monotonic() + self._claim_ms / 2000
+                cost = 0.0
+                if not tickets and not self._stopped.is_set():
+                    tickets, cost = self._read(client, consumer)
+                backoff = 0.1
+            except REDIS_ERRORS as exc:
+                log.debug("dispatch feeder: %s; retrying", exc.__class__.__name__)
+                self._connections.drop(slot, client)
+                client = None
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            if tickets:
+                lanes = {ticket.lane for ticket in tickets}
+                lane = lanes.pop() if len(lanes) == 1 else ""
+                self.calls.computes(slot, True, min(t.deadline for t in tickets), lane)
+                try:
+                    self.claims.serve(client, consumer, tickets, cost, lambda ts: serve(ts, False))
+                finally:
+                    self.calls.computes(slot, False)
+        if client is not None:  # stopped between tickets: nothing of ours is pending
+            self.claims.forget(client, consumer)
+            self.heartbeat.leave(client, consumer)
+        self._connections.drop(slot, client)
+
+    def _read(self, client: Any, consumer: str) -> tuple[list[Ticket], float]:
+        """The next tickets by the round robin (and what each was charged), waiting on the
+        doorbell for at most ``BLOCK_MS`` when there are none."""
+        tickets, cost = self.scheduler.take(client, consumer)
+        if not tickets and not self._stopped.is_set():
+            client.blpop([self._names.bell], timeout=BLOCK_MS / 1000)
+            tickets, cost = self.scheduler.take(client, consumer)
+        return tickets, cost
+
+
+# Every started set of feeders, so tests (and shutdown) can stop them all.
+_live: set[Feeders] = set()
+
+
+def stop_all() -> None:
+    for feeders in list(_live):
+        feeders.stop()

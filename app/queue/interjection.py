@@ -1,0 +1,183 @@
+"""Interjection (``DISPATCH_INTERJECT``, an engine that can pause its call: the in-process
+one, between recognition batches).
+
+No order of the queue shortens the wait for an engine to *finish* a page, and a back-fill's
+long pages keep every engine for seconds. So while its engine computes, each slot's
+interjector waits on a second doorbell for the ticket the round robin would take next
+(``scheduler.py``). When that ticket's tenant has nothing running (but the very call it
+would pause, while other tenants hold the other engines: its short page need not wait for
+its own long one, and takes no engine time from anyone else; a tenant alone keeps its own
+order) and every live engine is busy, it takes the ticket and the engine runs it at the next
+pause of its page, which then resumes (``app/engines/engine_thread.py``).
+
+Another goes into the same call only once that call has run on its own at least as long as
+it was paused for the ones before, so a paused page keeps at least half its engine and
+always ends; none goes into a call whose requesters' time is nearly up; a tenant with a
+ticket running elsewhere waits its turn as before, so a flood gains nothing; an idle engine
+anywhere takes the ticket instead. Each call is charged its own engine time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from app import metrics
+from app.cache.keys import QueueKeys
+from app.cache.store import REDIS_ERRORS
+from app.queue.claims import Claims
+from app.queue.connections import BLOCK_MS, Connections
+from app.queue.scheduler import Scheduler
+from app.queue.ticket import Ticket
+
+log = logging.getLogger(__name__)
+
+# Computes tickets and stores them (all of it inside the engine's call in progress when told
+# so: interjected); answers the engine seconds each ticket's call took (by id).
+Serve = Callable[[Sequence[Ticket], bool], Mapping[str, float]]
+
+
+class Call(NamedTuple):
+    """The call a slot's engine runs: what its interjector decides by."""
+
+    number: int  # this process's count of calls begun (0: none running)
+    deadline: float  # when its first requester stops waiting (wall clock)
+    began: float  # when it began (monotonic)
+    lane: str  # the lane of its tickets ("": several)
+
+
+NO_CALL = Call(0, 0.0, 0.0, "")
+
+
+class Calls:
+    """The call each slot's engine runs now, shared by its feeder (which begins and ends
+    calls) and its interjector (which waits on them). ``mean_seconds``: an engine call's
+    mean here."""
+
+    def __init__(
+        self, slots: int, stopped: threading.Event, mean_seconds: Callable[[], float]
+    ) -> None:
+        self._stopped = stopped
+        self._mean_seconds = mean_seconds
+        self._changed = threading.Condition()
+        self._running = [NO_CALL] * slots
+        self._count = 0
+
+    def running(self, slot: int) -> Call:
+        return self._running[slot]
+
+    def computes(self, slot: int, busy: bool, deadline: float = 0.0, lane: str = "") -> None:
+        """The slot's engine starts (or ends) a call (of ``lane``'s tickets): its
+        interjector's cue."""
+        with self._changed:
+            self._count += 1
+            self._running[slot] = (
+                Call(self._count, deadline, time.monotonic(), lane) if busy else NO_CALL
+            )
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """Stopping: every waiter looks again."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def may_pause(self, slot: int) -> bool:
+        """The slot's call has time to be paused for one more call (two of this engine's
+        mean) before its first requester stops waiting."""
+        return self._running[slot].deadline - time.time() > 2 * self._mean_seconds()
+
+    def next_call(self, slot: int, last: int) -> int:
+        """The call the slot's engine runs now, once it is not ``last`` (0: stopped)."""
+        with self._changed:
+            while not self._stopped.is_set() and self._running[slot].number in (0, last):
+                self._changed.wait()
+            return 0 if self._stopped.is_set() else self._running[slot].number
+
+    def lane_while(self, slot: int, call: int) -> str | None:
+        """The lane of the slot's ``call`` ("": several) while it runs; None once it ended."""
+        with self._changed:
+            if self._stopped.is_set() or self._running[slot].number != call:
+                return None
+            return self._running[slot].lane
+
+    def on_its_own(self, slot: int, call: int, lent: float) -> bool:
+        """Wait until the slot's ``call`` has run on its own (its time less the ``lent``
+        seconds it was paused for) at least ``lent`` seconds; False: it ended first."""
+        with self._changed:
+            while not self._stopped.is_set() and self._running[slot].number == call:
+                short = 2 * lent - (time.monotonic() - self._running[slot].began)
+                if short <= 0:
+                    return True
+                self._changed.wait(short)
+            return False
+
+
+class Interjector:
+    """The interjectors of one set of feeders (one thread per slot, ``run``); ``name``: the
+    feeders' consumer prefix (slot ``s``'s engine is ``{name}-{s}``); a slot's connection
+    is registered under ``slots + slot``."""
+
+    def __init__(
+        self,
+        names: QueueKeys,
+        calls: Calls,
+        scheduler: Scheduler,
+        claims: Claims,
+        connections: Connections,
+        *,
+        name: str,
+        slots: int,
+        stopped: threading.Event,
+    ) -> None:
+        self._names = names
+        self._calls = calls
+        self._scheduler = scheduler
+        self._claims = claims
+        self._connections = connections
+        self._name = name
+        self._slots = slots
+        self._stopped = stopped
+
+    def run(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
+        """While the slot's engine computes a call: the ticket the round robin takes next, if
+        its tenant has nothing running (but this call, while another tenant runs) and every
+        engine is busy, interjected into that call; another once the call has run on its own
+        as long as it was paused (so it keeps at least half its engine and always ends); none
+        into a call whose requesters' time is nearly up."""
+        calls, engine = self._calls, f"{self._name}-{slot}"  # the engine's consumer: what it holds
+        consumer, key = f"{engine}-interject", self._slots + slot
+        client: Any = None
+        call = 0
+        while (call := calls.next_call(slot, call)) and not self._stopped.is_set():
+            lent = 0.0  # seconds this call was paused for (each ticket's whole serving)
+            while calls.on_its_own(slot, call, lent):
+                if not healthy() or not calls.may_pause(slot):
+                    break
+                try:
+                    if client is None:
+                        client = self._connections.open(key)
+                    tickets, cost = list[Ticket](), 0.0
+                    while (lane := calls.lane_while(slot, call)) is not None:
+                        tickets, cost = self._scheduler.take(client, consumer, True, (lane, engine))
+                        if tickets:
+                            break
+                        client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
+                except REDIS_ERRORS as exc:
+                    log.debug("dispatch interjector: %s", exc.__class__.__name__)
+                    self._connections.drop(key, client)
+                    client = None
+                    break  # this call goes without: the next one may have one
+                if not tickets:
+                    break  # the call ended
+                metrics.DISPATCH_JOBS.labels(outcome="interjected").inc(len(tickets))
+                began = time.monotonic()
+                self._claims.serve(
+                    client, consumer, tickets, cost, lambda ts: serve(ts, True), report=False
+                )
+                lent += time.monotonic() - began
+        if client is not None:
+            self._claims.forget(client, consumer)
+        self._connections.drop(key, client)

@@ -1,0 +1,225 @@
+"""The requester's side of the global miss queue: a front submits its miss as a ticket and
+waits for its entry. One queue per engine fingerprint (and sealing key) that every free
+engine of every worker and replica pulls from (``feeders.py``), so no engine idles while a
+miss waits anywhere. Each tenant's tickets wait in a lane of their own (a Redis stream);
+engines take from the lanes by deficit round robin over engine time (``scheduler.py``), so
+one tenant's back-fill cannot hold another's single miss behind it.
+
+Submitting is idempotent per key: a ticket already queued or running for the same entry key
+(a marker beside the stream names it) makes the caller a waiter on it, so one image is
+computed once across processes and replicas, without a lease. A waiter blocks on the
+entry's done notification (``app/cache/notify.py``) and checks on its ticket between
+notifications: an entry that appears is its answer; an error marker is its error; a ticket
+that vanished (finished without an entry, dropped, or taken by the LRU with the stream or
+its marker) is submitted again; a ticket whose lane the LRU took from the ring is put back
+by that check. Every key here may be evicted under ``allkeys-lru``: that costs a
+resubmission or one local engine call, never a wait to the deadline.
+
+- **Bounded per lane**: a new ticket is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
+  tickets per live engine are already waiting in its tenant's lane (a tenant's flood fills
+  only its own); live engines are the feeders that reported lately.
+- **Deadlines**: a waiter stops at its own (``OCR_TIMEOUT_SECONDS``); the ticket's creator
+  then deletes it if no engine has started it.
+- **Redis down**, or no live engine: the caller computes with its own engine (``None``).
+
+What a ticket carries, and its wire format: ``ticket.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app import metrics
+from app.cache.keys import KeySpace
+from app.cache.notify import Notifier
+from app.cache.scripts import QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_SUBMIT
+from app.cache.store import RedisStore
+from app.queue.ticket import DEFAULT_LANE, GROUP, Ticket, as_text, failure
+from app.vocabulary import EngineBusy, EngineTimeout, OcrResult
+
+Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
+
+
+class TicketQueue:
+    """One per front door (per process): submits its misses and waits for their entries.
+    ``fair``: each tenant's tickets in a lane of their own (``DISPATCH_FAIRNESS=drr``), else
+    every ticket in the default lane (arrival order); ``share(namespace)``: a tenant's share,
+    ``label(namespace)`` its metrics label."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        keys: KeySpace,
+        notifier: Notifier,
+        *,
+        per_engine_max: int,
+        live_ms: int,
+        poll_seconds: float,
+        mean_seconds: Callable[[], float],
+        writer: str = "",
+        fair: bool = True,
+        share: Callable[[str], float] = lambda namespace: 1.0,
+        label: Callable[[str], str] = lambda namespace: namespace or "default",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._notifier = notifier
+        self.names = keys.dispatch(writer)
+        self._per_engine_max = per_engine_max
+        self.live_ms = live_ms  # an engine that reported this lately is live
+        self._poll_seconds = poll_seconds
+        self._mean_seconds = mean_seconds
+        self._fair = fair
+        self._share = share
+        self._label = label
+        self._clock = clock
+
+    def lane(self, namespace: str) -> str:
+        """The lane of a tenant's tickets."""
+        return namespace if self._fair and namespace else DEFAULT_LANE
+
+    def stream(self, ticket: Ticket) -> str:
+        return self.names.stream(self.lane(ticket.namespace))
+
+    def marker(self, ticket: Ticket) -> str:
+        return self.names.marker(ticket.key, ticket.sha256)
+
+    def request(self, ticket: Ticket, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
+        """(``ticket``'s result once an engine stored it, whether it joined a ticket another
+        request had queued); None: compute it here instead (Redis down, no live engine, or
+        the ticket ended without an entry to read). ``read(ticket id)`` answers (Redis ok, the
+        entry's result, the ticket's error marker)."""
+        channel = self._keys.done(ticket.key)
+        event = self._notifier.register(channel)  # before submitting: no message is missed
+        deadline = self._clock() + timeout
+        try:
+            while True:
+                submitted = self._submit(ticket, deadline)
+                if submitted is None:
+                    return None, False
+                ticket_id, created = submitted
+                again, result, joined = self._wait(
+                    ticket, ticket_id, created, event, read, deadline
+                )
+                if not again:
+                    return result, joined
+        finally:
+            self._notifier.unregister(channel, event)
+
+    def _submit(self, ticket: Ticket, deadline: float) -> tuple[str, bool] | None:
+        """(ticket id, created by us), or None: no queue to use."""
+        marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
+
+        lane, names = self.lane(ticket.namespace), self.names
+        share = f"{self._share(ticket.namespace):g}"
+
+        def run(client: Any) -> Any:
+            keys = (names.stream(lane), names.engines, self.marker(ticket), names.ring,
+                    names.lanes, names.shares, names.bell, names.interject_bell,
+                    names.stream_prefix)  # fmt: skip
+            limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share)
+            return QUEUE_SUBMIT(client, keys, [GROUP, *limits, *ticket.fields()])
+
+        ok, answer = self._store.run("dispatch", run)
+        if not ok:
+            return None
+        raw_id, waiting, engines = answer[:3]
+        if len(answer) > 3:
+            metrics.DISPATCH_QUEUE_DEPTH.set(int(answer[3]))
+        ticket_id = as_text(raw_id)
+        if ticket_id == "none":
+            return None  # no engine reported in: this process computes (or waits to load)
+        if not ticket_id:
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
+            metrics.TENANT_REJECTIONS.labels(
+                tenant=self._label(ticket.namespace), reason="queue_full"
+            ).inc()
+            retry = max(1, math.ceil(self._mean_seconds() * int(waiting) / max(1, int(engines))))
+            whose = "the engine queue" if lane == DEFAULT_LANE else f"tenant {lane!r}'s lane"
+            raise EngineBusy(
+                f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
+            )
+        return ticket_id, int(waiting) >= 0
+
+    def _wait(
+        self, ticket: Ticket, ticket_id: str, created: bool, event: Any, read: Read, deadline: float
+    ) -> tuple[bool, OcrResult | None, bool]:
+        """(submit again, the result, whether another ticket computed it); a result None:
+        compute here."""
+        seen = 0
+        while True:
+            messages = event.messages[seen:]  # one snapshot: nothing appended is skipped
+            seen += len(messages)
+            for message in messages:
+                if message == f"lost:{ticket_id}":
+                    return False, None, False
+                if message.startswith(f"error:{ticket_id}:"):
+                    if self._outlives(message.split(":", 2)[2], created, deadline):
+                        return True, None, False
+                    raise failure(message.split(":", 2)[2])
+            finished = f"ok:{ticket_id}" in messages
+            ok, result, error = read(ticket_id)
+            if result is not None:
+                # Ours, or another ticket's stored meanwhile: then ours is withdrawn unstarted.
+                return False, result, not created or self._give_up(ticket_id, ticket, created, "")
+            if error is not None:
+                if self._outlives(error, created, deadline):
+                    return True, None, False
+                raise failure(error)
+            if not ok:  # Redis stopped answering: this process's own engine
+                self._give_up(ticket_id, ticket, created)
+                return False, None, False
+            if finished:  # done, and its entry is already gone (evicted): one call here
+                return False, None, False
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                self._give_up(ticket_id, ticket, created)
+                raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({ticket_id})")
+            if not self._alive(ticket_id, ticket):
+                # Finished since the read (its entry is stored before it leaves the queue, a
+                # failure's marker too), or dropped, or its marker or stream evicted: then
+                # submit again.
+                ok, result, error = read(ticket_id)
+                if result is not None:
+                    return (
+                        False,
+                        result,
+                        not created or self._give_up(ticket_id, ticket, created, ""),
+                    )
+                if error is not None and not self._outlives(error, created, deadline):
+                    raise failure(error)
+                return True, None, False
+            event.wait(min(remaining, self._poll_seconds))
+            event.clear()
+
+    def _outlives(self, error: str, created: bool, deadline: float) -> bool:
+        """A joined ticket ran out of its creator's time (the ticket's deadline), not ours: this
+        waiter submits again rather than fail before its own deadline."""
+        return not created and error.startswith("timeout:") and self._clock() < deadline
+
+    def _alive(self, ticket_id: str, ticket: Ticket) -> bool:
+        lane, names = self.lane(ticket.namespace), self.names
+        keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes)
+        ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, [ticket_id, lane]))
+        return not ok or bool(alive)  # Redis unsure: the next read tells
+
+    def _give_up(
+        self, ticket_id: str, ticket: Ticket, created: bool, reason: str = "caller_gone"
+    ) -> bool:
+        """Stop waiting: a ticket this caller created is deleted if no engine started it
+        (whether it was; counted as dropped for ``reason``)."""
+        if not created:
+            return False
+        ok, deleted = self._store.run(
+            "dispatch",
+            lambda c: QUEUE_CANCEL(
+                c, [self.stream(ticket), self.marker(ticket)], [GROUP, ticket_id]
+            ),
+        )
+        if ok and deleted and reason:
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason=reason).inc()
+        return bool(ok and deleted)

@@ -1,0 +1,88 @@
+"""The lane scheduler: which ticket an engine takes next, by deficit round robin over engine
+time across the tenants' lanes, in one script (``app/cache/scripts/queue_take.lua``) so every
+worker and replica shares one schedule.
+
+- The ring holds the lanes with waiting tickets. A lane that becomes active joins at its
+  head, with one quantum (the cheapest lane's ticket) times its share of credit.
+- The lane with the most credit left (a deficit above 0; ties: ring order) is served, each
+  ticket charged its lane's mean engine time (learnt from the lane's finished tickets), and
+  goes to the ring's tail once its credit is spent.
+- When no lane has credit, each gets as many rounds of a quantum times its tenant's
+  ``share`` as it takes for one to have some, in one step.
+- A finished ticket corrects its lane's deficit to the engine time it really took
+  (``claims.py``). A lane with nothing waiting leaves the ring and forgets its deficit (no
+  banked credit, no debt).
+
+So a tenant that floods gets the engines only while nobody else waits, and a tenant that
+sends one page is served by the next engine that frees up. Work-conserving: whoever waits is
+served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+
+The same step decides interjection (``interjection.py``): in that mode it gives the ticket
+the round robin takes next only if its lane has nothing running (but, at most, the call it
+would pause, while another lane runs) and every live engine is busy; else nothing, and the
+ring stays as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from app.cache.keys import QueueKeys
+from app.cache.scripts import QUEUE_TAKE
+from app.queue.ticket import GROUP, Decoded, Ticket, as_text, decode
+
+
+class Scheduler:
+    """Takes tickets for a consumer by the round robin. ``mean_seconds``: this engine's mean
+    call (a lane's cost until it has its own); ``batch_max``: tickets per engine call;
+    ``live_ms``: how lately an engine reported to count as live (interjection's "every
+    engine busy"); ``rejected(client, decoded)``: what becomes of entries that cannot be
+    computed (``Claims.reject``)."""
+
+    def __init__(
+        self,
+        names: QueueKeys,
+        *,
+        mean_seconds: Callable[[], float],
+        batch_max: int,
+        live_ms: int,
+        rejected: Callable[[Any, list[Decoded]], None],
+    ) -> None:
+        self._names = names
+        self._mean_seconds = mean_seconds
+        self._batch_max = batch_max
+        self._live_ms = live_ms
+        self._rejected = rejected
+
+    def take(
+        self,
+        client: Any,
+        consumer: str,
+        interject: bool = False,
+        paused: tuple[str, str] = ("", ""),
+    ) -> tuple[list[Ticket], float]:
+        """The next tickets by the round robin, and what each was charged (seconds);
+        ``interject``: one ticket to run inside this engine's call, if one may; ``paused``:
+        that call's lane ("": several) and its engine's consumer."""
+        names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
+        count, window = (1, str(self._live_ms)) if interject else (self._batch_max, "")
+        answer = QUEUE_TAKE(
+            client, [names.ring, names.deficits, names.shares, names.costs, names.engines,
+                     names.lanes, names.stream_prefix],
+            [GROUP, consumer, count, f"{quantum:.6f}", window, *paused],
+        )  # fmt: skip
+        if not answer:
+            return [], 0.0
+        lane, entries, cost = as_text(answer[0]), answer[1], float(answer[2])
+        tickets, rejected = [], []
+        for entry_id, flat in entries:
+            raw = dict(zip(flat[::2], flat[1::2], strict=True))
+            decoded = decode(entry_id, raw, lane=lane)
+            if decoded.ok:
+                tickets.append(decoded.ticket)
+            else:
+                rejected.append(decoded)
+        if rejected:
+            self._rejected(client, rejected)
+        return tickets, cost
