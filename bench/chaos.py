@@ -2,10 +2,12 @@
 answer checked.
 
 The stack (docker/compose.chaos.yml on top of docker-compose.yml and compose.local.yml):
-two replicas of the CPU front with PaddleOCR in-process (``front``, ``front-b``, two workers
-each, one global miss queue), a third front whose engine is the Paddle Serving sidecar
-(``front-serving``), Redis small enough to evict (``allkeys-lru``, as in production) and
-SeaweedFS as the cold tier (L3) of every front.
+two replicas of the CPU front (``front``, ``front-b``, two workers each, no engine) whose
+misses go through one global queue to one PaddleOCR engine (``engine``, two slots), a third
+front (``front-serving``) whose engine (``engine-serving``) forwards to the Paddle Serving
+sidecar, Redis small enough to evict (``allkeys-lru``, as in production) and SeaweedFS as the
+cold tier (L3) of every front and engine. Figures read from /metrics (engine calls, L3
+writes) are summed over the fronts and the engines (their port 18100, published here).
 
 The verifying load: an open-loop request rate (a request is sent every ``1/rate`` s whether
 or not the earlier ones answered) over corpus images whose true lines were computed before
@@ -16,7 +18,8 @@ lines differ. The in-process replicas are one engine (a load balancer's round ro
 between them); each engine has its own truths.
 
 Faults (``FAULTS``), each alone in its own window, then at random during one long run: a
-worker ``kill -9``; a front container killed and restarted; Redis restarted empty; Redis
+front worker ``kill -9``; the engine process ``kill -9`` (its container restarts it); a front
+container killed and restarted; Redis restarted empty; Redis
 frozen 5 s (``docker pause``); Redis full and evicting, its queue keys taken as the LRU may
 take them; the sidecar killed mid-request and restarted; SeaweedFS stopped and started; a
 burst of requests that give up before the engine could answer them. Per fault: answers
@@ -100,7 +103,7 @@ BURST_PAGES = [
 PORTS = (
     "CHAOS_REDIS_PORT", "CHAOS_FRONT_HTTP_PORT", "CHAOS_FRONT_GRPC_PORT", "CHAOS_FRONT_B_HTTP_PORT",
     "CHAOS_FRONT_B_GRPC_PORT", "CHAOS_SERVING_FRONT_HTTP_PORT", "CHAOS_SERVING_FRONT_GRPC_PORT",
-    "CHAOS_S3_PORT",
+    "CHAOS_S3_PORT", "CHAOS_ENGINE_PORT", "CHAOS_SERVING_ENGINE_PORT",
 )  # fmt: skip
 
 
@@ -140,8 +143,11 @@ class Stack:
             "front": self.ports["CHAOS_FRONT_HTTP_PORT"],
             "front-b": self.ports["CHAOS_FRONT_B_HTTP_PORT"],
         }
+        # The engines' own port (18100): /metrics only, never the load.
+        self.engines = {"engine": self.ports["CHAOS_ENGINE_PORT"]}
         if not self.ci:
             self.fronts["front-serving"] = self.ports["CHAOS_SERVING_FRONT_HTTP_PORT"]
+            self.engines["engine-serving"] = self.ports["CHAOS_SERVING_ENGINE_PORT"]
 
     def compose(self, *args: str, check: bool = True, timeout: float = 1800) -> str:
         cmd = ["docker", "compose", "-p", PROJECT]
@@ -417,6 +423,30 @@ def fault_worker_kill(stack: Stack, load: Load) -> str:
     return f"kill -9 of gunicorn worker {pid} in front"
 
 
+def fault_engine_kill(stack: Stack, load: Load) -> str:
+    """The engine process (tini's child in the `engine` container) killed mid-work: the
+    container exits and its restart policy starts it again; the jobs it held are taken over."""
+    (proc,) = [p for p in stack.processes("engine") if p["ppid"] == 1]
+    restarts = stack.docker("inspect", "--format", "{{.RestartCount}}", stack.container("engine"))
+    stack.docker(
+        "exec",
+        stack.container("engine"),
+        "python",
+        "-c",
+        f"import os, signal; os.kill({proc['pid']}, signal.SIGKILL)",
+    )
+    start = time.monotonic()
+    while time.monotonic() - start < 60:  # its health is the old container's until it restarts
+        now = stack.docker(
+            "inspect", "--format", "{{.RestartCount}}", stack.container("engine"), check=False
+        )
+        if now.strip() and now.strip() != restarts.strip():
+            break
+        time.sleep(0.5)
+    took = time.monotonic() - start + stack.wait_healthy("engine")
+    return f"kill -9 of the engine process {proc['pid']}; healthy again after {took:.0f} s"
+
+
 def fault_front_restart(stack: Stack, load: Load) -> str:
     stack.docker("kill", stack.container("front-b"))
     time.sleep(2)
@@ -501,6 +531,7 @@ def fault_deadline_burst(stack: Stack, load: Load) -> str:
 
 FAULTS: dict[str, Callable[[Stack, Load], str]] = {
     "worker_kill": fault_worker_kill,
+    "engine_kill": fault_engine_kill,
     "front_restart": fault_front_restart,
     "redis_restart": fault_redis_restart,
     "redis_freeze": fault_redis_freeze,
@@ -516,18 +547,20 @@ CI_FAULTS = ["worker_kill", "redis_restart", "redis_evicting"]
 
 
 def scrape(stack: Stack) -> dict[str, str | None]:
-    """Each front's /metrics text (summed over its workers), None where it does not answer."""
+    """Each front's and engine's /metrics text (a front's summed over its workers), None where
+    it does not answer."""
     texts: dict[str, str | None] = {}
-    for front, port in stack.fronts.items():
+    for service, port in {**stack.fronts, **stack.engines}.items():
         try:
-            texts[front] = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            texts[service] = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         except requests.RequestException:
-            texts[front] = None
+            texts[service] = None
     return texts
 
 
 def engine_calls(stack: Stack) -> dict[str, float]:
-    """ocr_engine_calls_total{outcome="ok"} of each front; NaN where it does not answer."""
+    """ocr_engine_calls_total{outcome="ok"} of each front and engine; NaN where it does not
+    answer."""
     return {
         front: float("nan")
         if text is None
@@ -537,7 +570,7 @@ def engine_calls(stack: Stack) -> dict[str, float]:
 
 
 def metric(stack: Stack, name: str, **labels: str) -> float:
-    """``name``{``labels``} summed over the fronts that answer."""
+    """``name``{``labels``} summed over the fronts and engines that answer."""
     return sum(metric_sum(text, name, **labels) for text in scrape(stack).values() if text)
 
 
@@ -665,7 +698,7 @@ def l3_missing(stack: Stack, load: Load) -> dict[str, Any]:
 
 
 def processes_snapshot(stack: Stack) -> dict[str, list[dict[str, Any]]]:
-    return {front: stack.processes(front) for front in stack.fronts}
+    return {service: stack.processes(service) for service in {**stack.fronts, **stack.engines}}
 
 
 # --- the runs -----------------------------------------------------------------------------
@@ -697,8 +730,9 @@ def engine_and_stack(ci: bool, keep: bool = False) -> Iterator[Stack]:
 
 
 class EngineCalls:
-    """Engine calls since the last ``delta()``, summed over the fronts; a front whose counters
-    restarted (its container did) counts from 0, one that does not answer keeps its last."""
+    """Engine calls since the last ``delta()``, summed over the fronts and engines; one whose
+    counters restarted (its container did) counts from 0, one that does not answer keeps its
+    last."""
 
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
@@ -763,9 +797,9 @@ def run_faults(
     baseline = hit_ratio(load.records, 5, before)
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
-        "stack": "ci (front, front-b, redis, s3)"
+        "stack": "ci (front, front-b, engine, redis, s3)"
         if stack.ci
-        else "front, front-b, front-serving + paddle-serving, redis, s3",
+        else "front, front-b, engine, front-serving + engine-serving + paddle-serving, redis, s3",
         "rate_per_s": rate,
         "fresh_share": fresh,
         "window_seconds": after,

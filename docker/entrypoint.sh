@@ -1,7 +1,10 @@
 #!/bin/sh
 # Container entry point of docker/Dockerfile and docker/Dockerfile.gpu (under tini):
-#   entrypoint.sh [serve|check-config|prepare-models]   (default: serve)
-# `python -m app serve` runs HTTP (gunicorn) and gRPC in the foreground. `exec` makes it this
+#   entrypoint.sh [serve|front|engine|edge|check-config|prepare-models]   (default: serve)
+# The command selects the role (docs/DEPLOYMENT.md#roles): `serve` runs everything on one
+# machine, `front` the edge and the front workers (no engine), `engine` the miss queue's
+# consumer with the OCR engine (port ENGINE_PORT), `edge` nginx alone (the Kubernetes front
+# pod's second container). Each runs in the foreground. `exec` makes it this
 # process, so the SIGTERM that tini/docker/kubelet forwards reaches it directly: gunicorn stops
 # accepting, finishes in-flight requests (graceful_timeout) and the command exits 0.
 set -eu

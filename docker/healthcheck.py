@@ -1,7 +1,10 @@
 """Docker HEALTHCHECK (and the Kubernetes front container's exec probe): exit 0 when
 GET /healthz answers 200. The image has no curl; standard library only, so it starts fast.
 
-Where it asks, from the same environment the service reads (app/config.py):
+Where it asks, from the same environment the service reads (app/config):
+- an engine (``healthcheck.py engine``, or the container's command is ``engine``: PID 1's
+  command line ends with it, as tini runs ``entrypoint.sh engine``): its own port
+  ``ENGINE_PORT`` (default 18100) on the loopback address;
 - ``EDGE=external`` (the Kubernetes pod's front container): gunicorn's unix socket
   ``EDGE_SOCKET`` directly, since the edge runs in another container;
 - otherwise ``HTTP_PORT`` on the loopback address (nginx, or gunicorn itself with ``EDGE=none``
@@ -49,7 +52,21 @@ def _loopback(host: str) -> str:
     return host
 
 
-def connection(environ: Mapping[str, str]) -> http.client.HTTPConnection:
+def container_role(cmdline: str = "/proc/1/cmdline") -> str:
+    """``engine`` when PID 1's command line (tini's: ``tini -- entrypoint.sh engine``) ends with
+    that command, else "" (``serve``, ``front``, anything else, or no such file)."""
+    try:
+        with open(cmdline, "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return ""
+    return "engine" if argv and argv[-1] == "engine" else ""
+
+
+def connection(environ: Mapping[str, str], role: str = "") -> http.client.HTTPConnection:
+    if role == "engine":
+        port = int(environ.get("ENGINE_PORT", "").strip() or "18100")
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_SECONDS)
     if environ.get("EDGE", "").strip().lower() == "external":
         return UnixHTTPConnection(environ["EDGE_SOCKET"].strip(), TIMEOUT_SECONDS)
     host = _loopback(environ.get("HOST", ""))
@@ -62,9 +79,12 @@ def connection(environ: Mapping[str, str]) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host, port, timeout=TIMEOUT_SECONDS)
 
 
-def main(environ: Mapping[str, str] = os.environ) -> int:
+def main(environ: Mapping[str, str] = os.environ, role: str | None = None) -> int:
+    """``role``: ``engine`` or "" (a front or ``serve``); None: the container's (PID 1)."""
+    if role is None:
+        role = container_role()
     try:
-        conn = connection(environ)
+        conn = connection(environ, role)
         try:
             conn.request("GET", "/healthz")
             status = conn.getresponse().status
@@ -80,4 +100,4 @@ def main(environ: Mapping[str, str] = os.environ) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(role=sys.argv[1] if len(sys.argv) > 1 else None))

@@ -147,14 +147,17 @@ def test_monitoring_overlay_renders_with_rules_and_scrapes() -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("PrometheusRule", "ocr-cache") in kinds
     monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
-    front = next(d for d in docs if d["kind"] == "Deployment")
-    ports = {p["name"] for c in front["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
-    assert monitors["ocr-cache-front"]["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    for monitor, name in (("ocr-cache-front", "ocr-cache"), ("ocr-cache-engine", "ocr-engine")):
+        pod = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == name)
+        containers = pod["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"] for c in containers for p in c["ports"]}
+        assert monitors[monitor]["spec"]["podMetricsEndpoints"][0]["port"] in ports, monitor
     jobs = {
         m["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["replacement"]
         for m in monitors.values()
     }
-    assert jobs == {"ocr-cache", "redis"}  # what the rules select on
+    # What the rules select on (job="ocr-cache": the fronts), and the engines' own job.
+    assert jobs == {"ocr-cache", "ocr-engine", "redis"}
     # The standard objects still validate strictly (the CRDs have no schema there).
     validate = subprocess.run(
         [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet"]

@@ -18,6 +18,7 @@ import socketserver
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,10 +45,21 @@ OVERLAYS = ["cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "l
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}
 HTTP_PORT, GRPC_PORT = 9998, 18091
+# The engine role's own port (issue 36): /healthz, /readyz, /metrics, the direct endpoint.
+ENGINE_PORT = 18100
 # The pod's two containers (k8s/base/front-deployment.yaml) share gunicorn's socket here.
 EDGE_SOCKET = "/run/ocr/gunicorn.sock"
-# Settings that are gone with the h11 front (app/config.py REMOVED): nothing may set them.
-REMOVED_SETTINGS = ("HTTP_FRONT", "HTTP_FRONT_HITS", "HTTP_FRONT_PROCESSES")
+# Settings that are gone (app/config REMOVED: the h11 front's, and ENGINE_QUEUE_MAX with the
+# roles apart): set anywhere, they stop start-up, so nothing may set them.
+REMOVED_SETTINGS = ("HTTP_FRONT", "HTTP_FRONT_HITS", "HTTP_FRONT_PROCESSES", "ENGINE_QUEUE_MAX")
+# Where the engine token is mounted, in both roles (compose: the engine-token volume).
+COMPOSE_TOKEN_FILE = "/run/ocr-engine-token/engine-token"
+# Settings that make the cache keys and name the queue: a front and its engine must agree.
+ENGINE_IDENTITY = ("OCR_ENGINE", "OCR_DEVICE", "OCR_CPU_THREADS", "SERVING_URL",
+                   "SERVING_SERVICE_NAME", "SERVING_MODEL_VERSION", "HUNYUAN_MODEL",
+                   "HUNYUAN_MODEL_REVISION", "HUNYUAN_MODEL_GENERATION", "HUNYUAN_TASK",
+                   "CACHE_ENCRYPTION_KEYS", "REDIS_URL", "CACHE_L3_URL",
+                   "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID")  # fmt: skip
 
 
 def _tool(name: str) -> str:
@@ -321,14 +333,18 @@ def compose_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("profile", PROFILES)
 def test_compose_config(profile: str, compose_tmp: Path) -> None:
     services = _compose_config(profile, compose_tmp)["services"]
-    expected = {
-        "default": {"redis", "front"},
-        "gpu": {"redis", "front", "front-gpu"},
-        "serving": {"redis", "front", "paddle-serving", "front-serving"},
-        "hunyuan": {"redis", "front", "vllm", "front-hunyuan"},
-        "monitoring": {"redis", "front", "redis-exporter", "prometheus", "grafana"},
-        "l3": {"redis", "front", "s3", "front-l3"},
-    }[profile]
+    base = {"redis", "engine-token", "front", "engine"}
+    expected = (
+        base
+        | {
+            "default": set(),
+            "gpu": {"front-gpu", "engine-gpu"},
+            "serving": {"paddle-serving", "front-serving", "engine-serving"},
+            "hunyuan": {"vllm", "front-hunyuan", "engine-hunyuan"},
+            "monitoring": {"redis-exporter", "prometheus", "grafana"},
+            "l3": {"s3", "front-l3", "engine-l3"},
+        }[profile]
+    )
     assert set(services) == expected
     for name, service in services.items():
         build = service.get("build")
@@ -337,20 +353,100 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
         for volume in service.get("volumes", []):
             if volume["type"] == "bind":
                 assert Path(volume["source"]).exists(), (name, volume["source"])
-        if name.startswith("front") or name in ("redis", "paddle-serving", "s3"):
+        if name.startswith(("front", "engine")) or name in ("redis", "paddle-serving", "s3"):
             assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         if name.startswith("front"):
+            # The image's `front`: nginx inside the container on 9998, gunicorn behind it.
+            assert service["command"] == ["front"], name
+            assert {int(p["target"]) for p in service["ports"]} == FRONT_PORTS
+            assert service["environment"].get("EDGE", "nginx") == "nginx", name
+        if name.startswith(("front", "engine")) and name != "engine-token":
             assert service["user"] == "10001:10001"
             assert "@redis:6379/" in service["environment"]["REDIS_URL"]
-            assert {int(p["target"]) for p in service["ports"]} == FRONT_PORTS
-            # The image's `serve`: nginx inside the container on 9998, gunicorn behind it.
-            assert service.get("command") in (None, ["serve"]), name
             assert service.get("entrypoint") is None, name
-            assert service["environment"].get("EDGE", "nginx") == "nginx", name
             assert not set(REMOVED_SETTINGS) & set(service["environment"]), name
             assert any(t["target"] == "/tmp" for t in _tmpfs(service)), name
+            assert service["stop_grace_period"] in ("2m30s", "150s", 150), name
     published = [p["published"] for s in services.values() for p in s.get("ports", [])]
     assert len(published) == len(set(published)), "two services publish the same host port"
+
+
+def _role_pairs(services: dict[str, dict]) -> list[tuple[str, str]]:
+    """Each front service and its engine: front -> engine, front-gpu -> engine-gpu, ..."""
+    return [(n, "engine" + n[len("front") :]) for n in services if n.startswith("front")]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_runs_fronts_and_engines_apart(profile: str, compose_tmp: Path) -> None:
+    """Issue 36: every front service has its engine service, the same image with the
+    `engine` command; the front finds it on compose's network (ENGINE_URLS) and starts it
+    (depends_on); both agree on what makes the keys and names the queue, both mount the token
+    the one-shot engine-token service writes, and only engines (and their backends) get a GPU.
+    No ENGINE_QUEUE_MAX: set, it stops start-up."""
+    services = _compose_config(profile, compose_tmp)["services"]
+    pairs = _role_pairs(services)
+    engines = {n for n in services if n.startswith("engine") and n != "engine-token"}
+    assert pairs and {e for _, e in pairs} == engines
+    token_dir = os.path.dirname(COMPOSE_TOKEN_FILE)
+    for front_name, engine_name in pairs:
+        front, engine = services[front_name], services[engine_name]
+        assert engine["command"] == ["engine"] and not engine.get("ports"), engine_name
+        assert "engine" in engine["healthcheck"]["test"], engine_name
+        assert engine["image"] == front["image"], (front_name, engine_name)
+        env, engine_env = front["environment"], engine["environment"]
+        assert env["ENGINE_URLS"] == f"http://{engine_name}:{ENGINE_PORT}", front_name
+        assert front["depends_on"][engine_name]["condition"] == "service_started"
+        for name in ENGINE_IDENTITY:
+            assert env.get(name) == engine_env.get(name), (front_name, engine_name, name)
+        for service_name, service in ((front_name, front), (engine_name, engine)):
+            assert service["environment"]["ENGINE_TOKEN_FILE"] == COMPOSE_TOKEN_FILE
+            (mount,) = [v for v in service["volumes"] if v.get("source") == "engine-token"]
+            assert (mount["type"], mount["target"], mount["read_only"]) == (
+                "volume", token_dir, True), service_name  # fmt: skip
+            condition = service["depends_on"]["engine-token"]["condition"]
+            assert condition == "service_completed_successfully", service_name
+            assert "WEB_CONCURRENCY" not in service["environment"] or service is front
+            assert "ENGINE_QUEUE_MAX" not in service["environment"], service_name
+        # GPU: engines only; a front of the GPU image hides the node's GPUs from itself.
+        assert "deploy" not in front, front_name
+        if "gpu" in engine_name:
+            assert "gpu" in str(engine["deploy"]) and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    writer = services["engine-token"]
+    assert (writer["user"], writer["cap_drop"], writer["cap_add"]) == ("0:0", ["ALL"], ["CHOWN"])
+    assert writer["read_only"] is True and writer.get("restart") in (None, "no")
+    (mount,) = writer["volumes"]
+    assert (mount["source"], mount["target"]) == ("engine-token", token_dir)
+    assert not mount.get("read_only")
+    gpu = {n for n, s in services.items() if "gpu" in str(s.get("deploy", ""))}
+    assert gpu <= {"engine-gpu", "paddle-serving", "vllm"}, gpu
+
+
+def test_compose_engine_token_writer_hands_uid_10001_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-shot writer's script, run here against a folder: a token of at least 16
+    characters (the setting's bound), mode 0400, kept on a second run. (Owned by uid 10001 in
+    the container; os.chown is a stand-in here, the process is not root.)"""
+    import yaml as _yaml
+
+    compose = _yaml.safe_load(COMPOSE_FILE.read_text())
+    (script,) = compose["services"]["engine-token"]["command"]
+    target = tmp_path / "engine-token"
+    code = script.replace("/run/ocr-engine-token/engine-token", str(target))
+    chowned: list[tuple[str, int, int]] = []
+
+    def chown(path: str, uid: int, gid: int) -> None:
+        chowned.append((path, uid, gid))
+
+    monkeypatch.setattr(os, "chown", chown)
+    namespace = {"__name__": "__main__"}
+    exec(compile(code, "engine-token", "exec"), namespace)  # noqa: S102 (the shipped script)
+    first = target.read_text()
+    exec(compile(code, "engine-token", "exec"), namespace)  # noqa: S102
+    monkeypatch.undo()
+    assert len(first) >= 16 and target.read_text() == first
+    assert oct(target.stat().st_mode & 0o777) == "0o400"
+    assert [(uid, gid) for _, uid, gid in chowned] == [(10001, 10001)]
 
 
 def _tmpfs(service: dict) -> list[dict]:
@@ -384,11 +480,16 @@ def test_compose_serving_sidecar_ports_differ_from_the_fronts(compose_tmp: Path)
     services = _compose_config("serving", compose_tmp)["services"]
     sidecar = services["paddle-serving"]["environment"]
     ports = {int(sidecar["SERVING_RPC_PORT"]), int(sidecar["SERVING_HTTP_PORT"])}
-    assert ports.isdisjoint(FRONT_PORTS)
-    front = services["front-serving"]["environment"]
-    assert front["OCR_ENGINE"] == "serving" and front["SERVING_SERVICE_NAME"] == "ocr"
-    assert front["SERVING_URL"] == f"grpc://paddle-serving:{sidecar['SERVING_RPC_PORT']}"
-    assert front["SERVING_MODEL_VERSION"] == _serving_model_version()
+    assert ports.isdisjoint(FRONT_PORTS | {ENGINE_PORT})
+    for name in ("front-serving", "engine-serving"):  # the same settings: the same keys
+        env = services[name]["environment"]
+        assert env["OCR_ENGINE"] == "serving" and env["SERVING_SERVICE_NAME"] == "ocr"
+        assert env["SERVING_URL"] == f"grpc://paddle-serving:{sidecar['SERVING_RPC_PORT']}"
+        assert env["SERVING_MODEL_VERSION"] == _serving_model_version()
+    # The sidecar is the engine's: the engine waits for it, the front for the engine.
+    engine = services["engine-serving"]["depends_on"]
+    assert engine["paddle-serving"]["condition"] == "service_healthy"
+    assert "paddle-serving" not in services["front-serving"]["depends_on"]
 
 
 def _serving_model_version() -> str:
@@ -448,9 +549,16 @@ def test_prometheus_scrapes_the_compose_services(compose_tmp: Path) -> None:
         "front-gpu",
         "front-serving",
         "front-hunyuan",
+        "engine-gpu",
+        "engine-serving",
+        "engine-hunyuan",
     }
     assert {t.split(":")[0] for t in targets} <= services
-    assert {"front:9998", "redis-exporter:9121"} <= targets
+    assert {"front:9998", "engine:18100", "redis-exporter:9121"} <= targets
+    jobs = {job["job_name"]: job for job in prometheus["scrape_configs"]}
+    engines = {t for s in jobs["ocr-engine"]["static_configs"] for t in s["targets"]}
+    assert engines and all(t.startswith("engine") and t.endswith(f":{ENGINE_PORT}")
+                           for t in engines)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- kubernetes
@@ -546,11 +654,10 @@ def test_front_deployment_service_and_scaling(overlay: str) -> None:
         ("grpc", 18091),
     }
     assert _named(objects, "PodDisruptionBudget", "ocr-cache")["spec"]["maxUnavailable"] == 1
-    if overlay == "keda":  # KEDA makes the HPA from its ScaledObject (checked below)
-        assert not [n for k, n in objects if k == "HorizontalPodAutoscaler"]
-    else:
-        hpa = _named(objects, "HorizontalPodAutoscaler", "ocr-cache")
-        assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    # The fronts scale on CPU in every overlay, KEDA's included (it scales the engines).
+    hpa = _named(objects, "HorizontalPodAutoscaler", "ocr-cache")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "ocr-cache"
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     assert front["envFrom"][0]["configMapRef"]["name"].startswith("ocr-cache-env")
     assert int(config["WEB_CONCURRENCY"]) >= 1
@@ -563,12 +670,16 @@ def test_the_tenants_overlay_reads_its_keys_from_a_secret_mounted_whole() -> Non
     objects = _objects("tenants")
     pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
     front = _container(pod, "front")
-    env = {e["name"]: e.get("value") for e in front["env"]}
-    assert env["AUTH"] == "keys" and env["API_KEYS_FILE"] == "/etc/ocr-api-keys/tenants.json"
-    (mount,) = [m for m in front["volumeMounts"] if m["name"] == "api-keys"]
-    assert mount == {"name": "api-keys", "mountPath": "/etc/ocr-api-keys", "readOnly": True}
-    (volume,) = [v for v in pod["volumes"] if v["name"] == "api-keys"]
-    assert volume["secret"]["secretName"] == "ocr-api-keys" and pod["securityContext"]["fsGroup"]
+    engine_pod = _named(objects, "Deployment", "ocr-engine")["spec"]["template"]["spec"]
+    # Both roles read the tenants: fronts admit, engines take the tenants' lanes.
+    for where, container in ((pod, front), (engine_pod, _container(engine_pod, "engine"))):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["AUTH"] == "keys" and env["API_KEYS_FILE"] == "/etc/ocr-api-keys/tenants.json"
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys"]
+        assert mount == {"name": "api-keys", "mountPath": "/etc/ocr-api-keys", "readOnly": True}
+        (volume,) = [v for v in where["volumes"] if v["name"] == "api-keys"]
+        assert volume["secret"]["secretName"] == "ocr-api-keys"
+        assert where["securityContext"]["fsGroup"]
     assert "AUTH" not in {e["name"] for e in _container(pod, "edge")["env"]}
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     settings = Settings.from_env({**config, **_literal_env(front)})  # the example file parses
@@ -576,7 +687,7 @@ def test_the_tenants_overlay_reads_its_keys_from_a_secret_mounted_whole() -> Non
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_redis_statefulset_is_lru_and_only_the_front_reaches_it(overlay: str) -> None:
+def test_redis_statefulset_is_lru_and_only_fronts_and_engines_reach_it(overlay: str) -> None:
     objects = _objects(overlay)
     redis = _named(objects, "StatefulSet", "ocr-cache-redis")
     conf_map = _named(objects, "ConfigMap", "ocr-cache-redis-conf")
@@ -586,11 +697,36 @@ def test_redis_statefulset_is_lru_and_only_the_front_reaches_it(overlay: str) ->
     policy = _named(objects, "NetworkPolicy", "ocr-cache-redis")
     assert policy["spec"]["podSelector"] == redis["spec"]["selector"]
     (to_redis,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 6379]
-    assert to_redis["from"] == [{"podSelector": {"matchLabels": _front_labels()}}]
+    assert to_redis["from"] == [
+        {"podSelector": {"matchLabels": _front_labels()}},
+        {"podSelector": {"matchLabels": _engine_labels()}},
+    ]
+    for name in ("ocr-cache", "ocr-engine"):  # the pods the policy admits are these
+        labels = _named(objects, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
+        assert _admitted(to_redis, labels), name
 
 
 def _front_labels() -> dict[str, str]:
     return {"app.kubernetes.io/name": "ocr-cache", "app.kubernetes.io/component": "front"}
+
+
+def _engine_labels() -> dict[str, str]:
+    return {"app.kubernetes.io/name": "ocr-cache", "app.kubernetes.io/component": "engine"}
+
+
+def _admitted(rule: dict, labels: dict[str, str], namespace: bool = False) -> bool:
+    """Whether a NetworkPolicy rule's peers (``from`` or ``to``) admit pods with ``labels``
+    (of this namespace, or, ``namespace``, of another); a rule without peers admits all."""
+    peers = rule.get("from", rule.get("to"))
+    if peers is None:
+        return True
+    for peer in peers:
+        if "ipBlock" in peer or ("namespaceSelector" in peer) != namespace:
+            continue
+        wanted = peer.get("podSelector", {}).get("matchLabels", {})
+        if all(labels.get(k) == v for k, v in wanted.items()):
+            return True
+    return False
 
 
 def _container(pod: dict, name: str) -> dict:
@@ -604,12 +740,27 @@ def _port(container: dict, name: str) -> int:
 
 
 def _literal_env(container: dict) -> dict[str, str]:
-    """A container's literal environment; the tenants file it mounts from its Secret is the
-    component's example here (the Secret is created out of band)."""
+    """A container's literal environment; the files it mounts from Secrets (created out of
+    band) are stand-ins here: the tenants file the component's example, the engine token a
+    file of this test's."""
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     if "API_KEYS_FILE" in env:
         env["API_KEYS_FILE"] = str(TENANTS_EXAMPLE)
+    if "ENGINE_TOKEN_FILE" in env:
+        env["ENGINE_TOKEN_FILE"] = _stand_in_token()
     return env
+
+
+@functools.cache
+def _stand_in_token() -> str:
+    folder = Path(tempfile.mkdtemp(prefix="ocr-test-deploy-"))
+    (folder / "engine-token").write_text("t" * 32)
+    return str(folder / "engine-token")
+
+
+def _mounted_env(container: dict) -> dict[str, str]:
+    """A container's literal environment as written in the manifest."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 def _pre_stop_seconds(container: dict) -> int:
@@ -628,7 +779,7 @@ def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
     assert [c["name"] for c in pod["containers"]] == ["front", "edge"]
     front, edge = _container(pod, "front"), _container(pod, "edge")
     assert front["image"] == edge["image"]
-    assert (front["args"], edge["args"]) == (["serve"], ["edge"])
+    assert (front["args"], edge["args"]) == (["front"], ["edge"])
     for container in (front, edge):
         env = _literal_env(container)
         assert (env["EDGE"], env["EDGE_SOCKET"]) == ("external", EDGE_SOCKET), container["name"]
@@ -713,49 +864,78 @@ def test_no_deployment_file_names_a_removed_setting() -> None:
 
 
 def test_l3_overlay_reads_the_s3_settings_from_a_secret() -> None:
+    """Both roles write (and archive) entries: the front and the engine container get the
+    same settings from the same Secret; the edge none; the engines may reach HTTPS."""
     objects = _objects("l3")
-    pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
-    front = next(c for c in pod["containers"] if c["name"] == "front")
-    env = {e["name"]: e for e in front["env"]}
-    for name in ("CACHE_L3_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_ACCESS_KEY_ID",
-                 "AWS_SECRET_ACCESS_KEY"):  # fmt: skip
-        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-l3", name
-    assert not env["CACHE_L3_URL"]["valueFrom"]["secretKeyRef"].get("optional")
-    assert {"REDIS_PASSWORD", "REDIS_URL"} <= set(env)  # the base's env is kept
+    roles = [("ocr-cache", "front"), ("ocr-engine", "engine")]
+    for deployment, container in roles:
+        pod = _named(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in _container(pod, container)["env"]}
+        for name in ("CACHE_L3_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_ACCESS_KEY_ID",
+                     "AWS_SECRET_ACCESS_KEY"):  # fmt: skip
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-l3", name
+        assert not env["CACHE_L3_URL"]["valueFrom"]["secretKeyRef"].get("optional")
+        assert {"REDIS_PASSWORD", "REDIS_URL"} <= set(env)  # the base's env is kept
+    edge = _container(
+        _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"], "edge"
+    )
+    assert "CACHE_L3_URL" not in {e["name"] for e in edge["env"]}
+    policy = _named(objects, "NetworkPolicy", "ocr-engine")
+    assert any(p["port"] == 443 for rule in policy["spec"]["egress"] for p in rule["ports"])
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     Settings.from_env({**config, "CACHE_L3_URL": "s3://ocr-cache/l3"})  # valid values
 
 
 def test_compose_l3_front_and_store_share_the_key_pair(compose_tmp: Path) -> None:
     services = _compose_config("l3", compose_tmp)["services"]
-    front, store = services["front-l3"]["environment"], services["s3"]["environment"]
-    assert front["CACHE_L3_URL"].startswith("s3://") and front["AWS_ENDPOINT_URL_S3"]
-    assert front["AWS_ACCESS_KEY_ID"] == store["AWS_ACCESS_KEY_ID"]
+    store = services["s3"]["environment"]
+    for name in ("front-l3", "engine-l3"):  # both roles write entries
+        env = services[name]["environment"]
+        assert env["CACHE_L3_URL"].startswith("s3://") and env["AWS_ENDPOINT_URL_S3"], name
+        assert env["AWS_ACCESS_KEY_ID"] == store["AWS_ACCESS_KEY_ID"], name
+        assert env["AWS_SECRET_ACCESS_KEY"] == store["AWS_SECRET_ACCESS_KEY"], name
     assert "ports" not in services["s3"]  # the store is reached on the compose network only
 
 
-def test_gpu_overlay_requests_a_gpu() -> None:
-    pod = _named(_objects("gpu"), "Deployment", "ocr-cache")["spec"]["template"]["spec"]
-    front, edge = _container(pod, "front"), _container(pod, "edge")
-    assert front["resources"]["limits"]["nvidia.com/gpu"] == 1
-    # The edge runs the GPU image too (NVIDIA_VISIBLE_DEVICES=all in its ENV) but gets no GPU.
-    assert "nvidia.com/gpu" not in str(edge["resources"])
-    assert _literal_env(edge)["NVIDIA_VISIBLE_DEVICES"] == "void"
+def test_gpu_overlay_gives_the_engines_a_gpu_and_the_fronts_none() -> None:
+    """One GPU per engine pod (tolerating GPU taints, one pod replaced at a time); the front
+    pod gets none: its two containers run the GPU image (the keys carry its runtime) with
+    NVIDIA_VISIBLE_DEVICES=void, else the image's `all` would show them the node's GPUs."""
+    objects = _objects("gpu")
+    engine_deployment = _named(objects, "Deployment", "ocr-engine")
+    engine_pod = engine_deployment["spec"]["template"]["spec"]
+    engine = _container(engine_pod, "engine")
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert engine["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert [t["key"] for t in engine_pod["tolerations"]] == ["nvidia.com/gpu"]
+    assert engine_deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    assert "tolerations" not in front_pod
+    for container in front_pod["containers"]:
+        assert "nvidia.com/gpu" not in str(container["resources"]), container["name"]
+        assert _literal_env(container)["NVIDIA_VISIBLE_DEVICES"] == "void", container["name"]
+    images = {c["image"] for c in front_pod["containers"] + engine_pod["containers"]}
+    assert len(images) == 1 and images.pop().endswith(":0.1.0-gpu")
     assert dockerfile.env(DOCKER / "Dockerfile.gpu")["NVIDIA_VISIBLE_DEVICES"] == "all"
-    config = _named(_objects("gpu"), "ConfigMap", "ocr-cache-env")["data"]
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     assert config["OCR_DEVICE"] == "gpu"
 
 
-def test_serving_sidecar_overlay_pairs_front_and_paddle_serving() -> None:
+def test_serving_sidecar_overlay_pairs_engine_and_paddle_serving() -> None:
+    """Paddle Serving beside each engine (the engine calls it on localhost), not beside the
+    fronts; the fronts read the same SERVING_* settings (their keys and queue)."""
     objects = _objects("serving-sidecar")
-    pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    assert "initContainers" not in front_pod
+    assert [c["name"] for c in front_pod["containers"]] == ["front", "edge"]
+    pod = _named(objects, "Deployment", "ocr-engine")["spec"]["template"]["spec"]
     (sidecar,) = pod["initContainers"]
-    assert sidecar["restartPolicy"] == "Always"  # native sidecar: outlives the front
+    assert sidecar["restartPolicy"] == "Always"  # native sidecar: outlives the engine
     env = {e["name"]: e["value"] for e in sidecar["env"]}
     sidecar_ports = {p["containerPort"] for p in sidecar["ports"]}
     assert sidecar_ports == {int(env["SERVING_RPC_PORT"]), int(env["SERVING_HTTP_PORT"])}
-    assert sidecar_ports.isdisjoint(FRONT_PORTS)
-    assert [c["name"] for c in pod["containers"]] == ["front", "edge"]
+    assert sidecar_ports.isdisjoint(FRONT_PORTS | {ENGINE_PORT})
+    assert [c["name"] for c in pod["containers"]] == ["engine"]
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     assert config["OCR_ENGINE"] == "serving" and config["SERVING_SERVICE_NAME"] == "ocr"
     assert config["SERVING_URL"] == f"grpc://127.0.0.1:{env['SERVING_RPC_PORT']}"
@@ -764,14 +944,18 @@ def test_serving_sidecar_overlay_pairs_front_and_paddle_serving() -> None:
     assert "/opt/PaddleOCR/deploy/run" in mounts  # its only writable directory
 
 
-def test_keda_overlay_scales_on_the_global_miss_queue() -> None:
-    """The autoscaling example of issue 14: KEDA on the dispatch queue's depth (the gauge
-    the service exports) and CPU, targeting the front Deployment; no second HPA."""
+def test_keda_overlay_scales_the_engines_on_the_global_miss_queue() -> None:
+    """The autoscaling example of issues 14 and 36: KEDA on the dispatch queue's depth (the
+    gauge the service exports) and CPU, targeting the engine Deployment; the engines' own HPA
+    is gone (KEDA makes one), the fronts' CPU HPA stays."""
     from app import metrics
 
     objects = _objects("keda")
-    scaled = _named(objects, "ScaledObject", "ocr-cache")
-    deployment = _named(objects, "Deployment", "ocr-cache")
+    scaled = _named(objects, "ScaledObject", "ocr-engine")
+    deployment = _named(objects, "Deployment", "ocr-engine")
+    hpas = {n for k, n in objects if k == "HorizontalPodAutoscaler"}
+    assert hpas == {"ocr-cache"}
+    assert not [n for k, n in objects if k == "ScaledObject" and n != "ocr-engine"]
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     target = scaled["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
@@ -781,7 +965,219 @@ def test_keda_overlay_scales_on_the_global_miss_queue() -> None:
     assert float(triggers["prometheus"]["metadata"]["threshold"]) >= 1
     assert triggers["cpu"]["metadata"]["value"] == "70"
     assert 1 <= scaled["spec"]["minReplicaCount"] < scaled["spec"]["maxReplicaCount"]
-    assert ("PodMonitor", "ocr-cache") in objects or any(k == "PodMonitor" for k, _ in objects)
+    monitors = {n: o for (k, n), o in objects.items() if k == "PodMonitor"}
+    selected = [m["spec"]["selector"]["matchLabels"] for m in monitors.values()]
+    assert _engine_labels() in selected  # the engines' gauges reach Prometheus
+
+
+# ---------------------------------------------------------------------------- the two roles
+
+
+# Overlays whose engines hold the PaddleOCR model in-process (the others call a sidecar or vLLM).
+MODEL_OVERLAYS = {"cpu", "gpu", "monitoring", "keda", "l3", "tenants"}
+# Overlays that scrape with the Prometheus Operator (the monitoring component).
+MONITORED_OVERLAYS = {"monitoring", "keda"}
+GIB = 1024**3
+
+
+def _bytes(quantity: str) -> float:
+    """A Kubernetes memory quantity (512Mi, 3Gi, 1G, 1000) in bytes."""
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": GIB, "k": 1e3, "M": 1e6, "G": 1e9}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", str(quantity))
+    assert match, quantity
+    return float(match.group(1)) * units.get(match.group(2), 1)
+
+
+def _engine(objects: dict[tuple[str, str], dict]) -> tuple[dict, dict, dict]:
+    deployment = _named(objects, "Deployment", "ocr-engine")
+    pod = deployment["spec"]["template"]["spec"]
+    return deployment, pod, _container(pod, "engine")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engine_deployment_service_and_pdb(overlay: str) -> None:
+    """Issue 36: the engines are their own Deployment `ocr-engine` in every overlay, the image
+    of the fronts with the `engine` command, probed over HTTP on 18100 (/healthz for start
+    and liveness, /readyz for readiness), hardened as the front is, with its own Service (the
+    direct endpoint and metrics on 18100) and PodDisruptionBudget; the same ConfigMap, Redis,
+    keys and Secret as the fronts."""
+    objects = _objects(overlay)
+    deployment, pod, engine = _engine(objects)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == _engine_labels()
+    assert _engine_labels().items() <= labels.items()
+    front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    front = _container(front_pod, "front")
+    assert engine["args"] == ["engine"] and engine["image"] == front["image"]
+    assert [(p["name"], p["containerPort"]) for p in engine["ports"]] == [("http", ENGINE_PORT)]
+    assert _literal_env(engine).get("ENGINE_PORT", str(ENGINE_PORT)) == str(ENGINE_PORT)
+    for kind, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                       ("readinessProbe", "/readyz")):  # fmt: skip
+        assert engine[kind]["httpGet"] == {"path": path, "port": "http"}, kind
+    # A model load on CPU: the startup probe allows minutes, not the default 30 s.
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
+    # Hardened as the front: pod and container security contexts are the front's.
+    assert pod["securityContext"] == front_pod["securityContext"]
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert engine["securityContext"] == front["securityContext"]
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert "/tmp" in {m["mountPath"] for m in engine["volumeMounts"]}
+    assert pod["topologySpreadConstraints"]
+    # The same environment as the fronts: the ConfigMap, Redis, the keys of the entries.
+    assert engine["envFrom"] == front["envFrom"]
+    env = {e["name"]: e for e in engine["env"]}
+    for name in ("REDIS_PASSWORD", "CACHE_ENCRYPTION_KEYS"):
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-secrets", name
+    assert env["REDIS_URL"] == {e["name"]: e for e in front["env"]}["REDIS_URL"]
+    assert "ADMIN_TOKEN" not in env  # the admin API is the fronts'
+    # Stopping: the jobs it holds finish (each within the request timeout) before the kill.
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    timeout = Settings.from_env({**config, **_literal_env(engine)}).server.request_timeout_seconds
+    assert pod["terminationGracePeriodSeconds"] > _pre_stop_seconds(engine) + timeout
+    # Its Service: the fronts' direct endpoint and the metrics, on 18100, engine pods only.
+    service = _named(objects, "Service", "ocr-engine")
+    assert service["spec"]["selector"] == _engine_labels()
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("http", ENGINE_PORT, "http")
+    ]
+    pdb = _named(objects, "PodDisruptionBudget", "ocr-engine")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == _engine_labels()
+    # The users' Service is still the fronts', under today's name.
+    assert _named(objects, "Service", "ocr-cache")["spec"]["selector"] == _front_labels()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_fronts_hold_no_model_and_no_gpu(overlay: str) -> None:
+    """The model's memory and any GPU are the engines': a front pod requests no GPU in any
+    overlay, tolerates no GPU taint, and its front container is sized for light workers
+    (at most 1 GiB: WEB_CONCURRENCY x ~250 MB); an engine that holds PaddleOCR is given at
+    least 1.5 GiB per pod (~1 GB per slot, 1.25-1.5 GB peaks). GPUs appear on engine pods
+    and vLLM's only."""
+    objects = _objects(overlay)
+    front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in json.dumps(front_pod)
+    front = _container(front_pod, "front")
+    assert _bytes(front["resources"]["limits"]["memory"]) <= 1 * GIB
+    _, engine_pod, engine = _engine(objects)
+    if overlay in MODEL_OVERLAYS:
+        assert _bytes(engine["resources"]["requests"]["memory"]) >= 1.5 * GIB
+        assert _bytes(engine["resources"]["limits"]["memory"]) > _bytes(
+            front["resources"]["limits"]["memory"]
+        )
+    with_gpu = {
+        name
+        for (kind, name), obj in objects.items()
+        if kind in ("Deployment", "StatefulSet") and "nvidia.com/gpu" in json.dumps(obj["spec"])
+    }
+    assert with_gpu <= {"ocr-engine", "ocr-cache-vllm"}, with_gpu
+    if overlay in ("gpu", "serving-sidecar"):
+        assert "nvidia.com/gpu" in json.dumps(engine_pod)
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    assert "ENGINE_QUEUE_MAX" not in config and "ENGINE_PROCESSES" not in config
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_engine_token_reaches_both_roles_from_one_secret_key(overlay: str) -> None:
+    """The direct endpoint's token: the key engine-token of ocr-cache-secrets, mounted read-only
+    (a folder, not subPath: an update reaches the pods) into the front and the engine
+    containers, not the edge, named by ENGINE_TOKEN_FILE in both; the fronts find the engines
+    at the ocr-engine Service (ENGINE_URLS)."""
+    objects = _objects(overlay)
+    front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    _, engine_pod, engine = _engine(objects)
+    paths = set()
+    for pod, container in ((front_pod, _container(front_pod, "front")), (engine_pod, engine)):
+        path = _mounted_env(container)["ENGINE_TOKEN_FILE"]
+        folder, filename = os.path.split(path)
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+        assert mount.get("readOnly") is True and "subPath" not in mount, container["name"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        secret = volume["secret"]
+        assert secret["secretName"] == "ocr-cache-secrets"
+        assert secret["items"] == [{"key": "engine-token", "path": filename}]
+        assert secret["defaultMode"] & 0o007 == 0  # not world-readable; fsGroup reads it
+        assert "ENGINE_TOKEN" not in _literal_env(container)  # never a literal
+        paths.add(path)
+    assert len(paths) == 1
+    edge = _container(front_pod, "edge")
+    assert "ENGINE_TOKEN_FILE" not in _mounted_env(edge)
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    assert config["ENGINE_URLS"] == f"http://ocr-engine:{ENGINE_PORT}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_fronts_reach_the_engines_and_engines_reach_redis(overlay: str) -> None:
+    """NetworkPolicy ocr-engine: the engines' 18100 admits front pods (and, where the monitoring
+    component is in, the Prometheus Operator's pods of the monitoring namespace), no other pod
+    of the namespace, on no other port; out of an engine pod, DNS and Redis's 6379, and what
+    the overlay's engines call (vLLM, the object store)."""
+    objects = _objects(overlay)
+    deployment, _, _ = _engine(objects)
+    policy = _named(objects, "NetworkPolicy", "ocr-engine")["spec"]
+    assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    for rule in policy["ingress"]:
+        assert [p["port"] for p in rule["ports"]] == [ENGINE_PORT]
+    front = _front_labels()
+    assert any(_admitted(r, front) for r in policy["ingress"])
+    for other in (_engine_labels(), {"app.kubernetes.io/name": "ocr-cache",
+                                     "app.kubernetes.io/component": "redis"}, {}):  # fmt: skip
+        assert not any(_admitted(r, other) for r in policy["ingress"]), other
+    scraper = {"app.kubernetes.io/name": "prometheus"}
+    scraped = any(_admitted(r, scraper, namespace=True) for r in policy["ingress"])
+    assert scraped == (overlay in MONITORED_OVERLAYS)
+    redis_labels = _named(objects, "StatefulSet", "ocr-cache-redis")["spec"]["template"]
+    redis_labels = redis_labels["metadata"]["labels"]
+    egress = policy["egress"]
+    assert any(_admitted(r, redis_labels) and {p["port"] for p in r["ports"]} == {6379}
+               for r in egress)  # fmt: skip
+    assert any(
+        "to" not in r and {(p["protocol"], p["port"]) for p in r["ports"]} >= {("UDP", 53)}
+        for r in egress
+    )
+    if overlay == "hunyuan":
+        vllm = _named(objects, "Deployment", "ocr-cache-vllm")["spec"]["template"]["metadata"]
+        assert any(_admitted(r, vllm["labels"]) and r["ports"][0]["port"] == 8000
+                   for r in egress)  # fmt: skip
+        to_vllm = _named(objects, "NetworkPolicy", "ocr-cache-vllm")["spec"]["ingress"]
+        assert [r["from"] for r in to_vllm] == [
+            [{"podSelector": {"matchLabels": _engine_labels()}}]
+        ]
+    else:
+        assert all(r["ports"][0]["port"] != 8000 for r in egress)
+
+
+@pytest.mark.parametrize("overlay", sorted(MONITORED_OVERLAYS))
+def test_monitoring_scrapes_fronts_and_engines(overlay: str) -> None:
+    """PodMonitors for both roles: fronts through their edge (job ocr-cache, what the alerts
+    select), engines on their own port's /metrics (job ocr-engine)."""
+    objects = _objects(overlay)
+    monitors = {n: o["spec"] for (k, n), o in objects.items() if k == "PodMonitor"}
+    by_labels = {
+        json.dumps(m["selector"]["matchLabels"], sort_keys=True): m for m in monitors.values()
+    }
+    front = by_labels[json.dumps(_front_labels(), sort_keys=True)]["podMetricsEndpoints"][0]
+    engine = by_labels[json.dumps(_engine_labels(), sort_keys=True)]["podMetricsEndpoints"][0]
+    _, _, container = _engine(objects)
+    assert _port(container, engine["port"]) == ENGINE_PORT and engine["path"] == "/metrics"
+    assert engine["relabelings"][0]["replacement"] == "ocr-engine"
+    assert front["relabelings"][0]["replacement"] == "ocr-cache"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_engine_autoscaling(overlay: str) -> None:
+    """The engines scale apart from the fronts: on CPU by their own HPA, on the queue's depth
+    by KEDA where the keda component is in (then no HPA of theirs)."""
+    objects = _objects(overlay)
+    hpas = {n: o for (k, n), o in objects.items() if k == "HorizontalPodAutoscaler"}
+    if overlay == "keda":
+        assert "ocr-engine" not in hpas
+        return
+    target = hpas["ocr-engine"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "ocr-engine")
+    assert hpas["ocr-engine"]["spec"]["minReplicas"] >= 2
 
 
 # ---------------------------------------------------------------------------- healthcheck
@@ -926,3 +1322,34 @@ def test_healthcheck_uses_the_socket_with_an_external_edge(
     unix_health.status = 500  # type: ignore[attr-defined]
     assert check.main(env) == 1
     assert check.main({**env, "EDGE_SOCKET": env["EDGE_SOCKET"] + ".absent"}) == 1
+
+
+def test_healthcheck_asks_an_engine_on_its_own_port(
+    tcp_health: http.server.ThreadingHTTPServer, tmp_path: Path
+) -> None:
+    """An engine container (`healthcheck.py engine`, as compose's engines run it, or an image
+    whose command is `engine`: PID 1, tini, ends its command line with it): GET /healthz on
+    ENGINE_PORT on loopback, never the front's port or socket."""
+    check = _healthcheck()
+    env = {
+        "ENGINE_PORT": str(tcp_health.server_address[1]),
+        "HTTP_PORT": str(_closed_port()),
+        "EDGE": "external",
+        "EDGE_SOCKET": str(tmp_path / "absent.sock"),
+    }
+    assert check.main(env, role="engine") == 0
+    assert check.main(env, role="") == 1  # a front's check: the socket, absent here
+    assert tcp_health.paths == ["/healthz"]  # type: ignore[attr-defined]
+    result = _run([sys.executable, str(DOCKER / "healthcheck.py"), "engine"], env=env)
+    assert result.returncode == 0, result.stderr
+    tcp_health.status = 503  # type: ignore[attr-defined]
+    assert check.main(env, role="engine") == 1
+    cmdline = tmp_path / "cmdline"
+    for argv, role in (
+        (["/usr/bin/tini", "--", "/opt/ocr/docker/entrypoint.sh", "engine"], "engine"),
+        (["/usr/bin/tini", "--", "/opt/ocr/docker/entrypoint.sh", "front"], ""),
+        (["/usr/bin/tini", "--", "/opt/ocr/docker/entrypoint.sh"], ""),
+    ):
+        cmdline.write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        assert check.container_role(str(cmdline)) == role, argv
+    assert check.container_role(str(tmp_path / "absent")) == ""

