@@ -70,13 +70,14 @@ def _service_of(worker: Any) -> Any:
 
 def _stop_grpc(server: Any, worker: Any) -> None:
     """Graceful: in-flight RPCs get up to the request timeout to finish; the engine takes
-    no more dispatched jobs (one it is computing finishes, or is reclaimed elsewhere)."""
+    no more tickets of the miss queue (one it is computing finishes, or is reclaimed
+    elsewhere)."""
     ocr = _service_of(worker)
     grpc = getattr(ocr, "grpc", None)
     if grpc is not None:
         grpc.stop(grace=worker.cfg.graceful_timeout).wait()
     cache = getattr(ocr, "cache", None)
-    if cache is not None:  # take no more jobs from the global miss queue
+    if cache is not None:  # take no more tickets from the global miss queue
         cache.close()
 
 

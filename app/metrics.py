@@ -79,16 +79,17 @@ ENGINE_QUEUE_DROPPED = Counter(
     "Engine calls never run: queue full (refused) or caller gone (timed out while queued)",
     ["reason"],
 )
-# The global miss queue (app/cache/jobs.py, feeders.py): one queue for the whole fleet, so
+# The global miss queue (app/queue/): one queue for the whole fleet, so
 # each worker reports the depth it last read from Redis and /metrics shows the most recent.
 DISPATCH_QUEUE_DEPTH = Gauge(
     "ocr_dispatch_queue_depth",
-    "Jobs waiting to start in the global dispatch queue (one value for the whole fleet)",
+    "Tickets (queued misses) waiting to start in the global miss queue (one value for the "
+    "whole fleet)",
     multiprocess_mode="livemostrecent",
 )
-DISPATCH_JOBS = Counter(
-    "ocr_dispatch_jobs_total",
-    "Dispatched jobs by what became of them at a consumer (computed, failed, caller_gone, "
+DISPATCH_TICKETS = Counter(
+    "ocr_dispatch_tickets_total",
+    "Tickets (queued misses) by what became of them at an engine (computed, failed, caller_gone, "
     "already_stored, reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES; "
     "interjected: taken to run inside an engine's call in progress, counted again as computed)",
     ["outcome"],
@@ -173,7 +174,8 @@ TENANT_REJECTIONS = Counter(
 )
 TENANT_QUEUE_WAITING = Gauge(
     "ocr_dispatch_tenant_waiting",
-    "Jobs waiting in the global miss queue per tenant (one value for the whole fleet)",
+    "Tickets (queued misses) waiting in the global miss queue per tenant (one value for the "
+    "whole fleet)",
     ["tenant"],
     multiprocess_mode="livemostrecent",
 )
@@ -225,7 +227,7 @@ def initialise(engine_kind: str) -> None:
     outcomes = ("computed", "failed", "caller_gone", "already_stored", "reclaimed", "abandoned",
                 "interjected")  # fmt: skip
     for outcome in outcomes:
-        DISPATCH_JOBS.labels(outcome=outcome)
+        DISPATCH_TICKETS.labels(outcome=outcome)
     for result in ("hit", "miss", "rejected", "error", "circuit_open"):
         L3_READS.labels(result=result)
     for result in ("queued", "stored", "error", "purged", "dropped"):

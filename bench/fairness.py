@@ -196,7 +196,7 @@ def phase(
     done.set()
     b_thread.join()
     after = service.metrics()
-    interjected = spent(before, after, "ocr_dispatch_jobs_total", outcome="interjected")
+    interjected = spent(before, after, "ocr_dispatch_tickets_total", outcome="interjected")
     b_seconds = spent(before, after, "ocr_tenant_engine_seconds_total", tenant="b")
     a_seconds = spent(before, after, "ocr_tenant_engine_seconds_total", tenant="a")
     busy = spent(before, after, "ocr_engine_duration_seconds_sum")

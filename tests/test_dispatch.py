@@ -205,7 +205,7 @@ def test_a_superseded_ticket_is_dropped_by_its_consumer(settings, redis_client):
     cache = make_cache(settings, engine)
     names = cache.keys.dispatch()
     wait_for(lambda: redis_client.exists(names.engines), "the feeder never started")
-    gone = counter("ocr_dispatch_jobs_total", outcome="caller_gone")
+    gone = counter("ocr_dispatch_tickets_total", outcome="caller_gone")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     orphan = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                  IMAGES[0])  # fmt: skip
@@ -216,7 +216,7 @@ def test_a_superseded_ticket_is_dropped_by_its_consumer(settings, redis_client):
     wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
     redis_client.delete(marker)
-    assert counter("ocr_dispatch_jobs_total", outcome="caller_gone") == gone + 1
+    assert counter("ocr_dispatch_tickets_total", outcome="caller_gone") == gone + 1
 
 
 def test_a_ticket_whose_entry_is_already_stored_is_not_computed(settings, redis_client):
@@ -227,7 +227,7 @@ def test_a_ticket_whose_entry_is_already_stored_is_not_computed(settings, redis_
     assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS and engine.calls == 1
     names = cache.keys.dispatch()
     stream = names.stream("~")
-    stored = counter("ocr_dispatch_jobs_total", outcome="already_stored")
+    stored = counter("ocr_dispatch_tickets_total", outcome="already_stored")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     late = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                IMAGES[0])  # fmt: skip
@@ -235,7 +235,7 @@ def test_a_ticket_whose_entry_is_already_stored_is_not_computed(settings, redis_
     plant(redis_client, names, fields)
     wait_for(lambda: redis_client.xlen(stream) == 0, "the late ticket was never taken")
     assert engine.calls == 1
-    assert counter("ocr_dispatch_jobs_total", outcome="already_stored") == stored + 1
+    assert counter("ocr_dispatch_tickets_total", outcome="already_stored") == stored + 1
 
 
 @pytest.mark.parametrize("forgery", ["other_image", "other_params", "other_tenant"])
@@ -247,7 +247,7 @@ def test_a_forged_ticket_is_refused_and_nothing_is_stored(settings, redis_client
     cache = make_cache(settings, engine)
     names = cache.keys.dispatch()
     wait_for(lambda: redis_client.exists(names.engines), "the feeder never started")
-    failed = counter("ocr_dispatch_jobs_total", outcome="failed")
+    failed = counter("ocr_dispatch_tickets_total", outcome="failed")
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     data, params, tenant = IMAGES[0], OcrParams(), ""
     if forgery == "other_image":
@@ -260,7 +260,7 @@ def test_a_forged_ticket_is_refused_and_nothing_is_stored(settings, redis_client
     fields = forged.fields()
     plant(redis_client, names, fields)
     wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the forged ticket was never taken")
-    wait_for(lambda: counter("ocr_dispatch_jobs_total", outcome="failed") == failed + 1,
+    wait_for(lambda: counter("ocr_dispatch_tickets_total", outcome="failed") == failed + 1,
              "the forged ticket was not refused")  # fmt: skip
     assert engine.calls == 0 and redis_client.exists(key) == 0
 
@@ -276,7 +276,7 @@ def test_a_ticket_whose_consumer_died_is_reclaimed(settings, redis_client):
     redis_client.xgroup_create(stream, "engines", id="0", mkstream=True)
     now_ms = int(redis_client.time()[0]) * 1000
     redis_client.zadd(engines, {"dead-consumer": now_ms})  # it was live when the ticket came
-    reclaimed = counter("ocr_dispatch_jobs_total", outcome="reclaimed")
+    reclaimed = counter("ocr_dispatch_tickets_total", outcome="reclaimed")
     with ThreadPoolExecutor(1) as pool:
         asked = pool.submit(cache.get_or_compute, IMAGES[0])
         taken = redis_client.xreadgroup("engines", "dead-consumer", {stream: ">"}, count=1,
@@ -286,7 +286,7 @@ def test_a_ticket_whose_consumer_died_is_reclaimed(settings, redis_client):
         outcome = asked.result(WAIT)
     assert outcome.status is CacheStatus.MISS and outcome.result.lines[0].text == text_of(IMAGES[0])
     assert engine.calls == 1
-    assert counter("ocr_dispatch_jobs_total", outcome="reclaimed") == reclaimed + 1
+    assert counter("ocr_dispatch_tickets_total", outcome="reclaimed") == reclaimed + 1
     wait_for(lambda: redis_client.xlen(stream) == 0, "the reclaimed ticket was never acked")
 
 

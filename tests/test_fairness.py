@@ -348,7 +348,7 @@ def test_a_tenant_holds_the_queue_only_while_others_wait_behind_it(
 def interjected() -> float:
     from app import metrics
 
-    return metrics.DISPATCH_JOBS.labels(outcome="interjected")._value.get()  # type: ignore[attr-defined]
+    return metrics.DISPATCH_TICKETS.labels(outcome="interjected")._value.get()  # type: ignore[attr-defined]
 
 
 def held_fleet(

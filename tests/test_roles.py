@@ -242,8 +242,8 @@ def test_redis_down_sends_misses_straight_to_an_engine_then_the_queue_resumes(tm
             before = requests.get(f"{fleet.base}/metrics", timeout=5).text
             assert fleet.ocr(SHORT).status_code == 200
             after = requests.get(f"{fleet.base}/metrics", timeout=5).text
-            computed = metric_sum(after, "ocr_dispatch_jobs_total", outcome="computed")
-            assert computed > metric_sum(before, "ocr_dispatch_jobs_total", outcome="computed")
+            computed = metric_sum(after, "ocr_dispatch_tickets_total", outcome="computed")
+            assert computed > metric_sum(before, "ocr_dispatch_tickets_total", outcome="computed")
     finally:
         server.cleanup()
 

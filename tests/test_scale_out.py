@@ -206,7 +206,7 @@ def test_a_killed_engines_job_is_taken_over(tmp_path):
             assert resp.status_code == 200 and resp.json()["lines"]
             assert resp.headers["X-Cache"] in ("HIT", "COALESCED")  # the job, not a new one
             metrics = requests.get(f"{heir.base}/metrics").text
-            assert metric_sum(metrics, "ocr_dispatch_jobs_total", outcome="reclaimed") == 1
+            assert metric_sum(metrics, "ocr_dispatch_tickets_total", outcome="reclaimed") == 1
             assert heir.engine_calls() == 1
         finally:
             owner.stop(signal.SIGKILL)

@@ -47,7 +47,7 @@ def raw(fields: list[str | bytes]) -> dict[bytes, bytes]:
 
 
 def failed() -> float:
-    return REGISTRY.get_sample_value("ocr_dispatch_jobs_total", {"outcome": "failed"}) or 0.0
+    return REGISTRY.get_sample_value("ocr_dispatch_tickets_total", {"outcome": "failed"}) or 0.0
 
 
 def test_a_front_writes_its_format_and_an_engine_reads_it_back() -> None:

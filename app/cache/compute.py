@@ -214,7 +214,7 @@ class Computer:
                 # params and tenant name): refused, so no entry can be stored under it.
                 log.warning("dispatch: ticket %s does not match its key; refused", ticket.id)
                 feeders.fail(ticket, "error:a queued ticket that does not match its key")
-                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+                metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
                 continue
             genuine.append((ticket, self._probe(ticket)))
         l2 = self._chain.index("l2")
@@ -222,11 +222,11 @@ class Computer:
         groups: dict[OcrParams, list[tuple[Ticket, Probe]]] = {}
         for ticket, probe in genuine:
             if probe.outcome is not None:
-                metrics.DISPATCH_JOBS.labels(outcome="already_stored").inc()
+                metrics.DISPATCH_TICKETS.labels(outcome="already_stored").inc()
                 feeders.succeeded(ticket)
                 continue
             if ticket.deadline <= time.time():  # its requester stopped waiting since it was read
-                metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
+                metrics.DISPATCH_TICKETS.labels(outcome="caller_gone").inc()
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()  # as _wanted
                 feeders.fail(ticket, "timeout:the requester's deadline passed before the engine")
                 continue
@@ -256,7 +256,7 @@ class Computer:
                 for ticket, _ in members:
                     if ticket.id not in answered:
                         feeders.fail(ticket, f"bug:{exc.__class__.__name__}")
-                        metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+                        metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
         return spent
 
     def _is_genuine(self, ticket: Ticket) -> bool:
@@ -293,10 +293,10 @@ class Computer:
         elif isinstance(answer, Exception):
             feeders.fail(ticket, f"error:{answer}")
         else:
-            metrics.DISPATCH_JOBS.labels(outcome="computed").inc()
+            metrics.DISPATCH_TICKETS.labels(outcome="computed").inc()
             if self._chain.record(probe, answer, ticket.ttl):
                 feeders.succeeded(ticket)
             else:  # the requesters compute for themselves rather than wait in vain
                 feeders.fail(ticket, "lost")
             return
-        metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+        metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()

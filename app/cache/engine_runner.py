@@ -10,10 +10,10 @@ for. A caller with no time left is answered at once: its call is never queued.
 the number running (a timed-out call that started counts until it ends).
 
 Where the engine can pause its call for another (``engine.interject``: the in-process one,
-between recognition batches), ``interjected(fn)`` runs ``fn`` - a queued job's whole
+between recognition batches), ``interjected(fn)`` runs ``fn`` - a ticket's whole
 serving, its engine call included - on the engine's thread at the next pause of the call
 in progress, which then resumes. The paused call is charged its own time only, and ``fn``
-runs while the engine does nothing else (its work holds Python's GIL at times: a job served
+runs while the engine does nothing else (its work holds Python's GIL at times: a ticket served
 on another thread beside it was measured waiting up to a second for it).
 """
 
@@ -81,7 +81,7 @@ class EngineRunner:
         elapsed: list[float] | None = None,
     ) -> T:
         """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error.
-        ``timeout``: this call's own bound (a dispatched job's time left), else the runner's;
+        ``timeout``: this call's own bound (a ticket's time left), else the runner's;
         ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait nor
         the interjected work it was paused for). Within ``interjected``, inline."""
         if timeout is None:

@@ -28,18 +28,21 @@ from app.vocabulary import OcrParams
 KEY_SCHEMA = "v1"
 # Every entry schema's root (``v1``, ``v2``...): what a purge may reach below a prefix.
 ENTRY_ROOT_GLOB = "v[0-9]"
-DISPATCH_SCHEMA = "v3"  # the global miss queue's format (jobs.py, feeders.py)
+DISPATCH_SCHEMA = "v3"  # the global miss queue's key layout (app/queue/)
 
 
 @dataclass(frozen=True)
 class QueueKeys:
     """Every name of one global miss queue, all under its hash tag (one slot, so one script
-    reads any of them): a stream per lane (a tenant's jobs; ``~`` the default tenant's, and
-    every job's with ``DISPATCH_FAIRNESS=fifo``), the ring of lanes with waiting jobs and
-    their deficits, shares and job costs (deficit round robin, ``feeders.py``), every
-    lane that has a stream, the doorbell that wakes an idle engine and the one that wakes a
-    busy engine's interjector, the live-engine register and the job markers. Any of them
-    may be evicted under ``allkeys-lru``: ``jobs.py`` says what that costs."""
+    reads any of them): a stream per lane (a tenant's tickets; ``~`` the default tenant's,
+    and every ticket's with ``DISPATCH_FAIRNESS=fifo``), the ring of lanes with waiting
+    tickets and their deficits, shares and ticket costs (deficit round robin,
+    ``app/queue/scheduler.py``), every lane that has a stream, the doorbell that wakes an
+    idle engine and the one that wakes a busy engine's interjector, the live-engine register
+    and the ticket markers. Any of them may be evicted under ``allkeys-lru``:
+    ``app/queue/requester.py`` says what that costs. The key strings keep their first names
+    (``jobs:{lane}``, ``job:{entry}:{sha256}``): renaming them would split the queue of a
+    rolling update."""
 
     tag: str
 
@@ -83,8 +86,8 @@ class QueueKeys:
         return f"{self.tag}:interject"
 
     def marker(self, entry: str, sha256: str) -> str:
-        """Which job computes ``entry`` for the image ``sha256`` (its id), while one does.
-        Per SHA-256: two images with one MD5 share a key, never a job."""
+        """Which ticket computes ``entry`` for the image ``sha256`` (its id), while one does.
+        Per SHA-256: two images with one MD5 share a key, never a ticket."""
         return f"{self.tag}:job:{entry}:{sha256}"
 
 
@@ -236,12 +239,12 @@ class KeySpace:
 
     def dispatch(self, writer: str = "") -> QueueKeys:
         """The global miss queue of this engine: one hash tag, one slot. Per fingerprint: a
-        job is computed only by an engine whose results it may store. Per ``writer``
+        ticket is computed only by an engine whose results it may store. Per ``writer``
         (``Codec.writer``: which key seals new entries, "" for none): only by a process whose
         entries the requester can read, so fronts amid a key rotation never wait for an
         entry they cannot open. ``v3``: one lane per tenant, taken by deficit round robin
         (issue 26); replicas of an earlier release keep their own queue during a rolling
-        upgrade, neither side reads the other's jobs."""
+        upgrade, neither side reads the other's tickets."""
         scope = f"{self.fingerprint}:{writer}" if writer else self.fingerprint
         return QueueKeys(f"{{{self.base_prefix}:dispatch:{DISPATCH_SCHEMA}:{scope}}}")
 

@@ -4,8 +4,8 @@ One listener thread per process holds one pattern subscription (``{prefix}:done:
 wakes the local threads waiting on a key, so a waiter blocks on an Event instead of
 polling Redis; a message on ``{prefix}:purge`` drops this process's L1. If Redis is
 unreachable the listener retries in the background; waiters also poll between messages
-(``jobs.JobQueue``), so a lost message costs a poll, and a Redis error sends them to their
-own engine.
+(``app.queue.requester.TicketQueue``), so a lost message costs a poll, and a Redis error
+sends them to their own engine.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Notifier:
 
 class Wakeup(threading.Event):
     """A waiter's event, with the messages that woke it (the queue's feeders say
-    ``ok:<job>``, ``error:<job>:...`` or ``lost:<job>`` there)."""
+    ``ok:<ticket>``, ``error:<ticket>:...`` or ``lost:<ticket>`` there)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -4,7 +4,7 @@ in one atomic script (the limits come from the tenants file, ``app/tenants.py``)
 - **request rate** (``rate``, ``RPS:BURST``): every request, hits included, before any work;
   the GCRA of ``rate_limit.py`` with one budget per tenant.
 - **misses in flight** (``misses_in_flight``): requests of the tenant waiting on a miss (in
-  the queue, on an engine, or joined to a job), a sorted set of slots scored by when each
+  the queue, on an engine, or joined to a ticket), a sorted set of slots scored by when each
   expires, so the slots of a killed worker free themselves at its deadline.
 - **engine seconds per minute** (``engine_seconds_per_minute``): a GCRA over engine time:
   every engine call of the tenant's images spends its seconds afterwards; a new miss is

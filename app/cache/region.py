@@ -73,12 +73,12 @@ class OcrCache:
         self._tenant_generation = quotas.book.generation
 
     def dispatch_ready(self, timeout: float) -> bool:
-        """True once this process's engine takes jobs from the global queue (at once when
+        """True once this process's engine takes tickets from the global queue (at once when
         there is none): until then its misses are computed here."""
         return self._feeders is None or self._feeders.reported.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop taking jobs from the global queue (jobs being computed finish: waited for
+        """Stop taking tickets from the global queue (tickets being computed finish: waited for
         up to ``timeout`` seconds)."""
         if self._feeders is not None:
             self._feeders.stop(timeout)

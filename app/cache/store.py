@@ -107,7 +107,7 @@ class RedisStore:
 
     def pooled_reads(self) -> None:
         """The calling thread reads through the shared pool, not on a connection of its own:
-        for threads that read once per job, not per hit (the feeders: one per engine slot,
+        for threads that read once per ticket, not per hit (the feeders: one per engine slot,
         16 per worker for a remote engine, each keeping an idle connection otherwise)."""
         self._thread.pooled = True
 
@@ -133,7 +133,7 @@ class RedisStore:
 
     def run(self, op: str, fn: Any) -> tuple[bool, Any]:
         """``fn(client)`` under the breaker, as the methods above: (ok, value), never raises
-        (the queue's commands: ``jobs.py``, ``feeders.py``, ``pixel_index.py``)."""
+        (the miss queue's commands, ``app/queue/``; the quotas, the pixel index)."""
         return self._call(op, lambda: fn(self._client))
 
     def scan_unlink(self, pattern: str, batch: int = 500) -> int:

@@ -34,7 +34,7 @@ class EngineSettings(Section):
         "ENGINE_BATCH_MAX",
         e.integer(1, 64),
         1,
-        "jobs an engine takes from the queue at once, one call where it can",
+        "tickets (queued misses) an engine takes from the queue at once, one call where it can",
     )
 
 
@@ -53,10 +53,13 @@ class DispatchSettings(Section):
         "DISPATCH_CLAIM_MS",
         e.integer(100, 3_600_000),
         10_000,
-        "a job its consumer stopped touching this long is claimed by another engine",
+        "a ticket its engine stopped touching this long is claimed by another engine",
     )
     max_deliveries: int = env(
-        "DISPATCH_MAX_DELIVERIES", e.integer(1, 100), 3, "deliveries of one job before it is failed"
+        "DISPATCH_MAX_DELIVERIES",
+        e.integer(1, 100),
+        3,
+        "deliveries of one ticket before it is failed",
     )
     fairness: str = env(
         "DISPATCH_FAIRNESS",

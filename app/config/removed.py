@@ -8,7 +8,7 @@ REMOVED = {
     "HTTP_FRONT_HITS": "hits are answered by the workers' one hit path behind nginx; unset it",
     "HTTP_FRONT_PROCESSES": "the edge's processes are EDGE_WORKERS (nginx worker_processes)",
     "CACHE_COMPRESS_MIN_BYTES": "every entry is compressed (envelope 2); it had no effect: unset it",
-    "SINGLEFLIGHT_LEASE_MS": "the lease is gone: one job per image in the global queue, reclaimed "
+    "SINGLEFLIGHT_LEASE_MS": "the lease is gone: one ticket per image in the global queue, reclaimed "
     "after DISPATCH_CLAIM_MS when its engine dies",
     "SINGLEFLIGHT_WAIT_SECONDS": "the lease is gone: a miss waits at most OCR_TIMEOUT_SECONDS",
     "DISPATCH_ENABLED": "the global queue is the one way a miss is shared across processes; "

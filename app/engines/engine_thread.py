@@ -6,8 +6,9 @@ so every call of an engine runs on one thread, one after another. A call may be
 the engine calls ``yield_point()`` between the steps of a page, its recognition batches -
 and that call then resumes where it stopped, its own state untouched (an interjected call
 runs the same models on the same thread, never at the same time). No call is abandoned or
-restarted: a page is only paused while another tenant's job runs (``app/cache/feeders.py``
-decides which and when). An interjected call is not interrupted in turn.
+restarted: a page is only paused while another tenant's ticket runs
+(``app/queue/interjection.py`` decides which and when). An interjected call is not
+interrupted in turn.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class PaddleOcrEngine(EngineBase):
     def interject(self, call: Callable[[], T]) -> Future[T]:
         """``call()`` on the engine's thread at the next pause of the page in progress
         (between two recognition batches; at once when idle): the feeders' way to start a
-        short job of another tenant without waiting for a long page to end. The page then
+        short ticket of another tenant without waiting for a long page to end. The page then
         resumes; both results are those of either page alone (``tests/test_engine.py``)."""
         return self._runner.interject(call)
 

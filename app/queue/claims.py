@@ -111,7 +111,7 @@ class Claims:
             if ticket.deadline > now and (marker is None or as_text(marker) == ticket.id):
                 wanted.append(ticket)
             else:
-                metrics.DISPATCH_JOBS.labels(outcome="caller_gone").inc()
+                metrics.DISPATCH_TICKETS.labels(outcome="caller_gone").inc()
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
         return wanted
 
@@ -156,7 +156,7 @@ class Claims:
         is failed (its requesters hear why); each is then deleted."""
         for decoded in rejected:
             if decoded.marker:
-                metrics.DISPATCH_JOBS.labels(outcome="failed").inc()
+                metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
                 self.fail(decoded.ticket, decoded.marker)
         self.finish(client, [decoded.ticket for decoded in rejected], {})
 
@@ -181,10 +181,10 @@ class Claims:
                 self.reject(client, [decoded])
                 continue
             ticket = decoded.ticket
-            metrics.DISPATCH_JOBS.labels(outcome="reclaimed").inc()
+            metrics.DISPATCH_TICKETS.labels(outcome="reclaimed").inc()
             log.warning("reclaimed ticket %s of %s (delivery %d)", entry_id, owner, deliveries)
             if deliveries > self._max_deliveries:
-                metrics.DISPATCH_JOBS.labels(outcome="abandoned").inc()
+                metrics.DISPATCH_TICKETS.labels(outcome="abandoned").inc()
                 gone = deliveries - 1
                 self.fail(ticket, f"error:no engine survived this image ({gone} deliveries)")
                 self.finish(client, [ticket], {})

@@ -172,7 +172,7 @@ class Interjector:
                     break  # this call goes without: the next one may have one
                 if not tickets:
                     break  # the call ended
-                metrics.DISPATCH_JOBS.labels(outcome="interjected").inc(len(tickets))
+                metrics.DISPATCH_TICKETS.labels(outcome="interjected").inc(len(tickets))
                 began = time.monotonic()
                 self._claims.serve(
                     client, consumer, tickets, cost, lambda ts: serve(ts, True), report=False
