@@ -1,5 +1,5 @@
 """``python -m app engine``: one engine process. It loads the configured engine, consumes the
-miss queue (``ENGINE_WORKERS`` slots: the feeders of ``app.cache.feeders``), and listens on
+miss queue (``ENGINE_WORKERS`` slots: the feeders of ``app.queue.feeders``), and listens on
 ``ENGINE_PORT`` for ``/healthz``, ``/readyz``, ``/metrics`` and the direct endpoint that
 fronts call while Redis is down (``app.engines.direct``). It speaks no public protocol.
 

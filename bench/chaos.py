@@ -425,7 +425,7 @@ def fault_worker_kill(stack: Stack, load: Load) -> str:
 
 def fault_engine_kill(stack: Stack, load: Load) -> str:
     """The engine process (tini's child in the `engine` container) killed mid-work: the
-    container exits and its restart policy starts it again; the jobs it held are taken over."""
+    container exits and its restart policy starts it again; the tickets it held are taken over."""
     (proc,) = [p for p in stack.processes("engine") if p["ppid"] == 1]
     restarts = stack.docker("inspect", "--format", "{{.RestartCount}}", stack.container("engine"))
     stack.docker(
@@ -469,7 +469,7 @@ def fault_redis_freeze(stack: Stack, load: Load) -> str:
 
 def fault_redis_evicting(stack: Stack, load: Load, seconds: float = 20) -> str:
     """A writer fills Redis past maxmemory (the LRU evicts) while the queue's own keys (the
-    stream with its group, the engines set, the job markers) are taken as the LRU may take
+    stream with its group, the engines set, the ticket markers) are taken as the LRU may take
     them, every half second."""
     client = stack.redis()
     before = int(client.info("stats")["evicted_keys"])

@@ -137,7 +137,7 @@ def test_concurrent_colliding_pairs_never_cross_with_l1(make_app):
 
 def test_colliding_pairs_never_cross_between_caches_sharing_redis(make_app):
     """Two app instances share only Redis (like two workers or replicas); each sends one
-    image of the pair, so the only sharing path is the global queue (a job per key and
+    image of the pair, so the only sharing path is the global queue (a ticket per key and
     SHA-256) and the entry its waiter reads, which must not be the other image's."""
     clients = [make_app(cache_l1_bytes=1 << 20).test_client() for _ in range(2)]
     assert crossed([_rest(clients[0]), _rest(clients[1])], tag="two") == 0

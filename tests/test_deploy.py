@@ -1031,7 +1031,7 @@ def test_engine_deployment_service_and_pdb(overlay: str) -> None:
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-secrets", name
     assert env["REDIS_URL"] == {e["name"]: e for e in front["env"]}["REDIS_URL"]
     assert "ADMIN_TOKEN" not in env  # the admin API is the fronts'
-    # Stopping: the jobs it holds finish (each within the request timeout) before the kill.
+    # Stopping: the tickets it holds finish (each within the request timeout) before the kill.
     config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
     timeout = Settings.from_env({**config, **_literal_env(engine)}).server.request_timeout_seconds
     assert pod["terminationGracePeriodSeconds"] > _pre_stop_seconds(engine) + timeout

@@ -133,7 +133,7 @@ def test_the_paused_call_is_not_charged_for_the_interjected_work() -> None:
         return "long"
 
     def work() -> tuple[str, bool]:
-        time.sleep(0.2)  # the job's own reading and storing
+        time.sleep(0.2)  # the ticket's own reading and storing
         return runner.run(lambda: time.sleep(0.3) or "short", elapsed=inner), engine.on_thread()
 
     result: list[str] = []

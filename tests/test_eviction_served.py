@@ -4,7 +4,7 @@ Reported against an earlier main: with a writer filling a 4 MB Redis, four clien
 distinct small images had 4-6 of them wait the full 60 s (504 or a client time-out): leases
 and the queue's keys are ordinary keys to the LRU. Here the served stack (`python -m app
 serve`, two workers, one global miss queue) runs the same load while a writer fills Redis and,
-every few writes, the queue's own keys (its stream and group, the engines set, the job
+every few writes, the queue's own keys (its stream and group, the engines set, the ticket
 markers) are taken the way the LRU may take them. Every request must be answered 200 with
 the engine's own lines (no 504: nobody waited to the deadline), and a failed or evicted
 coordination key may cost a resubmission, never a wrong answer.

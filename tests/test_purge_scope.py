@@ -3,7 +3,7 @@
 A real Redis is filled through the real code paths: entries of the default namespace and of
 tenants, their pixel and similarity indexes and an error marker; a tenant's request rate
 spent, its miss slot held, another's engine time spent; a gRPC client's rate limit and an
-address's failed-key budget spent; the miss queue with one job running and one waiting in
+address's failed-key budget spent; the miss queue with one ticket running and one waiting in
 another tenant's lane. Then every purge form runs (the admin API by namespace, by MD5 and
 both, ``{}``; ``ocr-cache purge --all | --namespace | --md5``; ``OcrCache.purge``): each
 removes exactly the cache keys in its scope, and afterwards every throttled tenant, client
@@ -131,7 +131,7 @@ def test_every_purge_form_reaches_cache_keys_only(
     for namespace in ("", "acme", "zeta", TWIN):
         cache.get_or_compute(IMAGES[0], controls=CacheControls(namespace=namespace))
     cache.get_or_compute(IMAGES[1])
-    # A failed job's marker, from another engine's front (a failure pauses its feeder).
+    # A failed ticket's marker, from another engine's front (a failure pauses its feeder).
     broken = Broken()
     other = make_cache(base_settings, broken, book=book())
     assert other.dispatch_ready(WAIT)

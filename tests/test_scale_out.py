@@ -180,11 +180,11 @@ def test_colliding_pairs_never_cross_between_instances(cluster):
     assert wrong == 0
 
 
-def test_a_killed_engines_job_is_taken_over(tmp_path):
+def test_a_killed_engines_ticket_is_taken_over(tmp_path):
     """The only engine computing a miss dies (SIGKILL, master and worker, mid-computation):
-    an engine of another instance claims its job once it has been idle DISPATCH_CLAIM_MS,
+    an engine of another instance claims its ticket once it has been idle DISPATCH_CLAIM_MS,
     computes it once, and a request there is answered from it. Own Redis: no other engine
-    may take the job first."""
+    may take the ticket first."""
     import redis
 
     data = (CORPUS / "sroie_019.jpg").read_bytes()  # a receipt: seconds of engine time
@@ -197,14 +197,14 @@ def test_a_killed_engines_job_is_taken_over(tmp_path):
             threading.Thread(target=lambda: _quiet(owner.ocr, data), daemon=True).start()
             deadline = time.monotonic() + 60
             while not _pending(client):
-                assert time.monotonic() < deadline, "the owner's engine never took the job"
+                assert time.monotonic() < deadline, "the owner's engine never took the ticket"
                 time.sleep(0.01)
             owner.stop(signal.SIGKILL)
             heir = Instance(server.url, tmp_path, workers=1)
             heir.wait_ready()
             resp = heir.ocr(data)
             assert resp.status_code == 200 and resp.json()["lines"]
-            assert resp.headers["X-Cache"] in ("HIT", "COALESCED")  # the job, not a new one
+            assert resp.headers["X-Cache"] in ("HIT", "COALESCED")  # the ticket, not a new one
             metrics = requests.get(f"{heir.base}/metrics").text
             assert metric_sum(metrics, "ocr_dispatch_tickets_total", outcome="reclaimed") == 1
             assert heir.engine_calls() == 1
@@ -215,7 +215,7 @@ def test_a_killed_engines_job_is_taken_over(tmp_path):
 
 
 def _pending(client) -> int:  # type: ignore[no-untyped-def]
-    """Jobs read by an engine and not finished, over every queue."""
+    """Tickets read by an engine and not finished, over every queue."""
     import redis
 
     total = 0

@@ -33,7 +33,7 @@ TIMEOUT = 3.0  # OCR_TIMEOUT_SECONDS, as in the issue
 # Six receipts (distinct: nothing coalesces), each seconds of engine time on this machine.
 PAGES = [CORPUS / f"sroie_{n}.jpg" for n in ("000", "019", "217", "317", "589", "611")]
 # All 0: no engine call running (a timed-out one that started still finishes), none waiting
-# to start in the worker, no job waiting in the global queue.
+# to start in the worker, no ticket waiting in the global queue.
 IDLE_GAUGES = ("ocr_engine_calls_running", "ocr_engine_queue_depth", "ocr_dispatch_queue_depth")
 
 

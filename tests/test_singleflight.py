@@ -92,4 +92,4 @@ def test_a_computed_entry_is_announced_to_the_waiters(make_app, redis_client):
         message = pubsub.get_message(timeout=0.5)
         if message and message["type"] == "pmessage":
             messages.append(message)
-    assert messages and messages[0]["data"].startswith(b"ok:")  # ok:<job id>
+    assert messages and messages[0]["data"].startswith(b"ok:")  # ok:<ticket id>
