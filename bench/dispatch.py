@@ -75,7 +75,8 @@ class Service:
         full = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         full.update(
             REDIS_URL=redis_url, HTTP_PORT=str(self.port), GRPC_ENABLED="false",
-            HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS), ENGINE_PROCESSES=str(WORKERS), WEB_THREADS=str(THREADS),
+            HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS),
+            ENGINE_PROCESSES=str(WORKERS), WEB_THREADS=str(THREADS),
             LOG_LEVEL="warning", CACHE_L1_BYTES="0", REDIS_TIMEOUT_MS="250",
         )  # fmt: skip
         full.update(env)  # a caller's settings over these (bench/fairness.py)

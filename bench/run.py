@@ -58,7 +58,13 @@ MALLOC = (
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    env.update(WEB_CONCURRENCY=str(WORKERS), ENGINE_PROCESSES=str(WORKERS), WEB_THREADS=str(THREADS), LOG_LEVEL="warning", **extra)
+    env.update(
+        WEB_CONCURRENCY=str(WORKERS),
+        ENGINE_PROCESSES=str(WORKERS),
+        WEB_THREADS=str(THREADS),
+        LOG_LEVEL="warning",
+        **extra,
+    )
     env.setdefault("GLIBC_TUNABLES", MALLOC)
     return env
 

@@ -20,7 +20,7 @@ from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
-from app.engines.base import OcrRequest
+from app.engines.base import EngineBase, OcrRequest
 from app.imaging import decode_image
 from app.queue.ticket import Ticket
 from app.tenants import TenantBook
@@ -43,14 +43,14 @@ IMAGES = [p.read_bytes() for p in (WORD_EN, WORD_CH, SHORT, PHOTOTEST)]
 WAIT = 30.0  # generous bound for an event on a loaded host; never reached when it works
 
 
-class CountingEngine:
+class CountingEngine(EngineBase):
     """Answers one line naming the image's SHA-256; counts calls; ``hold`` makes calls
     block until released; ``fail`` makes them raise."""
 
     kind = "double"
     fingerprint = "doublefingerprt"
     default_params = OcrParams()
-    max_concurrency = 8
+    slots = 8
 
     def __init__(self) -> None:
         self.calls = 0
@@ -558,7 +558,7 @@ def test_calls_made_here_queue_in_the_worker_and_are_refused_when_it_is_full(set
     from app.vocabulary import EngineBusy
 
     class Serial(CountingEngine):
-        max_concurrency = 1
+        slots = 1
 
     serial = Serial()
     cache = make_cache(settings, serial, web_threads=1)

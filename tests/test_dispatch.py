@@ -41,18 +41,20 @@ pytestmark = pytest.mark.unit
 class SerialEngine(CountingEngine):
     """One call at a time (one feeder per front door), like the in-process Paddle engine."""
 
-    max_concurrency = 1
+    slots = 1
 
 
 class RemoteEngine(CountingEngine):
     """Several calls at once, one feeder per slot, as a remote engine (``OCR_ENGINE=serving``:
     16 slots per worker)."""
 
-    max_concurrency = 4
+    slots = 4
 
 
 class BatchingEngine(SerialEngine):
     """Also takes a list of images in one call (``ENGINE_BATCH_MAX``), recording its sizes."""
+
+    batching = True
 
     def __init__(self) -> None:
         super().__init__()

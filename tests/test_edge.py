@@ -310,7 +310,8 @@ def _alive(pid: int) -> bool:
 
 def _common_env(tmp: Path, **extra: str) -> dict[str, str]:
     return {
-        "HOST": "127.0.0.1", "HTTP_PORT": str(free_port()), "WEB_CONCURRENCY": "1", "ENGINE_PROCESSES": "1",
+        "HOST": "127.0.0.1", "HTTP_PORT": str(free_port()), "WEB_CONCURRENCY": "1",
+        "ENGINE_PROCESSES": "1",
         "WEB_THREADS": "4", "OCR_WORK_DIR": str(tmp / "models"),
         "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics"), **extra,
     }  # fmt: skip

@@ -68,7 +68,8 @@ def service(
         HTTP_PORT=str(free_port()),
         GRPC_PORT=str(free_port()),
         REDIS_URL=redis_server.url,
-        WEB_CONCURRENCY="1", ENGINE_PROCESSES="1",
+        WEB_CONCURRENCY="1",
+        ENGINE_PROCESSES="1",
     )
     log = tmp / "service.log"
     with open(log, "wb") as out:

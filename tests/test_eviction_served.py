@@ -66,7 +66,8 @@ def test_misses_complete_while_redis_evicts_the_queue(lru_redis):
         "HTTP_PORT": str(free_port()),
         "GRPC_PORT": str(free_port()),
         "REDIS_URL": f"redis://127.0.0.1:{port}/0",
-        "WEB_CONCURRENCY": "2", "ENGINE_PROCESSES": "2",
+        "WEB_CONCURRENCY": "2",
+        "ENGINE_PROCESSES": "2",
         "OCR_TIMEOUT_SECONDS": "60",
     }
     answers: dict[int, tuple[int, list[str] | str]] = {}

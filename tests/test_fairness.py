@@ -40,7 +40,7 @@ class TimedEngine(CountingEngine):
     """One call at a time, each ``CALL_SECONDS`` long, recording which image it computed in
     one order shared by every worker, and how many calls ran at once."""
 
-    max_concurrency = 1
+    slots = 1
 
     def __init__(self, order: list[bytes], running: list[int], lock: threading.Lock) -> None:
         super().__init__()
@@ -75,6 +75,8 @@ class SteppedEngine(TimedEngine):
         self.spans: list[tuple[bytes, float, float]] = []
         self.seconds: dict[bytes, float] = {}
         self.held: set[bytes] = set()  # other tenants' pages held like a's
+
+    can_interject = True
 
     def interject(self, call: Any) -> Future:
         return self._thread.interject(call)

@@ -24,7 +24,7 @@ from app.cache.keys import digest_image
 from app.cache.pixel_index import BUCKET_HEX, pixel_digest
 from app.cache.region import OcrCache
 from app.config import Settings
-from app.engines.base import OcrRequest
+from app.engines.base import EngineBase, OcrRequest
 from app.imaging import decode_image
 from app.protocols import controls as controls_mod
 from app.protocols.errors import BadRequest
@@ -45,14 +45,14 @@ pytestmark = pytest.mark.integration
 PAGE = PHOTOTEST.read_bytes()
 
 
-class PixelEngine:
+class PixelEngine(EngineBase):
     """Reads the decoded pixels, as PaddleOCR does: its one line names their SHA-256 and
     covers the page. ``fail`` makes the next calls raise."""
 
     kind = "double"
     fingerprint = "pixeldoublefp00"
     default_params = OcrParams()
-    max_concurrency = 4
+    slots = 4
     reads_decoded_pixels = True
 
     def __init__(self) -> None:

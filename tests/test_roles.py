@@ -85,7 +85,8 @@ class Fleet:
 @contextmanager
 def serve(tmp: Path, **overrides: str) -> Iterator[Fleet]:
     port, engine_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")}
+    unset = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(
         HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_ENABLED="false", WEB_CONCURRENCY="2",
         ENGINE_PROCESSES="1", ENGINE_PORT=str(engine_port), ENGINE_TOKEN=TOKEN,

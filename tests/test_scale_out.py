@@ -35,7 +35,8 @@ class Instance:
         full = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         full.update(
             HOST="127.0.0.1", HTTP_PORT=str(self.port), REDIS_URL=redis_url,
-            WEB_CONCURRENCY=str(workers), ENGINE_PROCESSES=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
+            WEB_CONCURRENCY=str(workers),
+            ENGINE_PROCESSES=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
             OCR_WORK_DIR=str(tmp / "models"),
             PROMETHEUS_MULTIPROC_DIR=str(tmp / f"metrics-{self.port}"),
             DISPATCH_CLAIM_MS="3000", LOG_LEVEL="warning",

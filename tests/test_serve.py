@@ -82,7 +82,8 @@ def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
     env.update(
         HTTP_PORT=str(port),
         HOST="127.0.0.1",
-        WEB_CONCURRENCY="2", ENGINE_PROCESSES="2",
+        WEB_CONCURRENCY="2",
+        ENGINE_PROCESSES="2",
         WEB_THREADS="4",
         OCR_WORK_DIR=str(tmp_path / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
@@ -151,7 +152,8 @@ def test_gunicorn_cli_with_the_config_file(tmp_path, redis_server):
     port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(
-        HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port), WEB_CONCURRENCY="1", ENGINE_PROCESSES="1",
+        HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port), WEB_CONCURRENCY="1",
+        ENGINE_PROCESSES="1",
         REDIS_URL=redis_server.url, OCR_WORK_DIR=str(tmp_path / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), CACHE_KEY_PREFIX="gunicorn-cli",
     )  # fmt: skip

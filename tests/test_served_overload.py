@@ -44,7 +44,8 @@ def service(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
     tmp = tmp_path_factory.mktemp("overload")
     overrides = dict(
         HOST="127.0.0.1", HTTP_PORT=str(free_port()), GRPC_ENABLED="false",
-        WEB_CONCURRENCY="1", ENGINE_PROCESSES="1", WEB_THREADS="8", OCR_TIMEOUT_SECONDS=f"{TIMEOUT:g}",
+        WEB_CONCURRENCY="1",
+        ENGINE_PROCESSES="1", WEB_THREADS="8", OCR_TIMEOUT_SECONDS=f"{TIMEOUT:g}",
         ENGINE_UNREADY_AFTER_FAILURES="1", REDIS_URL=redis_server.url,
         CACHE_KEY_PREFIX="served-overload", OCR_WORK_DIR=str(tmp / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"),

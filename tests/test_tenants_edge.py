@@ -90,7 +90,8 @@ def test_a_tenants_rate_is_one_budget_for_every_replica(service, tmp_path: Path)
     image = b64(WORD_CH.read_bytes())
     replica = {
         **service[4], "HTTP_PORT": str(free_port()), "GRPC_PORT": str(free_port()),
-        "WEB_CONCURRENCY": "1", "ENGINE_PROCESSES": "1", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+        "WEB_CONCURRENCY": "1",
+        "ENGINE_PROCESSES": "1", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
     }  # fmt: skip
     output: list[str] = []
     with serving(replica, output=output) as (_, second):

@@ -47,7 +47,8 @@ class SerialEngine(CountingEngine):
     """One call at a time, like the in-process Paddle engine; also takes a list of images
     in one call (``ENGINE_BATCH_MAX``), held by the same events as a single call."""
 
-    max_concurrency = 1
+    slots = 1
+    batching = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -68,9 +68,16 @@ def for_settings(
     wait_for_engine: Callable[[], None] = lambda: None,
     on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     book: TenantBook | None = None,
+    role: str = "combined",
 ) -> OcrCache:
     """``build`` with each section taken from the service's ``Settings`` (the wiring's way in,
-    and the benchmarks' and tests'); ``book``: the tenants (none: read from the settings)."""
+    and the benchmarks' and tests'); ``book``: the tenants (none: read from the settings).
+    ``role``: ``front`` (its engine is a proxy: it consumes no queue), ``engine`` (an engine
+    process: ``ENGINE_WORKERS`` slots on the queue), ``combined`` (both in one process: the
+    tests' and benchmarks' in-process service)."""
+    callers = settings.engine_callers()
+    if role == "engine":
+        callers = settings.processes.engine_workers or (1 if engine.kind == "paddle" else 4)
     return build(
         cache=settings.cache,
         engine_settings=settings.engine,
@@ -83,7 +90,8 @@ def for_settings(
         engine=engine,
         store=store,
         decode=decode,
-        callers=settings.engine_callers(),
+        callers=callers,
+        feed=role != "front",
         queue_size=settings.server.web_threads,
         wait_for_engine=wait_for_engine,
         on_engine_outcome=on_engine_outcome,
@@ -107,10 +115,12 @@ def build(
     wait_for_engine: Callable[[], None] = lambda: None,
     on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     lines: LinesSettings | None = None,
+    feed: bool = True,
 ) -> OcrCache:
     """``callers``: threads of a worker that may call the engine at once (HTTP and gRPC):
     a remote engine serves them concurrently, an in-process one says how many it takes;
-    ``queue_size``: engine calls that may wait here to start (``WEB_THREADS``)."""
+    ``queue_size``: engine calls that may wait here to start (``WEB_THREADS``); ``feed``:
+    this process's engine consumes the global queue (False for a front: a proxy)."""
     store = store if store is not None and cache.enabled else NullStore()
     keys = KeySpace(cache.key_prefix, engine.fingerprint)
     codec = Codec(cache.encryption_keys)
@@ -125,7 +135,7 @@ def build(
         l2_tier,
         L3Tier(cold, keys, codec, cache.ttl_seconds) if cold else None,
         PixelTier(PixelIndex(redis, keys, codec))
-        if redis and getattr(engine, "reads_decoded_pixels", False)
+        if redis and engine.reads_decoded_pixels
         else None,
         SimilarTier(SimilarityIndex(redis, keys, codec, _thresholds(similar), similar.max_distance))
         if redis and similar.enabled
@@ -134,8 +144,8 @@ def build(
     chain = Chain([tier for tier in tiers if tier is not None])
     _use_lines(engine, redis, keys, codec, lines, Ttl(cache.ttl_seconds, cache.ttl_jitter))
 
-    slots = getattr(engine, "max_concurrency", None) or callers
-    interject = getattr(engine, "interject", None)  # an in-process engine's (paddle)
+    slots = engine.slots or callers
+    interject = engine.interject if engine.can_interject else None  # in-process (paddle)
     runner = EngineRunner(slots, queue_size, engine_settings.timeout_seconds, interject)
     quotas = Quotas(
         store, keys, book, failure_limit=tenants.failure_limit,
@@ -161,6 +171,7 @@ def build(
             share=book.share,
             label=book.label,
         )  # fmt: skip
+    if redis is not None and queue is not None and feed:
         feeders = Feeders(
             redis, keys, queue, slots=slots, claim_ms=dispatch.claim_ms,
             max_deliveries=dispatch.max_deliveries, batch_max=engine_settings.batch_max,
@@ -195,27 +206,25 @@ def _use_lines(
     lines: LinesSettings | None,
     ttl: Ttl,
 ) -> None:
-    """Line reuse into the engine (``CACHE_LINES``, an engine with ``use_line_store``, Redis),
+    """Line reuse into the engine (``CACHE_LINES``, an engine that ``reuses_lines``, Redis),
     or out of it: an engine shared by several caches (the tests') takes the last one's say.
     ``ttl``: the entries' (``CACHE_LINES_TTL_SECONDS=0``, the default, means theirs)."""
-    attach = getattr(engine, "use_line_store", None)
     enabled = lines is not None and lines.enabled
-    if enabled and (attach is None or redis is None):
+    if enabled and (not engine.reuses_lines or redis is None):
         log.warning(
             "CACHE_LINES=on has no effect: %s",
             "no Redis (caching off or no REDIS_URL)"
-            if attach is not None
+            if engine.reuses_lines
             else f"the {engine.kind} engine does not reuse lines (only OCR_ENGINE=paddle does)",
         )
-    if attach is None:
+    if not engine.reuses_lines:
         return
     if not enabled or redis is None:
-        attach(None)
+        engine.use_line_store(None)
         return
     assert lines is not None
     seconds = Ttl(lines.ttl_seconds, ttl.jitter) if lines.ttl_seconds else ttl
-    schema = str(getattr(engine, "line_schema", ""))
-    attach(RedisLineStore(redis, keys, codec, seconds, schema))
+    engine.use_line_store(RedisLineStore(redis, keys, codec, seconds, engine.line_schema))
 
 
 def _thresholds(similar: SimilarSettings) -> verify.Thresholds:

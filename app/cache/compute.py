@@ -150,15 +150,15 @@ class Computer:
         fails only itself; a batch that timed out or was refused is not (its time is gone,
         or the queue is full: every probe gets that answer, and none counts as a failure).
         ``seconds`` gets each probe's engine seconds (a batch's shared out evenly)."""
-        many = getattr(self._engine, "recognize_many", None)
-        if len(probes) > 1 and many is not None:
+        if len(probes) > 1 and self._engine.batching:
             self._wait_for_engine()
             kind, spent = self._engine.kind, list[float]()
             requests = [_request(probe) for probe in probes]
             try:
                 results = self.runner.run(
-                    many, requests, timeout=max(deadlines) - time.time(), elapsed=spent
-                )
+                    self._engine.recognize_many, requests,
+                    timeout=max(deadlines) - time.time(), elapsed=spent,
+                )  # fmt: skip
             except (EngineTimeout, EngineBusy) as exc:
                 outcome = "timeout" if isinstance(exc, EngineTimeout) else "busy"
                 for probe in probes:

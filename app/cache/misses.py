@@ -63,6 +63,11 @@ class MissPath:
         self._clock = clock
         self._flights: SingleFlight[Outcome] = SingleFlight()
 
+    @property
+    def queue(self) -> TicketQueue | None:
+        """The global miss queue (None: caching off or no Redis)."""
+        return self._queue
+
     def resolve(self, probe: Probe, look_again: Callable[[Probe], None]) -> Outcome:
         """The probe's outcome: another thread's (COALESCED), a tier's found on a second
         look once this thread's turn came (``look_again``: another computation may have

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from app.imaging import DecodedImage
 from app.vocabulary import OcrParams, OcrResult
+
+if TYPE_CHECKING:
+    from app.engines.lines import LineStore
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,19 @@ def fingerprint_of(identity: dict[str, Any]) -> str:
 
 
 class EngineBase:
-    """What every engine shares: ``__init__`` sets ``_fingerprint`` and ``_default_params``."""
+    """What every engine shares: ``__init__`` sets ``_fingerprint`` and ``_default_params``;
+    the capabilities default to the plainest engine's (one call at a time per caller, no
+    batching, no pausing, no line reuse)."""
 
     kind: str
     _fingerprint: str
     _default_params: OcrParams
+    slots: int | None = None
+    batching = False
+    reads_decoded_pixels = False
+    can_interject = False
+    reuses_lines = False
+    line_schema = ""
 
     @property
     def fingerprint(self) -> str:
@@ -64,11 +79,39 @@ class EngineBase:
     def prepare(self) -> None:
         """Nothing to do in the main thread unless an engine says otherwise."""
 
+    def recognize(self, request: OcrRequest) -> OcrResult:
+        raise NotImplementedError
+
+    def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
+        """One call per image (an engine that is ``batching`` makes it one call)."""
+        return [self.recognize(request) for request in requests]
+
+    def interject(self, call: Callable[[], T]) -> Future[T]:
+        """``call()`` now, on the caller's thread: an engine that cannot pause its calls."""
+        future: Future[T] = Future()
+        try:
+            future.set_result(call())
+        except BaseException as exc:  # noqa: BLE001 - the future carries it to its reader
+            future.set_exception(exc)
+        return future
+
+    def use_line_store(
+        self, store: LineStore | None, storable: Callable[[str], bool] = lambda text: True
+    ) -> None:
+        """Nothing: an engine that ``reuses_lines`` takes the store."""
+
 
 class Engine(Protocol):
-    """What the cache needs from an OCR engine."""
+    """What the cache needs from an OCR engine: one contract every engine implements
+    (``EngineBase`` gives the defaults). The capabilities are read, never probed."""
 
     kind: str
+    slots: int | None  # calls that run at once (1: serialised on one thread; None: callers')
+    batching: bool  # ``recognize_many`` is one call over the list (``ENGINE_BATCH_MAX``)
+    reads_decoded_pixels: bool  # recognizes the decoded pixels: the pixel tier is exact
+    can_interject: bool  # ``interject`` runs a call inside a pause of the call in progress
+    reuses_lines: bool  # ``use_line_store`` turns line reuse on (``CACHE_LINES``)
+    line_schema: str  # part of every line key besides the fingerprint ("": no line reuse)
 
     @property
     def fingerprint(self) -> str:
@@ -92,3 +135,14 @@ class Engine(Protocol):
 
     def recognize(self, request: OcrRequest) -> OcrResult:
         """OCR one image."""
+
+    def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
+        """OCR several images with one set of parameters; results in order."""
+
+    def interject(self, call: Callable[[], T]) -> Future[T]:
+        """``call()`` at the next pause of the call in progress (at once when idle)."""
+
+    def use_line_store(
+        self, store: LineStore | None, storable: Callable[[str], bool] = ...
+    ) -> None:
+        """Line reuse on (a store) or off (None); ``storable``: which texts may be kept."""

@@ -105,7 +105,7 @@ class EngineProxy(EngineBase):
         self.kind = engine.kind
         self._fingerprint = engine.fingerprint
         self._default_params = engine.default_params
-        self.reads_decoded_pixels = bool(getattr(engine, "reads_decoded_pixels", False))
+        self.reads_decoded_pixels = engine.reads_decoded_pixels
         self._urls = [url.rstrip("/") + PATH for url in urls]
         self._token = token
         self._timeout = timeout_seconds

@@ -60,8 +60,11 @@ class PaddleOcrEngine(EngineBase):
     """One PaddleOCR pipeline per worker process; calls are serialized (not thread-safe)."""
 
     kind = "paddle"
-    max_concurrency = 1  # calls are serialized on one thread: queue them in the cache's runner
+    slots: int | None = 1  # calls are serialized on one thread: queue them in the cache's runner
+    batching = True  # ``recognize_many``: one pipeline call over a list
     reads_decoded_pixels = True  # recognizes DecodedImage.pixels: the pixel tier is exact
+    can_interject = True  # between two recognition batches of the page in progress
+    reuses_lines = True  # ``CACHE_LINES``
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PaddleOcrEngine:
@@ -91,7 +94,7 @@ class PaddleOcrEngine(EngineBase):
         self._fingerprint = fingerprint_of(identity)
         # Line reuse's keys (not the entries'): what shapes a reading after the crop's digest
         # besides the fingerprint - OpenCV resizes each crop to the recognizer's height.
-        self._line_schema = fingerprint_of({"opencv": _opencv_versions()})
+        self.line_schema = fingerprint_of({"opencv": _opencv_versions()})
         self._pipeline: Any = None
         self._recognizer: Any = None  # the pipeline's own text recognizer (unwrapped)
         self._pausing: Any = None  # the same, pausing between its batches
@@ -179,11 +182,6 @@ class PaddleOcrEngine(EngineBase):
 
     def _recognize_here(self, request: OcrRequest) -> OcrResult:
         return self._predict_here([request])[0]
-
-    @property
-    def line_schema(self) -> str:
-        """Part of every line key (``app/cache/lines.py``), not of the fingerprint."""
-        return self._line_schema
 
     def use_line_store(
         self, store: LineStore | None, storable: Callable[[str], bool] = lambda text: True

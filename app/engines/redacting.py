@@ -9,13 +9,14 @@ inner engine's fingerprint, so entries made under another policy (or none) are o
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from app.engines.base import Engine, OcrRequest, fingerprint_of
 from app.engines.lines import LineStore
 from app.redaction import RedactionPolicy, build_policy, install_log_redaction
-from app.vocabulary import OcrLine, OcrResult
+from app.vocabulary import OcrLine, OcrParams, OcrResult
 
 
 def with_redaction(engine: Engine, types: tuple[str, ...], patterns_file: str) -> Engine:
@@ -28,20 +29,43 @@ def with_redaction(engine: Engine, types: tuple[str, ...], patterns_file: str) -
     return RedactingEngine(engine, policy)
 
 
+T = TypeVar("T")
+
+
 class RedactingEngine:
+    """The inner engine, its results masked: its capabilities are the inner one's."""
+
     def __init__(self, inner: Engine, policy: RedactionPolicy) -> None:
         self._inner = inner
         self._policy = policy
         self.kind = inner.kind
+        self.slots = inner.slots
+        self.batching = inner.batching
+        self.reads_decoded_pixels = inner.reads_decoded_pixels
+        self.can_interject = inner.can_interject
+        self.reuses_lines = inner.reuses_lines
+        self.line_schema = inner.line_schema
         self._fingerprint = fingerprint_of({"engine": inner.fingerprint, "redact": policy.digest})
-
-    def __getattr__(self, name: str) -> Any:
-        """Everything else (params, prepare, load, engine-specific helpers) is the inner one's."""
-        return getattr(self._inner, name)
 
     @property
     def fingerprint(self) -> str:
         return self._fingerprint
+
+    @property
+    def default_params(self) -> OcrParams:
+        return self._inner.default_params
+
+    def check_params(self, params: OcrParams) -> None:
+        self._inner.check_params(params)
+
+    def prepare(self) -> None:
+        self._inner.prepare()
+
+    def load(self) -> None:
+        self._inner.load()
+
+    def interject(self, call: Callable[[], T]) -> Future[T]:
+        return self._inner.interject(call)
 
     def describe(self) -> dict[str, Any]:
         described = dict(self._inner.describe())
@@ -55,19 +79,17 @@ class RedactingEngine:
         """Line reuse for the inner engine (if it has it), keeping no text this policy would
         mask: such a crop is recognised every time (exact: its reading is then always the
         recognizer's own, masked here like any other), and its raw text never stored."""
-        attach = getattr(self._inner, "use_line_store", None)
-        if attach is None:
-            return
         policy = self._policy
-        attach(store, lambda text: policy.redact(text) == text and storable(text))
+        self._inner.use_line_store(
+            store, lambda text: policy.redact(text) == text and storable(text)
+        )
 
     def recognize(self, request: OcrRequest) -> OcrResult:
         return redact_result(self._inner.recognize(request), self._policy)
 
     def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
         """The inner engine's batch (or one call per image), each result masked."""
-        many = getattr(self._inner, "recognize_many", None)
-        results = many(requests) if many else [self._inner.recognize(r) for r in requests]
+        results = self._inner.recognize_many(requests)
         return [redact_result(result, self._policy) for result in results]
 
 

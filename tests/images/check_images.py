@@ -232,7 +232,8 @@ def run_front(image: str, name: str, redis_url: str, *extra: str) -> dict[str, A
             "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "--stop-timeout", "150",
             "-e", f"REDIS_URL={redis_url}", "-e", f"HTTP_PORT={http_port}",
-            "-e", f"GRPC_PORT={grpc_port}", "-e", "WEB_CONCURRENCY=1", *extra, image,
+            "-e", f"GRPC_PORT={grpc_port}", "-e", "WEB_CONCURRENCY=1",
+            "-e", "ENGINE_PROCESSES=1", *extra, image,
         )  # fmt: skip
         base = f"http://127.0.0.1:{http_port}"
 
@@ -404,7 +405,7 @@ def test_cpu_tls_at_the_edge_and_the_healthcheck_over_https(
             "-e", f"SERVING_URL=grpc://127.0.0.1:{nowhere.ports[0]}",
             "-e", f"REDIS_URL={host_redis.url}",
             "-e", f"HTTP_PORT={http_port}", "-e", f"GRPC_PORT={grpc_port}",
-            "-e", "WEB_CONCURRENCY=1", cpu_image,
+            "-e", "WEB_CONCURRENCY=1", "-e", "ENGINE_PROCESSES=1", cpu_image,
         )  # fmt: skip
 
         def alive() -> requests.Response | None:
@@ -488,7 +489,7 @@ def pod(cpu_image: str, pod_redis: EmbeddedRedis) -> Iterator[dict[str, Any]]:
         docker("run", "-d", "--name", names["edge"], *shared, cpu_image, "edge")
         docker(
             "run", "-d", "--name", names["front"], *shared, "-e", f"REDIS_URL={pod_redis.url}",
-            "-e", "WEB_CONCURRENCY=1", cpu_image, "serve",
+            "-e", "WEB_CONCURRENCY=1", "-e", "ENGINE_PROCESSES=1", cpu_image, "serve",
         )  # fmt: skip
         wait_for("the pod's /readyz 200 through its edge", ready, timeout=300, dump=dump)
         return {**names, "http": base, "grpc": f"127.0.0.1:{grpc_port}", "folder": folder}
@@ -732,6 +733,7 @@ def stack(cpu_image: str) -> Iterator[dict[str, Any]]:
     env.update(
         REDIS_PASSWORD=base64.b16encode(os.urandom(12)).decode(),
         WEB_CONCURRENCY="1",
+        ENGINE_PROCESSES="1",
         LOCAL_REDIS_IMAGE=REDIS_IMAGE,
         LOCAL_PYTHON_IMAGE=PYTHON_BASE,
         LOCAL_SERVING_BASE=SERVING_BASE,
@@ -902,6 +904,7 @@ def test_compose_l3_recalls_an_entry_flushed_from_redis(cpu_image: str) -> None:
         "REDIS_PASSWORD": base64.b16encode(os.urandom(12)).decode(),
         "L3_SECRET_ACCESS_KEY": base64.b16encode(os.urandom(16)).decode(),
         "WEB_CONCURRENCY": "1",
+        "ENGINE_PROCESSES": "1",
         "LOCAL_REDIS_IMAGE": REDIS_IMAGE,
         "LOCAL_PYTHON_IMAGE": PYTHON_BASE,
     }
