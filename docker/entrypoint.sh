@@ -18,4 +18,12 @@ mkdir -p "${HOME:?HOME must be set}"
 if [ "$#" -eq 0 ]; then
     set -- serve
 fi
+
+# prometheus_client's multiprocess folder (the image's PROMETHEUS_MULTIPROC_DIR, under /tmp):
+# `serve` and `front` prepare their own; an engine container's one process starts from an empty
+# one, since a restarted container finds its predecessor's files in the pod's /tmp.
+if [ "$1" = engine ] && [ -n "${PROMETHEUS_MULTIPROC_DIR:-}" ]; then
+    mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+    rm -f "$PROMETHEUS_MULTIPROC_DIR"/*.db
+fi
 exec python -m app "$@"

@@ -36,6 +36,7 @@ from tests.images.containers import (
     REDIS_IMAGE,
     children,
     container_state,
+    docker,
     gunicorn_workers,
     processes,
     wait_for,
@@ -123,7 +124,8 @@ def roles(cpu_image: str) -> Iterator[dict[str, Any]]:  # noqa: F811 (the import
 
     def engine_healthy() -> bool:
         state = container_state(container("engine"))
-        if not state["Running"]:
+        restarts = docker("inspect", "--format", "{{.RestartCount}}", container("engine"))
+        if not state["Running"] or restarts.stdout.strip() != "0":
             raise AssertionError(f"the engine exited\n{compose.logs()}")
         return state["Health"]["Status"] == "healthy"
 
