@@ -27,6 +27,18 @@ ENGINE_SECONDS = Histogram(
     ["engine"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
 )
+DIRECT_CALLS = Counter(
+    "ocr_direct_calls_total",
+    "A front's calls to an engine process's direct endpoint (no queue to use: Redis down, "
+    "caching off, no engine reported in, no-store/no-cache); the engine counts its own call",
+    ["engine", "outcome"],
+)
+DIRECT_SECONDS = Histogram(
+    "ocr_direct_duration_seconds",
+    "A front's direct call to an engine process, end to end",
+    ["engine"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64),
+)
 CACHE_REQUESTS = Counter(
     "ocr_cache_requests_total",
     "Cache lookups by outcome (error = Redis failed, answered from the engine)",
@@ -85,6 +97,24 @@ DISPATCH_QUEUE_DEPTH = Gauge(
     "ocr_dispatch_queue_depth",
     "Tickets (queued misses) waiting to start in the global miss queue (one value for the "
     "whole fleet)",
+    multiprocess_mode="livemostrecent",
+)
+DISPATCH_QUEUE_RUNNING = Gauge(
+    "ocr_dispatch_queue_running",
+    "Tickets (queued misses) an engine holds in the global miss queue: computing, or held by "
+    "an engine that died until they are reclaimed (one value for the whole fleet)",
+    multiprocess_mode="livemostrecent",
+)
+DISPATCH_OLDEST_WAIT = Gauge(
+    "ocr_dispatch_oldest_wait_seconds",
+    "How long the oldest ticket waiting in the global miss queue has waited (0: none waits)",
+    multiprocess_mode="livemostrecent",
+)
+DISPATCH_ENGINES = Gauge(
+    "ocr_dispatch_engines",
+    "Live engines of the global miss queue (reported in lately), busy (holding a ticket) or "
+    "idle (one value for the whole fleet)",
+    ["state"],
     multiprocess_mode="livemostrecent",
 )
 DISPATCH_TICKETS = Counter(
@@ -179,6 +209,25 @@ TENANT_QUEUE_WAITING = Gauge(
     ["tenant"],
     multiprocess_mode="livemostrecent",
 )
+TENANT_QUEUE_RUNNING = Gauge(
+    "ocr_dispatch_tenant_running",
+    "Tickets (queued misses) an engine holds per tenant (one value for the whole fleet)",
+    ["tenant"],
+    multiprocess_mode="livemostrecent",
+)
+TENANT_QUEUE_DEFICIT = Gauge(
+    "ocr_dispatch_tenant_deficit_seconds",
+    "A tenant's lane's credit in the fair queue's round robin (engine seconds; negative: "
+    "in debt; 0: not in turn; summed over the tenants a label covers)",
+    ["tenant"],
+    multiprocess_mode="livemostrecent",
+)
+TENANT_QUEUE_OLDEST_WAIT = Gauge(
+    "ocr_dispatch_tenant_oldest_wait_seconds",
+    "How long a tenant's oldest waiting ticket has waited (0: none waits)",
+    ["tenant"],
+    multiprocess_mode="livemostrecent",
+)
 TENANT_QUEUE_HOLD = Gauge(
     "ocr_tenant_queue_hold_seconds",
     "How long a tenant has held at least half of the waiting misses, while others waited "
@@ -216,6 +265,7 @@ def initialise(engine_kind: str) -> None:
     ``rate()`` work before the first event of each kind."""
     for outcome in ("ok", "error", "timeout", "busy"):
         ENGINE_CALLS.labels(engine=engine_kind, outcome=outcome)
+        DIRECT_CALLS.labels(engine=engine_kind, outcome=outcome)
     for result in ("hit", "miss", "coalesced", "bypass", "error"):
         CACHE_REQUESTS.labels(result=result)
     for tier in ("extraction", "l1", "l2", "l3", "pixel", "similar"):

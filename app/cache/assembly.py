@@ -120,7 +120,8 @@ def build(
     """``callers``: threads of a worker that may call the engine at once (HTTP and gRPC):
     a remote engine serves them concurrently, an in-process one says how many it takes;
     ``queue_size``: engine calls that may wait here to start (``WEB_THREADS``); ``feed``:
-    this process's engine consumes the global queue (False for a front: a proxy)."""
+    this process's engine consumes the global queue (False for a front: its engine is a
+    proxy, whose calls the engine processes count and charge themselves)."""
     store = store if store is not None and cache.enabled else NullStore()
     keys = KeySpace(cache.key_prefix, engine.fingerprint)
     codec = Codec(cache.encryption_keys)
@@ -154,7 +155,8 @@ def build(
     )  # fmt: skip
     computer = Computer(
         engine, runner, chain, keys, Ttl(cache.ttl_seconds, cache.ttl_jitter), decode,
-        wait_for_engine, on_engine_outcome, charge=quotas.charge,
+        wait_for_engine, on_engine_outcome,
+        charge=quotas.charge if feed else lambda namespace, seconds: None, direct=not feed,
     )  # fmt: skip
     queue, feeders = None, None
     if redis is not None:

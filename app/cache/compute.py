@@ -78,10 +78,17 @@ class Computer:
         wait_for_engine: Callable[[], None] = lambda: None,
         on_engine_outcome: Callable[[bool], None] = lambda ok: None,
         charge: Callable[[str, float], None] = lambda namespace, seconds: None,
+        direct: bool = False,
     ) -> None:
         """``charge(namespace, seconds)``: a tenant's engine call took this long (its
-        quota, its metrics)."""
+        quota, its metrics); ``direct``: the engine is a front's proxy to an engine process,
+        which counts and charges the call itself (here: ``ocr_direct_calls_total``)."""
         self._engine = engine
+        self._calls, self._seconds = (
+            (metrics.DIRECT_CALLS, metrics.DIRECT_SECONDS)
+            if direct
+            else (metrics.ENGINE_CALLS, metrics.ENGINE_SECONDS)
+        )
         self._charge = charge
         self.runner = runner
         self._chain = chain
@@ -109,21 +116,21 @@ class Computer:
                 self._engine.recognize, request, timeout=timeout, elapsed=spent
             )
         except EngineBusy:
-            metrics.ENGINE_CALLS.labels(engine=kind, outcome="busy").inc()
+            self._calls.labels(engine=kind, outcome="busy").inc()
             raise  # load, not an engine failure: readiness is unchanged
         except EngineTimeout:
-            metrics.ENGINE_CALLS.labels(engine=kind, outcome="timeout").inc()
+            self._calls.labels(engine=kind, outcome="timeout").inc()
             raise  # the request stopped waiting: not the engine's failure
         except EngineError:
-            metrics.ENGINE_CALLS.labels(engine=kind, outcome="error").inc()
+            self._calls.labels(engine=kind, outcome="error").inc()
             self._outcome(False)
             raise
         finally:
             self._spent(probe.controls.namespace, sum(spent), seconds)
         self._outcome(True)
-        metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
+        self._calls.labels(engine=kind, outcome="ok").inc()
         # The engine's own time (a call that waited in the worker queue is not slower).
-        metrics.ENGINE_SECONDS.labels(engine=kind).observe(sum(spent))
+        self._seconds.labels(engine=kind).observe(sum(spent))
         return result
 
     def _spent(self, namespace: str, total: float, seconds: list[float] | None) -> None:
@@ -162,7 +169,7 @@ class Computer:
             except (EngineTimeout, EngineBusy) as exc:
                 outcome = "timeout" if isinstance(exc, EngineTimeout) else "busy"
                 for probe in probes:
-                    metrics.ENGINE_CALLS.labels(engine=kind, outcome=outcome).inc()
+                    self._calls.labels(engine=kind, outcome=outcome).inc()
                     self._spent(probe.controls.namespace, 0.0, seconds)
                 return [exc for _ in probes]
             except EngineError:
@@ -171,8 +178,8 @@ class Computer:
                 self._outcome(True)
                 share = sum(spent) / len(probes)
                 for probe in probes:
-                    metrics.ENGINE_CALLS.labels(engine=kind, outcome="ok").inc()
-                    metrics.ENGINE_SECONDS.labels(engine=kind).observe(share)
+                    self._calls.labels(engine=kind, outcome="ok").inc()
+                    self._seconds.labels(engine=kind).observe(share)
                     self._spent(probe.controls.namespace, share, seconds)
                 return list(results)
         answers: list[OcrResult | Exception] = []
