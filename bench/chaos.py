@@ -6,8 +6,8 @@ two replicas of the CPU front (``front``, ``front-b``, two workers each, no engi
 misses go through one global queue to one PaddleOCR engine (``engine``, two slots), a third
 front (``front-serving``) whose engine (``engine-serving``) forwards to the Paddle Serving
 sidecar, Redis small enough to evict (``allkeys-lru``, as in production) and SeaweedFS as the
-cold tier (L3) of every front and engine. Figures read from /metrics (engine calls, L3
-writes) are summed over the fronts and the engines (their port 18100, published here).
+cold tier (L3) of every front and engine. Figures read from /metrics are summed over the
+fronts and the engines (their port 18100, published here; engine calls over the engines).
 
 The verifying load: an open-loop request rate (a request is sent every ``1/rate`` s whether
 or not the earlier ones answered) over corpus images whose true lines were computed before
@@ -546,11 +546,12 @@ CI_FAULTS = ["worker_kill", "redis_restart", "redis_evicting"]
 # --- measuring ----------------------------------------------------------------------------
 
 
-def scrape(stack: Stack) -> dict[str, str | None]:
+def scrape(stack: Stack, engines_only: bool = False) -> dict[str, str | None]:
     """Each front's and engine's /metrics text (a front's summed over its workers), None where
-    it does not answer."""
+    it does not answer; ``engines_only``: the engines'."""
     texts: dict[str, str | None] = {}
-    for service, port in {**stack.fronts, **stack.engines}.items():
+    services = stack.engines if engines_only else {**stack.fronts, **stack.engines}
+    for service, port in services.items():
         try:
             texts[service] = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         except requests.RequestException:
@@ -559,13 +560,14 @@ def scrape(stack: Stack) -> dict[str, str | None]:
 
 
 def engine_calls(stack: Stack) -> dict[str, float]:
-    """ocr_engine_calls_total{outcome="ok"} of each front and engine; NaN where it does not
-    answer."""
+    """ocr_engine_calls_total{outcome="ok"} of each engine (they make every call: a front
+    counts one too when it calls an engine's direct endpoint, which would count it twice);
+    NaN where it does not answer."""
     return {
-        front: float("nan")
+        engine: float("nan")
         if text is None
         else metric_sum(text, "ocr_engine_calls_total", outcome="ok")
-        for front, text in scrape(stack).items()
+        for engine, text in scrape(stack, engines_only=True).items()
     }
 
 
@@ -730,9 +732,8 @@ def engine_and_stack(ci: bool, keep: bool = False) -> Iterator[Stack]:
 
 
 class EngineCalls:
-    """Engine calls since the last ``delta()``, summed over the fronts and engines; one whose
-    counters restarted (its container did) counts from 0, one that does not answer keeps its
-    last."""
+    """Engine calls since the last ``delta()``, summed over the engines; one whose counters
+    restarted (its container did) counts from 0, one that does not answer keeps its last."""
 
     def __init__(self, stack: Stack) -> None:
         self._stack = stack

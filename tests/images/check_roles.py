@@ -6,8 +6,10 @@ collected by `make test` (file name).
 
 - the token writer exits 0 and leaves a file only uid 10001 reads; both roles mount it;
 - the engine's HEALTHCHECK (docker/healthcheck.py with `engine`: its own port) turns healthy;
-- a REST request through the front's nginx is a MISS, the same one again a HIT, same lines;
-- the engine computed the miss (its own /metrics on 18100: one call), the front none;
+- once the engine consumes the queue (/readyz 200), a REST request through the front's nginx
+  is a MISS, the same one again a HIT, same lines;
+- the engine computed the miss through the queue (its own /metrics on 18100: one call), the
+  front none (it calls an engine itself only without a queue: the direct endpoint);
 - the front's processes map no libpaddle, the engine's do (the method's own control);
 - the engine's direct endpoint, reached from the front container over compose's network,
   refuses a call without the token and one with a wrong token.
@@ -129,10 +131,16 @@ def roles(cpu_image: str) -> Iterator[dict[str, Any]]:  # noqa: F811 (the import
             raise AssertionError(f"the engine exited\n{compose.logs()}")
         return state["Health"]["Status"] == "healthy"
 
+    def engine_consuming() -> bool:
+        """/readyz 200: its engine loaded and taking work from the queue (reported in)."""
+        answer = python_in(compose, "engine", GET, f"http://127.0.0.1:{ENGINE_PORT}/readyz")
+        return answer.partition("\n")[0].strip() == "200"
+
     try:
         compose.up("redis", "engine-token", "engine", "front")
         url = wait_for("front /readyz 200", front_ready, timeout=420, dump=compose.logs)
         wait_for("engine HEALTHCHECK healthy", engine_healthy, timeout=300, dump=compose.logs)
+        wait_for("engine /readyz 200", engine_consuming, timeout=120, dump=compose.logs)
         yield {"compose": compose, "front": url}
     finally:
         compose.down()
