@@ -4,14 +4,15 @@
 
 The same options `python -m app serve` uses (app/gunicorn_app.py), derived from the
 environment (WEB_CONCURRENCY, WEB_THREADS, HOST, HTTP_PORT, REQUEST_TIMEOUT_SECONDS, ...):
-- `gthread` workers, one per CPU core (or per GPU): each holds one OCR engine with one
-  inference thread; one process per core with one thread each beats one process with two
-  threads on CPU (docs/ENGINES.md: 1.01 img/s from 2 processes x 1 thread, the
-  best layout for every engine measured).
-- 8 threads per worker, so cache hits (about a millisecond) are served while the worker's
-  engine is busy with a miss; hits are CPU-bound, so more threads add no throughput.
-- no preload: engines load after fork, in each worker (a Paddle predictor must not cross a
-  fork), and the worker also serves gRPC on GRPC_PORT (SO_REUSEPORT).
+- `gthread` workers holding no engine (their misses go to the engine processes): of the
+  worker models gunicorn ships, the one that serves hits while misses wait and keeps gRPC
+  in the same workers (sync: one request per process; gevent: dearer hits here and no
+  grpcio; measured in docs/PERFORMANCE.md, "Roles apart").
+- 32 threads per worker (WEB_THREADS): a thread waits for each miss in flight, so there
+  must be more threads than misses a worker may have waiting for hits never to queue
+  behind them; the thread count costs hits nothing (measured from 1 to 32).
+- no preload: each worker also serves gRPC on GRPC_PORT (SO_REUSEPORT), whose threads
+  must start after the fork.
 - Prometheus multiprocess mode: the metrics directory is cleaned when the master starts and
   dead workers are marked, so /metrics sums all workers.
 """

@@ -13,6 +13,7 @@ for a replacement.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
@@ -176,6 +177,11 @@ def _redis_ms(client: Any) -> int:
 
 def run(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT or retirement; 0 on a clean stop."""
+    # Below the fronts, before any thread starts (threads inherit it): on a machine the two
+    # roles share, an engine computing a miss never takes the CPU from a hit
+    # (docs/PERFORMANCE.md, "Roles apart").
+    with contextlib.suppress(OSError):
+        os.nice(settings.processes.engine_nice)
     memory.keep_large_buffers()
     engine = with_redaction(
         build_engine(settings), settings.redaction.types, settings.redaction.patterns_file

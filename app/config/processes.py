@@ -75,3 +75,9 @@ class ProcessSettings(Section):
         10.0,
         "how long a front's miss waits for a reachable engine before 503",
     )
+    engine_nice: int = env(
+        "ENGINE_NICE",
+        e.integer(0, 19),
+        10,
+        "an engine process's CPU priority below the fronts' (`nice`): hits keep the CPU while engines compute",
+    )

@@ -37,8 +37,8 @@ class ServerSettings(Section):
     web_threads: int = env(
         "WEB_THREADS",
         e.integer(1, 256),
-        8,
-        "threads per front worker",
+        32,
+        "threads per front worker: more than the misses one may have waiting, so hits never queue behind them",
     )
     request_timeout_seconds: int = env(
         "REQUEST_TIMEOUT_SECONDS",
