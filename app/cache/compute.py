@@ -2,6 +2,11 @@
 the result stored in every tier; and the tickets this process's feeders took from the global
 queue, computed and stored the same way, their requesters told (``app.queue.feeders``).
 
+A ticket is computed only if its key is what its own bytes, parameters and tenant make:
+a writer to Redis cannot queue image B's bytes under image A's key. One whose entry is
+already in L2 is answered from it; one whose requesters' deadline has passed is failed,
+not computed.
+
 Only the engine's own errors mark it failing (readiness, the feeders' pause): a request that
 stopped waiting (``EngineTimeout``) or a full queue (``EngineBusy``) is load, not a broken
 engine. Nor is either retried: a timed-out call is still running (it cannot be interrupted)

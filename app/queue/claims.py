@@ -12,7 +12,9 @@
   the next miss of that key (its entry evicted) is queued anew; its lane's deficit is
   corrected to the engine time it really took (``scheduler.py``).
 - Its requesters are told: ``succeeded`` (its entry is stored) or ``fail`` (an error marker
-  ``{key}:error:{id}``, 60 s, and the done channel; never cached).
+  ``{key}:error:{id}``, 60 s, and the done channel; never cached). The marker is written
+  before the ticket leaves the queue, so each waiter finds it even when the message has not
+  reached it; no later request reads it (it queues a ticket of its own).
 """
 
 from __future__ import annotations

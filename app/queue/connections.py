@@ -1,5 +1,8 @@
 """Each feeder thread's own Redis connection, for its blocking reads (the doorbells): one
-per thread, registered so that ``stop`` can end a blocked read at once (CLIENT UNBLOCK)."""
+per thread, registered so that ``stop`` can end a blocked read at once (CLIENT UNBLOCK).
+Its reports and ticket markers go on it too, while entries are read through the store's
+shared pool, so what a feeder holds does not grow as tickets first reach it (the soak,
+docs/RELIABILITY.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The requester's side of the global miss queue: a front submits its miss as a ticket and
-waits for its entry. One queue per engine fingerprint (and sealing key) that every free
-engine of every worker and replica pulls from (``feeders.py``), so no engine idles while a
-miss waits anywhere. Each tenant's tickets wait in a lane of their own (a Redis stream);
-engines take from the lanes by deficit round robin over engine time (``scheduler.py``), so
-one tenant's back-fill cannot hold another's single miss behind it.
+waits for its entry. One queue per engine fingerprint (and sealing key: during a rotation of
+``CACHE_ENCRYPTION_KEYS`` a front's misses go only to engines whose entries it can open)
+that every free engine of every worker and replica pulls from (``feeders.py``), so no engine
+idles while a miss waits anywhere. Each tenant's tickets wait in a lane of their own (a Redis
+stream); engines take from the lanes by deficit round robin over engine time
+(``scheduler.py``), so one tenant's back-fill cannot hold another's single miss behind it.
 
 Submitting is idempotent per key: a ticket already queued or running for the same entry key
 (a marker beside the stream names it) makes the caller a waiter on it, so one image is
@@ -17,10 +18,16 @@ resubmission or one local engine call, never a wait to the deadline.
 
 - **Bounded per lane**: a new ticket is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
   tickets per live engine are already waiting in its tenant's lane (a tenant's flood fills
-  only its own); live engines are the feeders that reported lately.
+  only its own); live engines are the feeders that reported lately (within
+  ``DISPATCH_CLAIM_MS``, and at least three of their polls, by Redis' clock). Its
+  ``Retry-After``: the mean engine call times the tickets waiting, over the live engines.
 - **Deadlines**: a waiter stops at its own (``OCR_TIMEOUT_SECONDS``); the ticket's creator
-  then deletes it if no engine has started it.
-- **Redis down**, or no live engine: the caller computes with its own engine (``None``).
+  then deletes it if no engine has started it. A ticket runs on its creator's deadline: a
+  waiter that joined it with more time left is not failed by that deadline (an engine's
+  ``timeout:``), it submits again. An entry that appears while the caller's own ticket is
+  still queued (another process stored it) withdraws that ticket unstarted.
+- **Redis down**, or no live engine: the caller computes with its own engine (``None``; a
+  front's is the direct path to an engine process, ``app/engines/direct.py``).
 
 What a ticket carries, and its wire format: ``ticket.py``.
 """

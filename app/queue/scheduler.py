@@ -12,10 +12,16 @@ worker and replica shares one schedule.
 - A finished ticket corrects its lane's deficit to the engine time it really took
   (``claims.py``). A lane with nothing waiting leaves the ring and forgets its deficit (no
   banked credit, no debt).
+- A take serves one lane, at most ``ENGINE_BATCH_MAX`` tickets, in one pass over the ring
+  whatever the costs.
+- The queue's keys may be evicted like any other (``allkeys-lru``): a lane missing from the
+  ring is put back by its waiters' checks and by every engine's report; lost deficits or
+  costs only reset the schedule.
 
 So a tenant that floods gets the engines only while nobody else waits, and a tenant that
 sends one page is served by the next engine that frees up. Work-conserving: whoever waits is
-served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane.
+served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane. With shares 3:1, two back-fills
+get the engines' time 3:1 (``tests/test_fairness.py``; ``make bench-fairness``).
 
 The same step decides interjection (``interjection.py``): in that mode it gives the ticket
 the round robin takes next only if its lane has nothing running (but, at most, the call it
