@@ -7,7 +7,8 @@
    a miss already queued or running anywhere makes it a waiter on that ticket; the next
    free engine of any worker computes it and stores it in every tier
    (``compute.Computer.serve``).
-3. It computes with its own engine (``Computer.compute_and_store``) when there is no queue
+3. It computes with its engine (``Computer.compute_and_store``; on a front the engine is a
+   proxy to an engine process's direct endpoint, ``app.engines.direct``) when there is no queue
    to use: caching off or Redis down (the queue answers nothing), no engine reported in yet,
    a request that recomputes (``no-cache``) or stores nothing (``no-store``: its result has
    no way back through Redis), or a ticket that ended without an entry to read.
