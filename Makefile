@@ -109,7 +109,10 @@ bench: install
 	$(BIN)/python -m bench.l3
 	$(BIN)/python -m bench.fairness
 
-# Issue 23 alone: the nginx edge against the h11 front, the seed design and an echo app (wrk).
+# Issues 23 and 36 alone: the service's L2 hits against the seed design and an echo app behind
+# the same nginx (wrk -t2 -c8, L1 off, 5/100/312 KB); hits beside misses and with every engine
+# stopped; front worker RSS (about 8 minutes); bench/results/edge.json. The decomposition of a
+# served hit: python -m bench.hitsplit.
 bench-edge: install ; $(BIN)/python -m bench.edge
 
 # Issue 26 alone: tenant B's misses while tenant A floods the queue, FIFO against deficit

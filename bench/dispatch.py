@@ -15,11 +15,17 @@ per-worker comparison of issue 14 is history in docs/PERFORMANCE.md):
   (``ocr_engine_duration_seconds``) / 2 engines / wall time, during the same runs: the
   utilization question asked of the engines themselves, robust to a background load that
   changes between the single-request phase and the concurrent one.
-- **The ceiling** (bench/engine_ceiling.py): the same utilization figure for two bare engine
-  processes sharing one queue, measured first, on the quiet machine: on 2 cores two engines
-  slow each other down, so no service can reach 1.0 here; ``utilization_vs_ceiling`` is the
-  service's figure over it, and ``median_wall_vs_bare_engines`` the bare engines' wall time
-  over the service's concurrent wall time (no solo phase in it: robust to its noise).
+- **Through the service vs the same engines bare** (issue 36): the 20 distinct images at
+  c=8 through the service (nginx -> front -> miss queue -> engine processes), and the same
+  20 at c=8 sent straight to the same engine processes' direct endpoint
+  (``/internal/v1/recognize``, round robin, the ``ENGINE_TOKEN`` the bench gives the
+  service), in alternating order, BENCH_DISPATCH_PAIRS pairs on an empty cache each:
+  ``service_vs_bare_engines`` = median bare wall time / median service wall time (the
+  service's distinct-miss throughput over the bare engines'; target >= 0.95). Layout: one
+  machine (os.cpu_count() cores), ``ENGINE_PROCESSES`` = 2 engine processes of one
+  inference thread each (one per core, nice ``ENGINE_NICE``), one front of 2 gunicorn
+  workers x 8 threads behind nginx, the private Redis, and this process's 8 client threads;
+  nothing else of the bench runs meanwhile.
 - **Engine calls / distinct images** with 2 instances (a second dispatch service joins the
   first): the trace over both instances at 12 clients, then 16 identical cold requests at
   once.
@@ -46,7 +52,7 @@ import redis
 import requests
 
 from app.embedded_redis import EmbeddedRedis, free_port
-from bench import engine_ceiling
+from app.engines import direct
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
@@ -56,6 +62,8 @@ ROUNDS = int(os.environ.get("BENCH_DISPATCH_ROUNDS", "2"))
 DISTINCT, CLIENTS = 20, 8
 TRACE_DISTINCT, TRACE_REPEAT, TRACE_CLIENTS = 10, 5, 12
 TRACE_PAIRS = 2  # ideal and trace runs per round, interleaved
+BARE_PAIRS = int(os.environ.get("BENCH_DISPATCH_PAIRS", "3"))  # service / bare engine runs
+TOKEN = "bench-dispatch-engine-token-0123456789"  # the engines' direct endpoint, here only
 RETRIED: list[str] = []  # requests sent twice (reported in the results)
 
 
@@ -78,6 +86,7 @@ class Service:
             HOST="127.0.0.1", WEB_CONCURRENCY=str(WORKERS),
             ENGINE_PROCESSES=str(WORKERS), WEB_THREADS=str(THREADS),
             LOG_LEVEL="warning", CACHE_L1_BYTES="0", REDIS_TIMEOUT_MS="250",
+            ENGINE_TOKEN=TOKEN, ENGINE_DIRECT_MAX_INFLIGHT=str(CLIENTS),
         )  # fmt: skip
         full.update(env)  # a caller's settings over these (bench/fairness.py)
         self.proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=full)
@@ -119,9 +128,88 @@ class Service:
             float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
         )
 
+    def engine_urls(self) -> list[str]:
+        """The direct endpoints of this service's engine processes (its children running
+        ``-m app engine``; each one's ``ENGINE_PORT`` read from its environment)."""
+        urls = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) != self.proc.pid:
+                continue
+            if [a for a in cmdline if a][-3:] != [b"-m", b"app", b"engine"]:
+                continue
+            port = next(v[12:].decode() for v in environ if v.startswith(b"ENGINE_PORT="))
+            urls.append(f"http://127.0.0.1:{port}{direct.PATH}")
+        return sorted(urls)
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(60)
+
+
+def bare(urls: Sequence[str], items: Sequence[bytes], clients: int) -> float:
+    """Wall seconds for the engines' direct endpoints to answer ``items`` from ``clients``
+    threads (request i to engine i % n), as a front calls them."""
+    params = direct.params_to_dict(_default_params())
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+    def call(i: int) -> None:
+        body = json.dumps({"format": direct.FORMAT, "image": base64.b64encode(items[i]).decode(),
+                           "params": params, "namespace": ""})  # fmt: skip
+        resp = requests.post(urls[i % len(urls)], data=body, headers=headers, timeout=300)
+        if resp.status_code != 200:
+            raise RuntimeError(
+                f"engine {urls[i % len(urls)]}: {resp.status_code} {resp.text[:200]}"
+            )
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(call, range(len(items))))
+    return time.perf_counter() - start
+
+
+def _default_params():  # type: ignore[no-untyped-def]
+    from app.config import Settings
+    from app.engines import build_engine
+
+    return build_engine(Settings.from_env({})).default_params
+
+
+def service_vs_bare(service: Service, flush, images: list[bytes]) -> dict:  # type: ignore[no-untyped-def]
+    """The same distinct images at c=CLIENTS through the service and to the same engines
+    bare, alternating (the order flips each pair); medians of the wall times."""
+    urls = service.engine_urls()
+    through, direct_ = [], []
+    for pair in range(BARE_PAIRS):
+        for kind in ("service", "bare") if pair % 2 == 0 else ("bare", "service"):
+            if kind == "service":
+                flush()
+                through.append(round(concurrent([service], images, CLIENTS), 3))
+            else:
+                direct_.append(round(bare(urls, images, CLIENTS), 3))
+        print(f"pair {pair + 1}: service {through[-1]} s, bare engines {direct_[-1]} s", flush=True)
+    return {
+        "engines": urls,
+        "images": len(images),
+        "clients": CLIENTS,
+        "service_wall_s": through,
+        "bare_engines_wall_s": direct_,
+        "service_images_per_s": round(len(images) / statistics.median(through), 3),
+        "bare_engines_images_per_s": round(len(images) / statistics.median(direct_), 3),
+        # throughput through the service / the same engines' bare throughput
+        "service_vs_bare_engines": round(
+            statistics.median(direct_) / statistics.median(through), 3
+        ),
+        "formula": "median(bare wall s) / median(service wall s), same images, same engine "
+                   "processes, c=8, alternating",
+    }  # fmt: skip
 
 
 def concurrent(targets: Sequence[Service], items: Sequence[bytes], clients: int) -> float:
@@ -189,8 +277,13 @@ def main() -> int:
             f"({100 - 100 // TRACE_REPEAT} % repeats), {TRACE_CLIENTS} clients",
         },  # fmt: skip
     }
-    report["engine_ceiling"] = ceiling = engine_ceiling.measure(images)
-    print(f"engine ceiling: {ceiling}", flush=True)
+    report["layout"] = {
+        "cores": os.cpu_count(),
+        "engine_processes": WORKERS,
+        "engines_per_core": WORKERS / (os.cpu_count() or 1),
+        "front": f"1 front: nginx + {WORKERS} gunicorn workers x {THREADS} threads, gRPC off",
+        "also": "the private Redis; this process's client threads; nothing else of the bench",
+    }
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
 
@@ -214,17 +307,8 @@ def main() -> int:
             report["single_instance"] = {
                 name: {"rounds": rs, **_medians(rs)} for name, rs in rounds.items()
             }
-            for figures in report["single_instance"].values():
-                figures["utilization_vs_ceiling"] = round(
-                    figures["median_utilization"] / ceiling["utilization"], 3
-                )
-                # The same comparison without the solo phase: two bare engines' wall time
-                # for the 20 images over the service's (1.0: as fast as a perfect queue).
-                figures["median_wall_vs_bare_engines"] = round(
-                    ceiling["parallel_wall_s"]
-                    / statistics.median(r["concurrent_wall_s"] for r in figures["rounds"]),
-                    3,
-                )
+            report["vs_bare_engines"] = service_vs_bare(services["dispatch"], flush, images)
+            print(f"vs bare engines: {report['vs_bare_engines']}", flush=True)
             second = Service(server.url)
             services["second"] = second
             second.wait_ready()

@@ -143,9 +143,7 @@ def start_front(name: str, redis_url: str, log: Path, env: dict[str, str]) -> Se
     )  # fmt: skip
     full.update(env)
     full.pop("ENGINE_PROCESSES", None)
-    server.procs.append(
-        _spawn([sys.executable, "-m", "bench.front_variant"], log, ROOT, full)
-    )
+    server.procs.append(_spawn([sys.executable, "-m", "bench.front_variant"], log, ROOT, full))
     return server
 
 
@@ -352,7 +350,8 @@ def main() -> int:
         for s in servers.values():
             target = f"http://127.0.0.1:{s.port}{s.path}"
             wait_ready(s, lambda t=target: requests.post(
-                t, data=probe.body, headers=probe.headers, timeout=300).status_code == 200)  # fmt: skip
+                t, data=probe.body, headers=probe.headers, timeout=300
+            ).status_code == 200)  # fmt: skip
         print("servers ready; measuring", flush=True)
         report["sizes"] = {}
         for size, data in images.items():
@@ -367,8 +366,9 @@ def main() -> int:
                 "body_bytes": len(reqs[next(iter(reqs))].body),
                 "servers": measure(servers, reqs, redis_pid),
             }
-            print(f"{size}: " + ", ".join(f"{n} {v['hits_per_s']:.0f}/s" for n, v in
-                                          report["sizes"][size]["servers"].items()), flush=True)  # fmt: skip
+            rates = report["sizes"][size]["servers"].items()
+            print(f"{size}: " + ", ".join(f"{n} {v['hits_per_s']:.0f}/s" for n, v in rates),
+                  flush=True)  # fmt: skip
         bodies = {size: run.json_request("/v1/ocr", d).body for size, d in images.items()}
         for size, figures in in_process(url, bodies).items():
             report["sizes"][size]["in_process"] = figures
