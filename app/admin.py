@@ -1,8 +1,9 @@
-"""The admin API: ``POST /admin/purge`` and ``GET /admin/stats``.
+"""The admin API: ``POST /admin/purge``, ``GET /admin/stats`` and ``GET /admin/queue``.
 
 Only with ``Authorization: Bearer $ADMIN_TOKEN`` (compared in constant time); without a
 configured token the routes do not exist (404). Purges never block Redis (SCAN + UNLINK in
-batches) and tell every process to drop its L1.
+batches) and tell every process to drop its L1. The queue's picture (``app/queue/inspect.py``)
+names tenants, which only an operator may see.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.engine_state import EngineState
 from app.protocols.errors import error_envelope
+from app.queue import inspect
 from app.vocabulary import TENANT_NAME
 
 _MD5 = re.compile(r"[0-9a-f]{32}")
@@ -78,6 +80,17 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
                 ),
             }
         )
+
+    @admin.get("/queue")
+    def queue() -> Any:
+        store, tickets = cache.store, cache.misses.queue
+        if not isinstance(store, RedisStore) or tickets is None:
+            return _error(409, "no_queue", "no global miss queue: caching is disabled here")
+        names, live_ms = tickets.names, tickets.live_ms
+        ok, view = store.run("dispatch", lambda c: inspect.read(c, names, live_ms=live_ms))
+        if not ok:
+            return _error(503, "redis_unavailable", "Redis did not answer; try again")
+        return jsonify(view.as_json())
 
     app.register_blueprint(admin)
 

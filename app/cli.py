@@ -2,7 +2,8 @@
 
 ``ocr`` sends files and folders (images and PDFs) with bounded concurrency and a live progress
 bar, prints a summary and optionally JSON Lines; ``warm`` pre-populates the cache; ``stats``
-shows the service's figures (``GET /v1/stats``); ``purge`` drops entries through the admin API.
+shows the service's figures (``GET /v1/stats``); ``purge`` drops entries through the admin API;
+``queue`` shows the global miss queue (lanes, engines, the oldest wait) through the admin API.
 Exit codes: 0 all went well, 1 some files failed (reasons on stderr), 2 the run could not
 start (bad arguments, unreachable service, refused token).
 """
@@ -447,6 +448,78 @@ def command_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_queue(args: argparse.Namespace) -> int:
+    """The global miss queue (``GET /admin/queue``): each tenant's lane, the engines and
+    what each holds, the oldest wait."""
+    token = admin_token(args.token_file)
+    client = Client.of(args)
+    response = client.request("GET", "/admin/queue", headers={"Authorization": f"Bearer {token}"})
+    answer = _json(response)
+    if response.status_code == 401:
+        raise CliError(f"the service at {client.server} refused the admin token (HTTP 401)")
+    if response.status_code == 404 or (response.status_code == 200 and "lanes" not in answer):
+        raise CliError(f"the admin API is off at {client.server} (start it with ADMIN_TOKEN set)")
+    if response.status_code != 200:
+        raise CliError(_error_reason(response.status_code, answer))
+    if args.json:
+        print(orjson.dumps(answer).decode())
+        return 0
+    print_queue(answer)
+    return 0
+
+
+def _ms(value: Any) -> str:
+    return "–" if value is None else _seconds(value / 1000)
+
+
+def print_queue(view: dict[str, Any], out: TextIO | None = None) -> None:
+    """``GET /admin/queue``'s answer as tables: the lanes, then the engines and their
+    tickets (``(default)``: the tenant of requests without one)."""
+    out = out or sys.stdout
+    engines = view.get("engines") or []
+    print(
+        f"{view['queue']}: {view['waiting']} waiting, {view['running']} running, oldest wait "
+        f"{_ms(view.get('oldest_wait_ms'))}; engines {view['engines_live']} live, "
+        f"{view['engines_busy']} busy",
+        file=out,
+    )
+    print(file=out)
+    print(f"{'tenant':<20} {'waiting':>8} {'running':>8} {'oldest wait':>12} {'deficit s':>10} "
+          f"{'share':>6} {'cost s':>8}  in ring", file=out)  # fmt: skip
+    for lane in view.get("lanes") or []:
+        deficit, cost = lane.get("deficit_seconds"), lane.get("cost_seconds")
+        print(
+            f"{lane['tenant'] or '(default)':<20} {lane['waiting']:>8} {lane['running']:>8} "
+            f"{_ms(lane.get('oldest_wait_ms')):>12} "
+            f"{'–' if deficit is None else f'{deficit:.3f}':>10} {lane['share']:>6g} "
+            f"{'–' if cost is None else f'{cost:.3f}':>8}  {'yes' if lane['in_ring'] else '-'}",
+            file=out,
+        )
+    if not view.get("lanes"):
+        print("(no lanes: nothing queued)", file=out)
+    print(file=out)
+    print(f"{'engine':<40} {'reported':>9} {'state':<6} {'ticket':<18} {'tenant':<20} "
+          f"{'idle':>8} {'deliveries':>10}", file=out)  # fmt: skip
+    for engine in engines:
+        state = ("busy" if engine["running"] else "idle") if engine["live"] else "gone"
+        head = f"{engine['consumer']:<40} {_ms(engine.get('last_report_ms')):>9} {state:<6}"
+        holds = engine.get("holds") or []
+        if not holds:
+            print(f"{head} {'-' if not engine['running'] else '(not listed)'}", file=out)
+        for i, held in enumerate(holds):
+            lead = head if i == 0 else " " * len(head)
+            note = " interjected" if held.get("interjected") else ""
+            print(
+                f"{lead} {held['id']:<18} {held['tenant'] or '(default)':<20} "
+                f"{_ms(held['idle_ms']):>8} {held['deliveries']:>10}{note}",
+                file=out,
+            )
+    if not engines:
+        print("(no engines have reported in)", file=out)
+    if view.get("truncated"):
+        print("(some running tickets not listed: see --json's counts)", file=out)
+
+
 def _print_tenants(tenants: dict[str, Any]) -> None:
     """Who costs what, one line per tenant (``default``: no tenant; ``other``: tenants the
     tenants file does not name)."""
@@ -495,6 +568,13 @@ def parser() -> argparse.ArgumentParser:
     purge.add_argument(
         "--token-file", help=f"file holding the admin token (else env {' or '.join(TOKEN_ENV)})"
     )
+    queue = sub.add_parser(
+        "queue", parents=[common], help="the miss queue: lanes, engines, oldest wait (admin token)"
+    )
+    queue.add_argument("--json", action="store_true", help="the raw /admin/queue answer")
+    queue.add_argument(
+        "--token-file", help=f"file holding the admin token (else env {' or '.join(TOKEN_ENV)})"
+    )
     return top
 
 
@@ -514,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
             return command_ocr(args, warm=True)
         if args.command == "stats":
             return command_stats(args)
+        if args.command == "queue":
+            return command_queue(args)
         return command_purge(args)
     except CliError as exc:
         print(f"ocr-cache: error: {exc}", file=sys.stderr)

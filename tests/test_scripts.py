@@ -18,6 +18,7 @@ from redis.cluster import RedisCluster
 from app.cache import scripts
 from app.cache.keys import KeySpace, QueueKeys
 from app.embedded_redis import EmbeddedRedis, free_port
+from app.queue import inspect
 
 pytestmark = pytest.mark.integration
 
@@ -268,6 +269,37 @@ def test_release_frees_the_key_only_for_its_own_ticket(client: Any) -> None:
 
 
 # Quotas, rate limits, the pixel index ----------------------------------------------------
+
+
+def test_view_reads_every_lane_and_engine_and_writes_nothing(client: Any) -> None:
+    names = queue(client)
+    empty = inspect.read(client, names, live_ms=3000)  # no key at all
+    assert (empty.lanes, empty.engines, empty.oldest_wait_ms) == ((), (), None)
+    live_engine(client, names, "engine-1")
+    for lane, entry in (("a", "e1"), ("a", "e2"), ("b", "e3"), ("a", "e4")):
+        submit(client, names, lane, entry)
+    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"}, count=1)  # e1
+    client.xreadgroup(GROUP, "engine-1-interject", {names.stream("b"): ">"}, count=1)  # e3
+    client.xreadgroup(GROUP, "gone", {names.stream("a"): ">"}, count=1)  # e2: its holder died
+    client.hset(names.deficits, "a", "-0.500000")
+    client.hset(names.costs, "a", "0.250000")
+    (last, _), = client.xrange(names.stream("a"), "-", "+")[-1:]  # fmt: skip
+    before = {key: client.dump(key) for key in client.scan_iter()}
+    view = inspect.read(client, names, live_ms=3000)
+    assert {key: client.dump(key) for key in client.scan_iter()} == before
+    lanes = {lane.lane: lane for lane in view.lanes}
+    assert [(k, v.waiting, v.running) for k, v in lanes.items()] == [("a", 1, 2), ("b", 0, 1)]
+    assert (lanes["a"].deficit, lanes["a"].cost, lanes["a"].share) == (-0.5, 0.25, 2.0)
+    assert (lanes["b"].deficit, lanes["b"].cost, lanes["b"].oldest_wait_ms) == (None, None, None)
+    assert lanes["a"].oldest_wait_ms == view.at_ms - inspect.enqueued_ms(text(last))  # e4's
+    engines = {engine.consumer: engine for engine in view.engines}
+    assert set(engines) == {"engine-1", "gone"}  # the interjector's tickets: its engine's
+    assert engines["engine-1"].live and engines["engine-1"].running == 2
+    holds = sorted((held.lane, held.as_json()["interjected"]) for held in engines["engine-1"].holds)
+    assert holds == [("a", False), ("b", True)]
+    gone = engines["gone"]
+    assert (gone.live, gone.last_report_ms, gone.running, len(gone.holds)) == (False, None, 1, 1)
+    assert (view.waiting, view.running, view.live, view.busy) == (1, 3, 1, 1)
 
 
 def test_quota_slots_take_up_to_the_limit(client: Any) -> None:

@@ -79,8 +79,9 @@ class Feeders:
         self._interjecting = interjecting
         self._connections = Connections(store)
         self.heartbeat = Heartbeat(
-            names, claim_ms=claim_ms, label=label, labels=labels, hold_seconds=hold_seconds
-        )
+            names, claim_ms=claim_ms, label=label, labels=labels, hold_seconds=hold_seconds,
+            live_ms=queue.live_ms,
+        )  # fmt: skip
         self.reported = self.heartbeat.reported  # a feeder has reported in: tickets are taken
         self.claims = Claims(
             store, keys, names, marker=queue.marker, beat=self.heartbeat.beat,

@@ -31,7 +31,7 @@ from app.cache.store import REDIS_ERRORS
 from app.queue.claims import Claims
 from app.queue.connections import BLOCK_MS, Connections
 from app.queue.scheduler import Scheduler
-from app.queue.ticket import Ticket
+from app.queue.ticket import INTERJECTOR, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Interjector:
         as long as it was paused (so it keeps at least half its engine and always ends); none
         into a call whose requesters' time is nearly up."""
         calls, engine = self._calls, f"{self._name}-{slot}"  # the engine's consumer: what it holds
-        consumer, key = f"{engine}-interject", self._slots + slot
+        consumer, key = f"{engine}{INTERJECTOR}", self._slots + slot
         client: Any = None
         call = 0
         while (call := calls.next_call(slot, call)) and not self._stopped.is_set():

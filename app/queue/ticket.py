@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 FORMAT = "1"  # what a front writes
 READS = frozenset({"1"})  # what an engine reads
 GROUP = "engines"  # the consumer group of every lane's stream
+INTERJECTOR = "-interject"  # an engine's interjector consumes as ``{engine}-interject``
 # An error marker outlives any waiter that could still read it: each of a failed ticket's
 # waiters finds it, whether or not the announcement on the done channel reached it first
 # (each ticket's marker is its own: a later request of the image queues a new ticket).

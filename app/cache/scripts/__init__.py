@@ -58,6 +58,7 @@ QUEUE_TAKE = Script("queue_take")
 QUEUE_STALE = Script("queue_stale")
 QUEUE_FINISH = Script("queue_finish")
 QUEUE_RELEASE = Script("queue_release")
+QUEUE_VIEW = Script("queue_view")  # read-only: app/queue/inspect.py
 # A tenant's quotas (app/cache/quotas.py) and rate limits (app/cache/rate_limit.py).
 QUOTA_SLOTS = Script("quota_slots")
 QUOTA_ENGINE_TIME = Script("quota_engine_time")
@@ -67,5 +68,6 @@ PIXEL_RECORD = Script("pixel_record")
 
 ALL = (
     QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_HEARTBEAT, QUEUE_TAKE, QUEUE_STALE,
-    QUEUE_FINISH, QUEUE_RELEASE, QUOTA_SLOTS, QUOTA_ENGINE_TIME, RATE_LIMIT_GCRA, PIXEL_RECORD,
+    QUEUE_FINISH, QUEUE_RELEASE, QUEUE_VIEW, QUOTA_SLOTS, QUOTA_ENGINE_TIME, RATE_LIMIT_GCRA,
+    PIXEL_RECORD,
 )  # fmt: skip
