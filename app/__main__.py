@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "front":
         return front(settings)
     if args.command == "engine":
+        # Alone (a container of its own), its metrics folder may not exist yet: prometheus-
+        # client opens its files there at import.
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
         from app import engine_process
 
         return engine_process.run(settings)

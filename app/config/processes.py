@@ -72,7 +72,7 @@ class ProcessSettings(Section):
     engine_wait_seconds: float = env(
         "ENGINE_WAIT_SECONDS",
         e.number(0.0, 3600.0),
-        10.0,
+        30.0,
         "how long a front's miss waits for a reachable engine before 503",
     )
     engine_nice: int = env(
