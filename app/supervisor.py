@@ -8,6 +8,7 @@ starts before it stops taking misses. The front exiting stops everything: a supe
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import secrets
@@ -33,6 +34,7 @@ SUPERVISOR_PID = "OCR_SUPERVISOR_PID"  # set for the engines: where a retiring o
 ENGINE_GIB = {"paddle": 1.1}  # resident memory of one engine process (docs/ENGINES.md)
 REMOTE_ENGINE_GIB = 0.2  # an engine process whose model runs elsewhere (serving, hunyuan)
 FRONT_WORKER_GIB = 0.25
+PR_SET_PDEATHSIG = 1  # prctl(2)
 CRASH_WINDOW_SECONDS = 10.0  # an engine that dies sooner than this after its start backs off
 
 
@@ -125,10 +127,11 @@ class Supervisor:
         port = next((port for port in self._ports if port not in used), None)
         if port is None:
             return False
-        env = dict(self.env, ENGINE_PORT=str(port))
-        if self._settings.server.host in ("0.0.0.0", "::"):
-            env["HOST"] = "127.0.0.1"  # the engines' port is internal under serve
-        process = subprocess.Popen([sys.executable, "-m", "app", "engine"], env=env)
+        # The engines' port is internal under serve: loopback, whatever HOST the front has.
+        env = dict(self.env, ENGINE_PORT=str(port), HOST="127.0.0.1")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "engine"], env=env, preexec_fn=_die_with_parent
+        )
         self._engines.append(_Engine(port, process))
         return True
 
@@ -189,7 +192,9 @@ class Supervisor:
             self._wake.wait(0.25)
         if self._stopping:
             return self._shutdown(0)
-        self._front = subprocess.Popen([sys.executable, "-m", "app", "front"], env=self.env)
+        self._front = subprocess.Popen(
+            [sys.executable, "-m", "app", "front"], env=self.env, preexec_fn=_die_with_parent
+        )
         while not self._stopping:
             self._wake.wait(0.5)
             self._wake.clear()
@@ -213,6 +218,13 @@ class Supervisor:
         for engine in self._engines:
             _wait(engine.process, self._settings.engine.timeout_seconds + 10)
         return code
+
+
+def _die_with_parent() -> None:
+    """In a child before it execs: SIGTERM when the supervisor dies (even by ``-9``), so no
+    engine or front outlives it holding its ports."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
