@@ -31,14 +31,13 @@ def front(settings: Settings) -> int:
 
     memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
     log = logging.getLogger("app")
+    refusal = edge_refusal(settings)
+    if refusal:
+        print(f"configuration error: {refusal}", file=sys.stderr)
+        return 2
     binary = find_nginx(settings.edge.nginx) if settings.edge.mode == "nginx" else None
     if settings.edge.mode == "nginx" and binary is None:
-        if settings.edge.nginx:
-            print(f"configuration error: EDGE_NGINX: cannot run {settings.edge.nginx!r}",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        if not _without_edge(settings, log):
-            return 2
+        _without_edge(settings, log)
     owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
     socket_dir = ""  # gunicorn's private socket folder, when EDGE_SOCKET does not name one
     socket = settings.edge.socket if binary or settings.edge.mode == "external" else ""
@@ -67,18 +66,28 @@ def front(settings: Settings) -> int:
     return 0
 
 
-def _without_edge(settings: Settings, log: logging.Logger) -> bool:
-    """``EDGE=nginx`` and no nginx here: gunicorn serves the port itself, said in one line;
-    False (an error) when TLS or a rate limit was asked for, which only the edge serves."""
+def edge_refusal(settings: Settings) -> str:
+    """Why the front cannot start with these edge settings ("" when it can): ``EDGE=nginx``
+    with an ``EDGE_NGINX`` that cannot run, or with no nginx here while TLS or a rate limit,
+    which only the edge serves, is asked for. ``serve`` asks before it starts anything."""
+    from app.edge import find_nginx
+
+    if settings.edge.mode != "nginx" or find_nginx(settings.edge.nginx) is not None:
+        return ""
+    if settings.edge.nginx:
+        return f"EDGE_NGINX: cannot run {settings.edge.nginx!r}"
     wanted = [name for name, on in (("TLS_CERT_FILE", settings.edge.tls_cert_file),
                                     ("RATE_LIMIT", settings.edge.rate_limit)) if on]  # fmt: skip
     if wanted:
-        print(
-            f"configuration error: {', '.join(wanted)}: served by the nginx edge, and no nginx "
-            "is on PATH (install Debian's nginx-light)",
-            file=sys.stderr,
+        return (
+            f"{', '.join(wanted)}: served by the nginx edge, and no nginx is on PATH "
+            "(install Debian's nginx-light)"
         )
-        return False
+    return ""
+
+
+def _without_edge(settings: Settings, log: logging.Logger) -> None:
+    """``EDGE=nginx`` and no nginx here: gunicorn serves the port itself, said in one line."""
     log.warning(
         "EDGE=nginx but no nginx on PATH: gunicorn serves %s:%d itself; off: slow-client "
         "buffering, edge request ids and JSON access log, RATE_LIMIT, TLS "
@@ -86,7 +95,6 @@ def _without_edge(settings: Settings, log: logging.Logger) -> bool:
         settings.server.host,
         settings.server.http_port,
     )
-    return True
 
 
 def edge(settings: Settings) -> int:
@@ -149,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from app.supervisor import serve
 
+        refusal = edge_refusal(settings)  # before any process starts: one line, exit 2
+        if refusal:
+            print(f"configuration error: {refusal}", file=sys.stderr)
+            return 2
         return serve(settings)
     if args.command == "front":
         return front(settings)
