@@ -57,7 +57,7 @@ SERVICE_ROOTS = ("ocr:quota:", "ocr:ratelimit:", "{ocr:dispatch:")
 class Serial(CountingEngine):
     """One call at a time (one feeder), reading decoded pixels (so the pixel tier is on)."""
 
-    max_concurrency = 1
+    slots = 1
     reads_decoded_pixels = True
 
 
@@ -181,6 +181,10 @@ def test_every_purge_form_reaches_cache_keys_only(
         assert sum(k.startswith(queue.tag + ":job:") for k in service) == 2  # both markers
         saved = {k: (int(raw.pttl(k)), bytes(raw.dump(k) or b"")) for k in cached}
 
+        def scheduling(key: str) -> bool:
+            tickets = (queue.tag + ":jobs:", queue.tag + ":job:")
+            return key.startswith(queue.tag) and not key.startswith(tickets)
+
         base = admin_url(cache, engine)
         monkeypatch.setenv("OCR_CACHE_ADMIN_TOKEN", TOKEN)
 
@@ -223,7 +227,10 @@ def test_every_purge_form_reaches_cache_keys_only(
                 raw.restore(key, max(ttl, 0), value, replace=True)
             before = names(raw)
             removed = purge()
-            gone = before - names(raw)
+            # The scheduler's own keys (ring, deficits, bells, register) are rewritten by the
+            # feeders as they run, whatever a purge does; the tickets and their markers are
+            # compared with the rest.
+            gone = {k for k in before - names(raw) if not scheduling(k)}
             scope = {
                 k for k in cached
                 if k.split(":", 1)[0] == keys.prefix(namespace)

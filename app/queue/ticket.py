@@ -49,7 +49,7 @@ ERROR_TTL_S = 60
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every ticket's in FIFO
 
 
-class UnknownFormat(ValueError):
+class UnknownFormat(OcrCacheError, ValueError):
     """A ticket in a wire format this engine does not read."""
 
     def __init__(self, fmt: str) -> None:
