@@ -59,7 +59,8 @@ from tests.images.containers import (
     children,
     container_state,
     docker,
-    gunicorn_workers,
+    engine_processes,
+    front_master,
     logs,
     measurements,
     on_reserved_ports,
@@ -126,20 +127,29 @@ def nginx_tree(procs: list[dict[str, Any]], parent: int) -> tuple[dict[str, Any]
 
 
 def serve_tree(name: str, workers: int = 1) -> dict[str, Any]:
-    """The process tree of `serve` with its edge: tini (PID 1) -> `python -m app serve`
-    (gunicorn's master) -> its workers and nginx's master -> nginx's workers. Waited for (the
-    workers are forked after the socket is bound), then returned with every process."""
+    """The process tree of `serve` with its edge: tini (PID 1) -> `python -m app serve` (the
+    supervisor) -> its engine process(es) and `python -m app front` (gunicorn's master) -> its
+    workers and nginx's master -> nginx's workers. Waited for (the front starts once an engine
+    is ready; the workers are forked after the socket is bound), then returned with every
+    process."""
 
     def tree() -> dict[str, Any] | None:
         procs = processes(name)
         (tini,) = [p for p in procs if p["pid"] == 1]
-        (master,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+        (serve,) = [p for p in children(procs, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+        roles = children(procs, serve["pid"])
+        engines = [p for p in roles if p["argv"][-3:] == ["-m", "app", "engine"]]
+        fronts = [p for p in roles if p["argv"][-3:] == ["-m", "app", "front"]]
+        if len(fronts) != 1 or not engines:
+            return None
+        master = fronts[0]
         forks = [p for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]
         if len(forks) != workers:
             return None
         nginx, nginx_workers = nginx_tree(procs, master["pid"])
-        known = [tini, master, *forks, nginx, *nginx_workers]
-        return {"all": procs, "known": known, "nginx": nginx, "gunicorn": master, "tini": tini}
+        known = [tini, serve, *engines, master, *forks, nginx, *nginx_workers]
+        return {"all": procs, "known": known, "nginx": nginx, "gunicorn": master, "tini": tini,
+                "engines": engines}  # fmt: skip
 
     return wait_for(
         f"{name}: tini, gunicorn's master and {workers} worker(s), nginx", tree, timeout=120,
@@ -270,9 +280,10 @@ def test_cpu_image_runs_as_uid_10001_hardened(cpu_front: dict[str, Any]) -> None
 
 
 def test_cpu_nginx_and_gunicorn_run_as_uid_10001_under_tini(cpu_front: dict[str, Any]) -> None:
-    """Every process of the container, from /proc: tini -> gunicorn's master -> its worker
-    and nginx (Debian's, from /usr/sbin, configured under /tmp) -> nginx's worker; all uid and
-    gid 10001, nothing else running, and nginx never complained (a read-only path, say)."""
+    """Every process of the container, from /proc: tini -> serve -> the engine process and
+    gunicorn's master -> its worker and nginx (Debian's, from /usr/sbin, configured under
+    /tmp) -> nginx's worker; all uid and gid 10001, nothing else running, and nginx never
+    complained (a read-only path, say)."""
     tree = serve_tree(cpu_front["name"], workers=1)
     assert Path(tree["tini"]["argv"][0]).name == "tini"
     assert sorted(p["pid"] for p in tree["all"]) == sorted(p["pid"] for p in tree["known"])
@@ -524,7 +535,10 @@ def test_pod_edge_container_runs_nginx_and_the_front_gunicorn(pod: dict[str, Any
     )
     front = processes(pod["front"])
     assert not [p for p in front if p["argv"][0].startswith("nginx")], front
-    (master,) = [p for p in children(front, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+    (serve,) = [p for p in children(front, 1) if p["argv"][-3:] == ["-m", "app", "serve"]]
+    roles = sorted(p["argv"][-1] for p in children(front, serve["pid"]))
+    assert roles == ["engine", "front"], roles
+    master = front_master(front)
     assert [p["argv"] for p in children(front, master["pid"])] == [master["argv"]]
     for proc in edge + front:
         assert (proc["uid"], proc["gid"]) == (UID, UID), proc
@@ -575,12 +589,12 @@ COMPUTING_CPU_SECONDS = 0.4
 
 def miss_in_flight(base: str, container: str) -> tuple[threading.Thread, dict[str, Any]]:
     """A miss of SLOW_IMAGE (no-cache: computed again on every attempt) sent in a thread,
-    returned once the application is computing it and the client still waits: gunicorn's
-    worker in ``container`` has spent COMPUTING_CPU_SECONDS on it (a request still in a
+    returned once the application is computing it and the client still waits: the engine
+    process in ``container`` has spent COMPUTING_CPU_SECONDS on it (a request still in a
     listen queue or in nginx's buffers costs it nothing). Seen from the server, not guessed
     from the time since it was sent. Its outcome fills the dict."""
     outcome: dict[str, Any] = {}
-    workers = gunicorn_workers(container)
+    workers = engine_processes(container)
 
     def miss() -> None:
         try:
@@ -603,7 +617,7 @@ def miss_in_flight(base: str, container: str) -> tuple[threading.Thread, dict[st
                 break
             time.sleep(0.05)
         if thread.is_alive():
-            pytest.fail(f"gunicorn's workers {workers} never computed the miss\n{logs(container)}")
+            pytest.fail(f"the engines {workers} never computed the miss\n{logs(container)}")
         thread.join()  # answered before it was seen computing: not in flight, try again
     pytest.fail(f"a miss of {SLOW_IMAGE.name} was never seen in flight ({spent:.2f} s): {outcome}")
 

@@ -215,13 +215,21 @@ def children(procs: list[dict[str, Any]], parent: int) -> list[dict[str, Any]]:
     return [p for p in procs if p["ppid"] == parent]
 
 
+def front_master(procs: list[dict[str, Any]]) -> dict[str, Any]:
+    """gunicorn's master: `python -m app front`, PID 1's child in a front container, the
+    child of `python -m app serve` (the supervisor) otherwise."""
+    fronts = [p for p in procs if p["argv"][-3:] == ["-m", "app", "front"]]
+    (master,) = [p for p in fronts if p["ppid"] not in {f["pid"] for f in fronts}]
+    return master
+
+
 def gunicorn_workers(name: str) -> list[int]:
-    """The PIDs (in the container) of gunicorn's workers: the forks of `python -m app serve`
-    or, in a front container, `python -m app front`."""
+    """The PIDs (in the container) of gunicorn's workers: the forks of its master."""
     procs = processes(name)
-    (master,) = [
-        p
-        for p in children(procs, 1)
-        if p["argv"][-3:] in (["-m", "app", "serve"], ["-m", "app", "front"])
-    ]
+    master = front_master(procs)
     return [p["pid"] for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]
+
+
+def engine_processes(name: str) -> list[int]:
+    """The PIDs (in the container) of `python -m app engine`: where a miss is computed."""
+    return [p["pid"] for p in processes(name) if p["argv"][-3:] == ["-m", "app", "engine"]]
