@@ -22,6 +22,7 @@ from app.cache.store import RedisStore
 from app.config import Settings
 from app.engines.base import EngineBase, OcrRequest
 from app.imaging import decode_image
+from app.queue.connections import BLOCK_MS
 from app.queue.ticket import Ticket
 from app.tenants import TenantBook
 from app.vocabulary import (
@@ -107,12 +108,16 @@ def make_cache(
     gate: Callable[[], None] | None = None,
     book: TenantBook | None = None,
     client: object = None,
+    ready: bool = True,
     **overrides: object,
 ) -> OcrCache:
     """A front door as one process builds it (``app.service.build`` without the engine's
     loader): ``gate`` stands for the engine's loading (``wait_for_engine``); ``book``: the
     tenants (none: the settings' file, if any); ``client``: the store's redis-py client
-    (default: one for the settings' URL)."""
+    (default: one for the settings' URL). Without a ``gate`` and with ``ready``, returned once
+    its engine's feeders took their place in the global queue (``dispatch_ready``): a miss
+    asked before that is computed here, which on a loaded host made tests about the queue
+    race their own feeders' start; ``ready=False`` for a Redis that cannot answer."""
     settings = settings.with_overrides(**overrides)
     r = settings.redis
     store = RedisStore(
@@ -122,7 +127,7 @@ def make_cache(
         CircuitBreaker(r.breaker_failures, r.breaker_cooldown_seconds),
         client=client,
     )
-    return assembly.for_settings(
+    cache = assembly.for_settings(
         settings,
         double,  # type: ignore[arg-type]
         store,
@@ -130,6 +135,9 @@ def make_cache(
         wait_for_engine=gate or (lambda: None),
         book=book,
     )
+    if gate is None and ready:
+        assert cache.dispatch_ready(WAIT), "the engine's feeders never reported in"
+    return cache
 
 
 @pytest.fixture()
@@ -269,7 +277,7 @@ def test_errors_are_never_cached(settings, double, redis_client):
 
 
 def test_redis_down_costs_hits_not_answers(settings, double):
-    cache = make_cache(settings, double, redis_url="redis://127.0.0.1:1/0")
+    cache = make_cache(settings, double, redis_url="redis://127.0.0.1:1/0", ready=False)
     assert [cache.get_or_compute(IMAGES[0]).status for _ in range(2)] == ["MISS", "MISS"]
     assert double.calls == 2
 
@@ -528,7 +536,12 @@ def test_a_feeder_survives_redis_failing_while_it_checks_its_tickets(settings, d
     cache = make_cache(settings, double)
     feeders = cache._feeders
     assert feeders is not None
-    dead = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    # A feeder's kind of client (``Connections.open``: the store's, with the service's one
+    # immediate retry) for a port nothing listens on: every command fails at once (redis-py's
+    # default client would first back off for seconds per command; the service's does not).
+    r = settings.redis
+    store = RedisStore("redis://127.0.0.1:1/0", r.timeout_ms, 200, CircuitBreaker(3, 30.0))
+    dead = store.pubsub_client(BLOCK_MS / 1000 + 5)
     ticket = Ticket("k", "s", OcrParams(), "", 60, time.time() + 60, IMAGES[0], id="1-0")
     late = Ticket("k2", "s", OcrParams(), "", 60, time.time() - 1, IMAGES[1], id="2-0")
     served: list[list[Ticket]] = []

@@ -88,6 +88,7 @@ def test_bad_value_names_the_variable(var, value):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.integration  # starts `python -m app serve`: a process (tests/conftest.py)
 def test_bad_value_stops_start_up_with_one_line():
     proc = subprocess.run(
         [sys.executable, "-m", "app", "serve"],

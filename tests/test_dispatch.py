@@ -192,13 +192,16 @@ def test_a_ticket_whose_caller_gave_up_is_not_computed(settings, redis_client):
 
 def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> None:
     """A ticket written straight into the default lane, as a writer to Redis could (the lane
-    registered; the feeders' heartbeat puts it in the round robin's ring)."""
+    registered; the feeders' heartbeat puts it in the round robin's ring), ringing the idle
+    engines' doorbell as submitting does (unrung, an idle feeder finds it within its
+    ``BLOCK_MS`` wait all the same, a second later)."""
     try:
         client.xgroup_create(names.stream("~"), "engines", id="0", mkstream=True)
     except redis.ResponseError:  # BUSYGROUP: it exists
         pass
     client.xadd(names.stream("~"), dict(zip(fields[::2], fields[1::2], strict=True)))
     client.sadd(names.lanes, "~")
+    client.lpush(names.bell, "1")
 
 
 def test_a_superseded_ticket_is_dropped_by_its_consumer(settings, redis_client):

@@ -169,7 +169,12 @@ def wait_for(check, what: str) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture()
 def settings(base_settings: Settings, redis_client: redis.Redis) -> Settings:
-    return base_settings.with_overrides(dispatch_queue_max=64)
+    """Redis timeouts of a second, not the service's 50 ms: dozens of threads queue at once
+    here, and on a busy host (a benchmark beside ``make test-fast``'s two workers) a slow
+    answer opened the breaker, so misses were computed without the queue under test."""
+    return base_settings.with_overrides(
+        dispatch_queue_max=64, redis_timeout_ms=1000, redis_connect_timeout_ms=1000
+    )
 
 
 def ask(pool: ThreadPoolExecutor, cache: OcrCache, tenant: str, data: bytes) -> Future:
@@ -200,7 +205,10 @@ def test_one_new_page_is_not_held_behind_another_tenants_flood(
     if fairness == "drr":
         assert position <= 1, f"b's page was the engines' call {position + 1} of 25"
     else:
-        assert position == 24  # the test tells the two apart: fifo is what the issue measured
+        # Taken last; its call starts after a's 24th's on a quiet host, and may start just
+        # before it on a loaded one (two engines: the last two taken start in either order).
+        # The test tells the two apart: fifo is what the issue measured.
+        assert position >= 23, f"b's page was the engines' call {position + 1} of 25"
     assert fleet.running[1] == 2  # both engines were busy throughout
 
 
@@ -387,10 +395,15 @@ def test_a_single_page_is_interjected_while_a_flood_holds_every_engine(
     pool.shutdown()
 
 
+# b's first page's time: far above a take's and a serving's own (milliseconds), so a second
+# page started at once would start well before the twice-as-long mark the test asserts.
+FIRST_SECONDS = 0.5
+
+
 def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
-    """One engine, a's call held at its pauses. b's first page (1 s) is interjected; b's
+    """One engine, a's call held at its pauses. b's first page (0.5 s) is interjected; b's
     next two are too (a call may take several), but each only once a's call has run on its
     own at least as long as it was paused for b: the second starts no sooner than twice
     the first's time after the call began. So a paused page keeps at least half its engine
@@ -402,7 +415,7 @@ def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
     assert feeders is not None
     call_began = feeders.calls.running(0).began  # the feeders' clock: a's call, held by the gate
     before = interjected()
-    engine.seconds[page("b", 0)] = 1.0
+    engine.seconds[page("b", 0)] = FIRST_SECONDS
     for i in range(3):
         answer = ask(pool, fleet.workers[0], "b", page("b", i)).result(WAIT)
         assert answer.status is CacheStatus.MISS
@@ -414,7 +427,7 @@ def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
         start, end = spans[page("b", i)]
         assert start - call_began >= 2 * lent, (i, start - call_began, lent)
         lent += end - start  # at least what the interjector counts (it adds the serving)
-    assert lent >= 1.0
+    assert lent >= FIRST_SECONDS
     gate.set()
     assert a_pages[0].result(WAIT).status is CacheStatus.MISS
     pool.shutdown()

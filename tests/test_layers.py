@@ -128,6 +128,11 @@ def test_leaves_import_nothing_but_the_vocabulary():
 def test_config_sits_on_leaves_only():
     assert imports("app.env") <= {"app"} | LEAVES
     assert closure("app.config") <= {"app"} | CONFIG | LEAVES | READING
+
+
+@pytest.mark.integration  # a fresh interpreter: a process (tests/conftest.py)
+def test_config_loads_no_more_in_a_fresh_interpreter():
+    """What importing the configuration really loads: the same modules as above."""
     assert loaded_after_import("app.config") <= {"app"} | CONFIG | LEAVES | READING
 
 

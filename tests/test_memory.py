@@ -45,6 +45,7 @@ def _glibc() -> bool:
     return os.path.exists("/proc/self/statm")
 
 
+@pytest.mark.integration  # a fresh interpreter: a process (tests/conftest.py)
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc and /proc only")
 def test_freed_buffers_kept_by_the_thresholds_are_given_back() -> None:
     done = subprocess.run(

@@ -449,9 +449,12 @@ def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis
     patterns.write_text("passport = [A-Z]{2}\\d{7}\n")
     fake = FakeVllm(PASSPORT.parent).start()
     try:
+        # Redis timeouts of a second: on a busy host the service's 50 ms ones made a slow
+        # answer cost a second engine call, which is not what this test is about.
         settings = hunyuan_settings(
-            base_settings, fake, cache_redact=ALL, cache_redact_patterns_file=str(patterns)
-        )
+            base_settings, fake, cache_redact=ALL, cache_redact_patterns_file=str(patterns),
+            redis_timeout_ms=1000, redis_connect_timeout_ms=1000,
+        )  # fmt: skip
         app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
         client = app.test_client()
         deadline = time.monotonic() + 10

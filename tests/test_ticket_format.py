@@ -27,7 +27,7 @@ pytestmark = pytest.mark.unit
 
 
 class SerialEngine(CountingEngine):
-    max_concurrency = 1
+    slots = 1  # one feeder
 
 
 @pytest.fixture()
