@@ -58,12 +58,12 @@ test: install install-tools
 		echo "chromium not installed: the web page test will be skipped"
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The unit layer (no engine, no processes, no deployment checks): about 25 s on 2 cores (was 65
-# one test at a time). Two pytest-xdist workers, each with its own Redis on a free port; a test
-# file runs whole in one worker (--dist loadfile: its tests keep their order and process, as
-# tests/test_fuzz_parsers.py's example count needs). schemathesis's pytest plugin is left out:
-# no unit test uses it, and it costs every process a second of imports. One file or test alone
-# runs quicker in one process: make test-fast PYTEST_ARGS='-n 0 tests/test_x.py'.
+# The unit layer (no engine, no processes, no deployment checks): about 25 s on 2 quiet cores
+# (65 s one test at a time). Two pytest-xdist workers, each with its own Redis on a free port;
+# a test file runs whole in one worker (--dist loadfile: its tests keep their order and
+# process, as tests/test_fuzz_parsers.py's example count needs). schemathesis's pytest plugin
+# is left out: no unit test uses it, and its imports cost each process most of a second. One
+# file alone runs sooner in one process: make test-fast PYTEST_ARGS='-n 0 tests/test_x.py'.
 TEST_FAST_WORKERS ?= 2
 test-fast: install
 	$(BIN)/python -m pytest -m "unit and not integration and not deploy and not slow" \
