@@ -44,6 +44,17 @@ class OcrParams:
     def digest(self) -> str:
         return _params_digest(self)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields (a queued ticket's, a direct call's)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> OcrParams:
+        """Back from ``to_dict``; ``TypeError``/``ValueError`` on another shape."""
+        raw = dict(raw)
+        raw["task_args"] = tuple(tuple(pair) for pair in raw.get("task_args", ()))
+        return cls(**raw)
+
     def arg_values(self, name: str) -> tuple[str, ...]:
         """Every value of task argument ``name``, in order."""
         return tuple(value for key, value in self.task_args if key == name)

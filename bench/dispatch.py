@@ -157,7 +157,7 @@ class Service:
 def bare(urls: Sequence[str], items: Sequence[bytes], clients: int) -> float:
     """Wall seconds for the engines' direct endpoints to answer ``items`` from ``clients``
     threads (request i to engine i % n), as a front calls them."""
-    params = direct.params_to_dict(_default_params())
+    params = _default_params().to_dict()
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
     def call(i: int) -> None:

@@ -15,7 +15,6 @@ know (400), so two adjacent versions of fronts and engines coexist during an upd
 from __future__ import annotations
 
 import base64
-import dataclasses
 import itertools
 import threading
 import time
@@ -42,16 +41,10 @@ FORMAT = 1
 RETRY_SECONDS = 0.25  # between rounds over the engines while none answers
 
 
-def params_to_dict(params: OcrParams) -> dict[str, Any]:
-    return dataclasses.asdict(params)
-
-
 def params_from_dict(raw: dict[str, Any]) -> OcrParams:
     """Raises ``ClientError`` on a shape ``OcrParams`` does not take."""
     try:
-        raw = dict(raw)
-        raw["task_args"] = tuple(tuple(pair) for pair in raw.get("task_args", ()))
-        return OcrParams(**raw)
+        return OcrParams.from_dict(raw)
     except (TypeError, ValueError) as exc:
         raise ClientError(f"malformed params: {exc}") from None
 
@@ -61,7 +54,7 @@ def encode_request(request: OcrRequest) -> bytes:
         {
             "format": FORMAT,
             "image": base64.b64encode(request.data).decode(),
-            "params": params_to_dict(request.params),
+            "params": request.params.to_dict(),
             "namespace": request.namespace,
         }
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from app.vocabulary import (
     EngineBusy,
@@ -84,7 +84,7 @@ class Ticket:
 
     def fields(self) -> list[str | bytes]:
         """The stream entry's fields, in format ``FORMAT``."""
-        params = json.dumps(asdict(self.params), separators=(",", ":"))
+        params = json.dumps(self.params.to_dict(), separators=(",", ":"))
         return ["fmt", FORMAT, "key", self.key, "sha256", self.sha256, "params", params,
                 "ns", self.namespace, "ttl", str(self.ttl), "deadline", repr(self.deadline),
                 "data", self.data, "archive", "1" if self.archive else "0"]  # fmt: skip
@@ -103,11 +103,10 @@ class Ticket:
         fmt = text.get("fmt", b"1").decode(errors="replace")
         if fmt not in READS:
             raise UnknownFormat(fmt)
-        params = json.loads(text["params"])
-        params["task_args"] = tuple(tuple(pair) for pair in params.get("task_args", ()))
+        params = OcrParams.from_dict(json.loads(text["params"]))
         return cls(
             key=text["key"].decode(), sha256=text["sha256"].decode(),
-            params=OcrParams(**params), namespace=text["ns"].decode(), ttl=int(text["ttl"]),
+            params=params, namespace=text["ns"].decode(), ttl=int(text["ttl"]),
             deadline=float(text["deadline"]), data=text["data"], id=ticket_id,
             archive=text.get("archive", b"1") == b"1", deliveries=deliveries, lane=lane,
         )  # fmt: skip
