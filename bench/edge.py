@@ -472,27 +472,8 @@ class Misses:
                 "median_s": statistics.median(self.seconds) if self.seconds else None}  # fmt: skip
 
 
-def engine_pids(serve_pid: int) -> list[int]:
-    """The engine processes of a ``python -m app serve``: its children whose command line
-    ends with ``-m app engine``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        args = [a.decode() for a in cmdline if a]
-        if ppid == serve_pid and args[-3:] == ["-m", "app", "engine"]:
-            pids.append(int(entry))
-    return sorted(pids)
-
-
-def front_workers(serve_pid: int) -> list[int]:
-    """The front's gunicorn workers: children of the ``-m app front`` child of ``serve``."""
+def _children() -> tuple[dict[int, list[int]], dict[int, list[str]]]:
+    """Every process now: its children by parent PID, and its command line by PID."""
     children: dict[int, list[int]] = {}
     commands: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -506,6 +487,20 @@ def front_workers(serve_pid: int) -> list[int]:
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
         commands[int(entry)] = [a.decode() for a in cmdline if a]
+    return children, commands
+
+
+def engine_pids(serve_pid: int) -> list[int]:
+    """The engine processes of a ``python -m app serve``: its children whose command line
+    ends with ``-m app engine``."""
+    children, commands = _children()
+    return sorted(p for p in children.get(serve_pid, [])
+                  if commands[p][-3:] == ["-m", "app", "engine"])  # fmt: skip
+
+
+def front_workers(serve_pid: int) -> list[int]:
+    """The front's gunicorn workers: children of the ``-m app front`` child of ``serve``."""
+    children, commands = _children()
     fronts = [p for p in children.get(serve_pid, []) if commands[p][-3:] == ["-m", "app", "front"]]
     return sorted(p for f in fronts for p in children.get(f, [])
                   if commands[p][-3:] == ["-m", "app", "front"])  # fmt: skip
