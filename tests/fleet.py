@@ -96,7 +96,8 @@ class LoopbackCluster:
                              for c in clients), what="every node knows every other")  # fmt: skip
         for j, replica in enumerate(clients[self.masters :]):
             master = clients[j % self.masters]
-            replica.execute_command("CLUSTER", "REPLICATE", master.execute_command("CLUSTER", "MYID"))
+            master_id = master.execute_command("CLUSTER", "MYID")
+            replica.execute_command("CLUSTER", "REPLICATE", master_id)
         self.wait_ok()
         wait_for(lambda: all(self.client(n).info("replication").get("master_link_status") == "up"
                              for n in self.nodes if self.role(n) == "slave"),
@@ -114,10 +115,14 @@ class LoopbackCluster:
 
         def ok() -> bool:
             live = self.alive()
-            return bool(live) and all(
-                b"cluster_state:ok" in self.client(n).execute_command("CLUSTER", "INFO")
-                for n in live
-            ) and len(self.live_masters()) == self.masters
+            return (
+                bool(live)
+                and all(
+                    b"cluster_state:ok" in self.client(n).execute_command("CLUSTER", "INFO")
+                    for n in live
+                )
+                and len(self.live_masters()) == self.masters
+            )
 
         wait_for(ok, timeout, "cluster_state:ok with a live master for every slot")
 
@@ -280,8 +285,8 @@ class Fleet:
     def __init__(self, tmp: Path, redis_url: str, fronts: int = 2, engines: int = 2,
                  front_workers: int = 2, **overrides: str) -> None:  # fmt: skip
         self.tmp = tmp
-        base = {k: v for k, v in os.environ.items()
-                if k not in ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR", "WEB_CONCURRENCY")}  # fmt: skip
+        unset = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR", "WEB_CONCURRENCY")
+        base = {k: v for k, v in os.environ.items() if k not in unset}
         base.update(
             REDIS_URL=redis_url, ENGINE_TOKEN=TOKEN, OCR_WORK_DIR=str(tmp / "models"),
             LOG_LEVEL="warning", DISPATCH_CLAIM_MS="3000",
@@ -361,7 +366,9 @@ class Fleet:
 
 
 @contextmanager
-def cluster_fleet(tmp: Path, fronts: int = 2, engines: int = 2, **overrides: str) -> Iterator[tuple[LoopbackCluster, Fleet]]:  # fmt: skip
+def cluster_fleet(
+    tmp: Path, fronts: int = 2, engines: int = 2, **overrides: str
+) -> Iterator[tuple[LoopbackCluster, Fleet]]:
     cluster = LoopbackCluster().start()
     fleet = Fleet(tmp, cluster.url, fronts=fronts, engines=engines, **overrides)
     try:
