@@ -313,6 +313,7 @@ class Fleet:
         self._watching = False
         self._watcher: threading.Thread | None = None
         self.restarts: list[tuple[float, str]] = []
+        self.parked: set[int] = set()  # engines stopped on purpose: not restarted
 
     def _metrics_dir(self, name: str) -> str:
         path = self.tmp / f"metrics-{name}"
@@ -338,12 +339,24 @@ class Fleet:
         second (a Deployment's pod restart)."""
         while self._watching:
             for i, engine in enumerate(self.engines):
-                if not engine.running():
+                if i not in self.parked and not engine.running():
                     time.sleep(1.0)
-                    if self._watching:
+                    if self._watching and i not in self.parked:
                         self.restarts.append((time.time(), f"engine{i}"))
                         engine.start()
             time.sleep(0.5)
+
+    def park_engine(self, i: int) -> None:
+        """Stop engine ``i`` gracefully and keep it stopped (a Deployment scaled down by
+        one) until ``unpark_engine``."""
+        self.parked.add(i)
+        self.engines[i].stop()
+
+    def unpark_engine(self, i: int) -> None:
+        """Start a parked engine again and wait until it is ready (scaled back up)."""
+        self.engines[i].start()
+        self.engines[i].wait_ready()
+        self.parked.discard(i)
 
     def stop(self) -> None:
         self._watching = False
