@@ -1,0 +1,415 @@
+"""Everything on Cluster (issue 38 §1): every Redis structure the service uses works, through
+its own HTTP API, with ``REDIS_URL`` naming one node, a Sentinel-watched master
+(``redis+sentinel://``) and a Redis Cluster of 3 masters with a replica each
+(``redis+cluster://``): entries and the pixel and similarity indexes, the line store, PDF page
+lists, the miss queue with a lane per tenant, its ticket markers (one computation across two
+fronts), the tenants' quotas and request rates, and a purge. On the cluster, where the keys
+lie: a namespace's entries and index keys on every master, the queue's keys all on one (its
+hash tag).
+
+Each topology starts once for the module (real ``redis-server`` processes on loopback) and
+is flushed before each test; the apps are built in-process on the real engine, L1 off (every
+hit is a Redis read)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
+from app.embedded_redis import EmbeddedRedis
+from tests.conftest import SHORT, WORD_CH, WORD_EN
+from tests.fleet import LoopbackCluster, wait_for
+from tests.helpers import b64, metric_sum
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOPOLOGIES = ("single", "sentinel", "cluster")
+ADMIN = "cluster-structures-admin-token"
+ALPHA, BETA, GAMMA = (
+    "alpha-key-0123456789abcdef",
+    "beta-key-0123456789abcdef",
+    "gamma-key-0123456789",
+)
+# A loaded machine runs these beside fleets and benchmarks: a Redis answer may take longer
+# than the 50 ms default without Redis being down.
+REDIS_TIMEOUT_MS = 1000
+
+
+@dataclass
+class Topology:
+    """One Redis deployment: its ``REDIS_URL`` and a plain client of each primary."""
+
+    name: str
+    url: str
+    primaries: Callable[[], list[redis.Redis]]
+    cluster: LoopbackCluster | None = None
+    servers: list[EmbeddedRedis] = field(default_factory=list)
+
+    def keys(self, match: str = "*") -> list[bytes]:
+        return [k for c in self.primaries() for k in c.scan_iter(match, count=1000)]
+
+    def per_primary(self, match: str) -> list[int]:
+        """How many keys match ``match`` on each primary."""
+        return [sum(1 for _ in c.scan_iter(match, count=1000)) for c in self.primaries()]
+
+    def flush(self) -> None:
+        for client in self.primaries():
+            client.flushall()
+
+
+def _single() -> Topology:
+    server = EmbeddedRedis().start()
+    client = redis.Redis(port=server.port)
+    return Topology("single", server.url, lambda: [client], servers=[server])
+
+
+def _sentinel(tmp: Path) -> Topology:
+    master = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    conf = tmp / "sentinel.conf"
+    conf.write_text(
+        f"sentinel monitor ocrmaster 127.0.0.1 {master.port} 1\n"
+        "sentinel down-after-milliseconds ocrmaster 5000\n"
+        "sentinel failover-timeout ocrmaster 10000\n"
+    )
+    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start()
+    probe = redis.Redis(port=replica.port)
+    wait_for(lambda: probe.info("replication")["master_link_status"] == "up", 60, "replica up")
+    watcher = redis.Redis(port=sentinel.port)
+    wait_for(lambda: watcher.sentinel_master("ocrmaster")["num-slaves"] >= 1, 60, "sentinel")
+    client = redis.Redis(port=master.port)
+    url = f"redis+sentinel://127.0.0.1:{sentinel.port}/ocrmaster/0"
+    return Topology("sentinel", url, lambda: [client], servers=[sentinel, replica, master])
+
+
+def _cluster() -> Topology:
+    cluster = LoopbackCluster().start()
+    clients = [cluster.client(n) for n in cluster.live_masters()]
+    return Topology("cluster", cluster.url, lambda: clients, cluster=cluster)
+
+
+@pytest.fixture(scope="module", params=TOPOLOGIES)
+def topology(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Topology]:
+    """Started once per module and topology (pytest groups the tests by it)."""
+    name = request.param
+    if name == "single":
+        topo = _single()
+    elif name == "sentinel":
+        topo = _sentinel(tmp_path_factory.mktemp("sentinel"))
+    else:
+        topo = _cluster()
+    try:
+        yield topo
+    finally:
+        if topo.cluster is not None:
+            topo.cluster.stop()
+        for server in topo.servers:
+            server.cleanup()
+
+
+@pytest.fixture()
+def topo(topology: Topology) -> Topology:
+    topology.flush()
+    return topology
+
+
+def on(make_app: Callable[..., Any], topo: Topology, **overrides: Any) -> Any:
+    """An app of the real engine on ``topo``, L1 off."""
+    settings = {"redis_url": topo.url, "redis_timeout_ms": REDIS_TIMEOUT_MS, "cache_l1_bytes": 0}
+    return make_app(**{**settings, **overrides})
+
+
+def ocr(client: Any, data: bytes, headers: dict[str, str] | None = None) -> Any:
+    return client.post("/v1/ocr", json={"image": b64(data)}, headers=headers or {})
+
+
+def metric(client: Any, name: str, **labels: str) -> float:
+    return metric_sum(client.get("/metrics").get_data(as_text=True), name, **labels)
+
+
+def variant(path: Path, n: int) -> bytes:
+    """``path`` with one corner pixel changed: a fresh image (a miss), read as the original."""
+    picture = Image.open(path).convert("RGB")
+    picture.putpixel((0, 0), (n % 256, (n // 256) % 256, 7))
+    out = io.BytesIO()
+    picture.save(out, "PNG")
+    return out.getvalue()
+
+
+def resaved(data: bytes) -> bytes:
+    """The same pixels in other bytes: a PNG with a text chunk (what a re-save by another
+    tool or a metadata change makes)."""
+    picture = Image.open(io.BytesIO(data))
+    info = PngInfo()
+    info.add_text("Comment", "re-saved")
+    out = io.BytesIO()
+    picture.save(out, "PNG", pnginfo=info)
+    assert out.getvalue() != data
+    return out.getvalue()
+
+
+def jpeg(data: bytes) -> bytes:
+    out = io.BytesIO()
+    Image.open(io.BytesIO(data)).convert("RGB").save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def pdf(*paths: Path) -> bytes:
+    pages = [Image.open(p).convert("RGB") for p in paths]
+    buf = io.BytesIO()
+    pages[0].save(buf, "PDF", resolution=72, save_all=True, append_images=pages[1:])
+    return buf.getvalue()
+
+
+# Entries, the pixel index, similarity bands -----------------------------------------------
+
+
+def test_entries_and_the_near_duplicate_indexes(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """MISS, then an L2 HIT (L1 off); the same pixels in other bytes: a hit from the pixel
+    index; a JPEG copy: a verified hit from the similarity bands and reference picture."""
+    client = on(make_app, topo, cache_similar=True).test_client()
+    data = WORD_EN.read_bytes()
+    first = ocr(client, data)
+    assert first.status_code == 200 and first.headers["X-Cache"] == "MISS"
+    second = ocr(client, data)
+    assert (second.headers["X-Cache"], second.headers["X-Cache-Tier"]) == ("HIT", "l2")
+    assert second.get_json()["lines"] == first.get_json()["lines"]
+    md5 = hashlib.md5(data).hexdigest()
+    assert len(topo.keys(f"ocr:v1:*{{{md5}}}")) == 1  # the entry
+    assert topo.keys(f"ocr:v1:*{{{md5}}}:simref")  # its reference picture
+    assert topo.keys("ocr:v1:*:px2:*") and len(topo.keys("ocr:v1:*:simband:*")) == 8
+
+    same_pixels = ocr(client, resaved(data))
+    assert (same_pixels.headers["X-Cache"], same_pixels.headers["X-Cache-Tier"]) == (
+        "HIT",
+        "pixel",
+    )
+    assert same_pixels.get_json()["lines"] == first.get_json()["lines"]
+    similar = ocr(client, jpeg(data))
+    assert (similar.headers["X-Cache"], similar.headers["X-Cache-Tier"]) == ("HIT", "similar")
+    assert similar.headers["X-Cache-Similar-Source"] == hashlib.sha256(data).hexdigest()
+
+
+# The line store -----------------------------------------------------------------------------
+
+
+def test_the_line_store(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """CACHE_LINES=on: the second copy of a template reuses the first's line readings, read
+    back from Redis (on the cluster, from several masters: lines carry no hash tag)."""
+    from bench.templates import document
+
+    app = on(make_app, topo, cache_lines=True)
+    client = app.test_client()
+    try:
+        reused = metric(client, "ocr_lines_total", outcome="reused")
+        for copy in (0, 1):
+            answer = client.post(
+                "/v1/ocr", data={"file": (io.BytesIO(document("card", copy)), "card.png")}
+            )
+            assert answer.status_code == 200 and answer.headers["X-Cache"] == "MISS"
+        assert metric(client, "ocr_lines_total", outcome="reused") > reused
+        assert metric(client, "ocr_line_faults_total") == 0
+        spread = topo.per_primary("ocr:v1:*:line1:*")
+        assert sum(spread) > 0
+        if topo.cluster is not None:
+            assert sum(1 for n in spread if n) > 1, spread
+    finally:
+        make_app()  # the shared engine's line reuse off again (the assembly's say)
+
+
+# PDF page lists -----------------------------------------------------------------------------
+
+
+def test_pdf_page_lists(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """A repeated PDF is answered from its page list and its pages' entries, unrendered."""
+    client = on(make_app, topo, pdf_render_scale=1.0).test_client()
+    payload = {"file": b64(pdf(WORD_EN, SHORT)), "fileType": 0, "visualize": False}
+    rendered = metric(client, "ocr_pdf_pages_rendered_total")
+    first = client.post("/ocr", data=json.dumps(payload))
+    assert first.status_code == 200 and first.headers["X-Cache"] == "MISS"
+    assert metric(client, "ocr_pdf_pages_rendered_total") == rendered + 2
+    assert len(topo.keys("ocr:v1:doc:*")) == 1
+    second = client.post("/ocr", data=json.dumps(payload))
+    assert second.status_code == 200 and second.headers["X-Cache"] == "HIT"
+    assert metric(client, "ocr_pdf_pages_rendered_total") == rendered + 2  # nothing rendered
+    assert second.get_json()["result"] == first.get_json()["result"]
+
+
+# Tenants: lanes, quotas, rates --------------------------------------------------------------
+
+
+class Gated:
+    """The real engine, held at the start of each call while ``gate`` is clear."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def recognize(self, request: Any) -> Any:
+        self.entered.set()
+        if not self.gate.wait(120):
+            raise AssertionError("the gate was never opened")
+        return self._engine.recognize(request)
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_tenant_lanes_quotas_and_rates(make_app, engine, topo: Topology, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """AUTH=keys with three tenants: each one's misses go through its own lane of the queue
+    (its stream, under the queue's hash tag: on one master); ``misses_in_flight`` refuses a
+    second miss while the first is on the engine, ``engine_seconds_per_minute`` one after
+    the budget was spent, ``rate`` a request past its burst (hits too): 429 each."""
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(
+        json.dumps(
+            {
+                "tenants": [
+                    {"name": "alpha", "key_sha256": sha(ALPHA), "engine_seconds_per_minute": 0.01},
+                    {"name": "beta", "key_sha256": sha(BETA), "rate": "0.017:2"},
+                    {"name": "gamma", "key_sha256": sha(GAMMA), "misses_in_flight": 1},
+                ]
+            }
+        )
+    )
+    gated = Gated(engine)
+    app = on(make_app, topo, auth="keys", api_keys_file=str(tenants), engine_override=gated)
+    state, cache = app.extensions["ocr"]["engine_state"], app.extensions["ocr"]["cache"]
+    wait_for(lambda: state.ready, 60, "engine ready")
+    cache.dispatch_ready(30)
+    client = app.test_client()
+    queued = metric(client, "ocr_dispatch_tickets_total")
+
+    # gamma: one miss held on the engine; a second one is refused meanwhile.
+    gated.gate.clear()
+    held: list[Any] = []
+    first = threading.Thread(
+        target=lambda: held.append(ocr(client, variant(SHORT, 1), bearer(GAMMA)))
+    )
+    first.start()
+    try:
+        assert gated.entered.wait(60), "the miss never reached the engine"
+        lanes = topo.keys("*:jobs:gamma")
+        assert len(lanes) == 1 and lanes[0].startswith(b"{ocr:dispatch:")
+        assert topo.keys("ocr:quota:inflight:{gamma}")
+        second = ocr(client, variant(SHORT, 2), bearer(GAMMA))
+        assert second.status_code == 429 and int(second.headers["Retry-After"]) >= 1
+    finally:
+        gated.gate.set()
+        first.join(120)
+    assert held and held[0].status_code == 200 and held[0].headers["X-Cache"] == "MISS"
+    assert ocr(client, variant(SHORT, 2), bearer(GAMMA)).status_code == 200  # its slot is free
+
+    # alpha: its first miss spends more than its minute's engine time; the next is refused.
+    spent = ocr(client, variant(WORD_EN, 1), bearer(ALPHA))
+    assert spent.status_code == 200 and spent.headers["X-Cache"] == "MISS"
+    refused = ocr(client, variant(WORD_EN, 2), bearer(ALPHA))
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    assert ocr(client, variant(WORD_EN, 1), bearer(ALPHA)).headers["X-Cache"] == "HIT"
+    assert topo.keys("ocr:quota:engine:{alpha}")
+
+    # beta: a burst of 2 (three at once), then one a minute; hits count too.
+    answers = [ocr(client, variant(WORD_CH, 1), bearer(BETA)) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert [a.headers.get("X-Cache") for a in answers[:3]] == ["MISS", "HIT", "HIT"]
+    assert topo.keys("ocr:ratelimit:{tenant:beta}")
+
+    # Every tenant's misses went through its own lane; the queue's keys share one master.
+    assert metric(client, "ocr_dispatch_tickets_total") > queued
+    streams = sorted(k.rsplit(b":", 1)[1] for k in topo.keys("{ocr:dispatch:*:jobs:*"))
+    assert streams == [b"alpha", b"beta", b"gamma"]
+    if topo.cluster is not None:
+        spread = topo.per_primary("{ocr:dispatch:*")
+        assert sorted(spread)[:2] == [0, 0] and max(spread) >= 8, spread
+
+
+# Ticket markers: one computation across fronts ----------------------------------------------
+
+
+def test_two_fronts_compute_a_fresh_image_once(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """Two apps sharing only the topology, eight threads at once asking for one fresh image:
+    one engine call (the ticket marker joined every later request to the first ticket)."""
+    clients = [on(make_app, topo).test_client() for _ in range(2)]
+    data = variant(WORD_CH, 99)
+    before = metric(clients[0], "ocr_engine_calls_total")
+    barrier = threading.Barrier(8)
+
+    def one(i: int) -> tuple[int, str, Any]:
+        barrier.wait(60)
+        answer = ocr(clients[i % 2], data)
+        return answer.status_code, answer.headers.get("X-Cache", ""), answer.get_json()
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    assert metric(clients[0], "ocr_engine_calls_total") - before == 1
+    assert {r[0] for r in results} == {200}
+    statuses = sorted(r[1] for r in results)
+    assert statuses.count("MISS") == 1 and set(statuses) <= {"MISS", "COALESCED", "HIT"}
+    assert all(r[2]["lines"] == results[0][2]["lines"] for r in results)
+
+
+# Purge, and where the keys lie --------------------------------------------------------------
+
+
+def test_a_purge_reaches_every_master_and_keys_spread(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """A tenant namespace's entries and pixel index (on the cluster: ~15 images, until every
+    master holds some of each), the queue's keys on one master; POST /admin/purge removes the
+    namespace's keys from every master and leaves the default namespace's."""
+    app = on(make_app, topo, admin_token=ADMIN, cache_tenant_header="X-Tenant")
+    client = app.test_client()
+    acme = {"X-Tenant": "acme"}
+    default = ocr(client, WORD_EN.read_bytes())
+    assert default.status_code == 200
+
+    def spread() -> tuple[list[int], list[int]]:
+        return topo.per_primary("ocr.acme:v1:*}"), topo.per_primary("ocr.acme:v1:*:px2:*")
+
+    least, most = (15, 40) if topo.cluster is not None else (3, 3)
+    sent = 0
+    while sent < least or (sent < most and not all(min(s) > 0 for s in spread())):
+        answer = ocr(client, variant(WORD_EN, 1000 + sent), acme)
+        assert answer.status_code == 200 and answer.headers["X-Cache"] == "MISS"
+        sent += 1
+    entries, pixels = spread()
+    assert sum(entries) == sent and sum(pixels) > 0
+    if topo.cluster is not None:
+        assert all(entries) and all(pixels), (sent, entries, pixels)
+        queue = topo.per_primary("{ocr:dispatch:*")
+        assert sorted(queue)[:2] == [0, 0] and max(queue) > 0, queue
+        slots = {topo.cluster.owner(k.decode()).port for k in topo.keys("{ocr:dispatch:*")}
+        assert len(slots) == 1
+
+    unauthorized = client.post("/admin/purge", json={"namespace": "acme"})
+    assert unauthorized.status_code == 401
+    purged = client.post(
+        "/admin/purge", json={"namespace": "acme"}, headers={"Authorization": f"Bearer {ADMIN}"}
+    )
+    assert purged.status_code == 200 and purged.get_json()["removed"] >= sent
+    assert topo.per_primary("ocr.acme:v1:*") == [0] * len(topo.primaries())
+    assert ocr(client, WORD_EN.read_bytes()).headers["X-Cache"] == "HIT"  # the default's
+    again = ocr(client, variant(WORD_EN, 1000), acme)
+    assert again.status_code == 200 and again.headers["X-Cache"] == "MISS"
