@@ -325,6 +325,10 @@ class Load:
             self.records.append(record)
         return record
 
+    def send_later(self, front: str, name: str, data: bytes, fresh: bool) -> None:
+        """``send`` on the load's client pool: it does not wait for the answer."""
+        self._pool.submit(self.send, front, name, data, fresh)
+
     def fresh_image(self) -> tuple[str, bytes]:
         with self.lock:
             self._counter += 1
@@ -340,10 +344,10 @@ class Load:
         front = self.random.choice(list(self.stack.fronts))
         if self.random.random() < self.fresh:
             name, data = self.fresh_image()
-            self._pool.submit(self.send, front, name, data, True)
+            self.send_later(front, name, data, True)
         else:
             name = self.random.choice(HOT)
-            self._pool.submit(self.send, front, name, self.hot[name], False)
+            self.send_later(front, name, self.hot[name], False)
 
     def _run(self) -> None:
         next_at = time.monotonic()

@@ -73,27 +73,41 @@ def queue_master(cluster: LoopbackCluster) -> Any:
     raise LookupError("no master holds the miss queue's keys")
 
 
-def fault_master_kill(cluster: LoopbackCluster, fleet: Fleet) -> str:
+def burst(load: Load, count: int) -> None:
+    """``count`` fresh images at once, spread over the fronts: misses queued and running when
+    the fault lands (each is checked like every other answer)."""
+    fronts = list(load.stack.fronts)
+    for i in range(count):
+        name, data = load.fresh_image()
+        load.send_later(fronts[i % len(fronts)], name, data, fresh=True)
+
+
+def fault_master_kill(cluster: LoopbackCluster, fleet: Fleet, load: Load) -> str:
     victim = queue_master(cluster)
     replica = cluster.replica_of(victim)
+    burst(load, 8)
+    time.sleep(0.3)  # the burst's tickets are in the queue, one per engine running
     cluster.kill(victim)
     began = time.monotonic()
     cluster.wait_ok(60)
     promoted = time.monotonic() - began
     time.sleep(10)
     cluster.restart(victim)
-    return (f"kill -9 of the queue's master :{victim.port}; replica :{replica.port} promoted "
-            f"after {promoted:.1f} s; the old master started again 10 s later, as "
+    return (f"8 fresh images sent, then kill -9 of the queue's master :{victim.port}; "
+            f"replica :{replica.port} promoted after {promoted:.1f} s; the old master started again 10 s later, as "
             f"{cluster.role(victim)}")  # fmt: skip
 
 
-def fault_engine_kill(cluster: LoopbackCluster, fleet: Fleet) -> str:
+def fault_engine_kill(cluster: LoopbackCluster, fleet: Fleet, load: Load) -> str:
+    burst(load, 4)
+    time.sleep(0.3)
     engine = random.choice(fleet.engines)
     engine.kill()
-    return f"kill -9 of the engine process on :{engine.port} (started again by the fleet)"
+    return (f"4 fresh images sent, then kill -9 of the engine process on :{engine.port} "
+            "(started again by the fleet)")  # fmt: skip
 
 
-def fault_worker_kill(cluster: LoopbackCluster, fleet: Fleet) -> str:
+def fault_worker_kill(cluster: LoopbackCluster, fleet: Fleet, load: Load) -> str:
     front = random.choice(fleet.fronts)
     pid = random.choice(front.workers())
     os.kill(pid, signal.SIGKILL)
@@ -159,7 +173,7 @@ def run(
                 time.sleep(max(0.0, at - load.now()))
                 t0 = load.now()
                 try:
-                    what = FAULTS[name](cluster, fleet)
+                    what = FAULTS[name](cluster, fleet, load)
                 except Exception as exc:  # noqa: BLE001 - reported, never hidden
                     what = f"FAULT NOT APPLIED: {exc.__class__.__name__}: {str(exc)[:300]}"
                 faults.append({"fault": name, "at": round(t0, 1), "what": what,
