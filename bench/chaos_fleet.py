@@ -94,8 +94,8 @@ def fault_master_kill(cluster: LoopbackCluster, fleet: Fleet, load: Load) -> str
     time.sleep(10)
     cluster.restart(victim)
     return (f"8 fresh images sent, then kill -9 of the queue's master :{victim.port}; "
-            f"replica :{replica.port} promoted after {promoted:.1f} s; the old master started again 10 s later, as "
-            f"{cluster.role(victim)}")  # fmt: skip
+            f"replica :{replica.port} promoted after {promoted:.1f} s; the old master "
+            f"started again 10 s later, as {cluster.role(victim)}")  # fmt: skip
 
 
 def fault_engine_kill(cluster: LoopbackCluster, fleet: Fleet, load: Load) -> str:
