@@ -2,8 +2,9 @@
 
 Only with ``Authorization: Bearer $ADMIN_TOKEN`` (compared in constant time); without a
 configured token the routes do not exist (404). Purges never block Redis (SCAN + UNLINK in
-batches) and tell every process to drop its L1. The queue's picture (``app/queue/inspect.py``)
-names tenants, which only an operator may see.
+batches) and tell every process to drop its L1; one not confirmed on every replica (or cut
+short by a failure) is a 503 ``purge_unconfirmed``, to be repeated (``app/cache/purging.py``).
+The queue's picture (``app/queue/inspect.py``) names tenants, which only an operator may see.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, jsonify, request
 
+from app.cache.purging import PurgeUnconfirmed
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.engine_state import EngineState
@@ -22,6 +24,7 @@ from app.queue import inspect
 from app.vocabulary import TENANT_NAME
 
 _MD5 = re.compile(r"[0-9a-f]{32}")
+RETRY_AFTER = 1  # seconds before an unconfirmed purge is worth repeating
 
 
 def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> None:
@@ -54,7 +57,16 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
             return _error(400, "invalid_md5", "md5: 32 lower-case hex digits")
         if not isinstance(cache.store, RedisStore):
             return _error(409, "no_cache", "caching is disabled on this service")
-        removed = cache.purge(namespace=namespace or None, md5=md5)
+        try:
+            removed = cache.purge(namespace=namespace or None, md5=md5)
+        except PurgeUnconfirmed as exc:
+            answer, status = _error(
+                503, exc.code,
+                f"removed {exc.removed} entries, but the purge is not confirmed complete on "
+                f"every replica ({exc.reason}): repeat it",
+            )  # fmt: skip
+            answer.headers["Retry-After"] = str(RETRY_AFTER)
+            return answer, status
         return jsonify({"removed": removed, "prefix": cache.prefix(namespace), "md5": md5})
 
     @admin.get("/stats")

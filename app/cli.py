@@ -4,8 +4,9 @@
 bar, prints a summary and optionally JSON Lines; ``warm`` pre-populates the cache; ``stats``
 shows the service's figures (``GET /v1/stats``); ``purge`` drops entries through the admin API;
 ``queue`` shows the global miss queue (lanes, engines, the oldest wait) through the admin API.
-Exit codes: 0 all went well, 1 some files failed (reasons on stderr), 2 the run could not
-start (bad arguments, unreachable service, refused token).
+Exit codes: 0 all went well, 1 some files failed (reasons on stderr) or a purge is not
+confirmed on every Redis replica (run it again), 2 the run could not start (bad arguments,
+unreachable service, refused token).
 """
 
 from __future__ import annotations
@@ -441,6 +442,11 @@ def command_purge(args: argparse.Namespace) -> int:
     # /<name>/<method> answering with its own envelope (no "removed").
     if response.status_code == 404 or (response.status_code == 200 and "removed" not in answer):
         raise CliError(f"the admin API is off at {client.server} (start it with ADMIN_TOKEN set)")
+    error = answer.get("error")
+    if isinstance(error, dict) and error.get("code") == "purge_unconfirmed":
+        print(f"ocr-cache: purge not confirmed, run it again: {error.get('message', '')}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if response.status_code != 200:
         raise CliError(_error_reason(response.status_code, answer))
     what = f"md5 {answer['md5']} under " if answer.get("md5") else ""

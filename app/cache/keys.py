@@ -10,7 +10,8 @@ their error markers and reference pictures, the pixel, similarity and extraction
 line readings, page lists) lives under ``{prefix}:v<schema>:``, and a purge's SCAN pattern
 (``purge_pattern``) reaches only that root, whatever the namespace or MD5. The service's
 own state lives elsewhere and no purge reaches it: quotas ``{base}:quota:``, rate limits
-``{base}:ratelimit:`` (tenants' request rates and failed-key budgets too), the miss queue
+``{base}:ratelimit:`` (tenants' request rates and failed-key budgets too), a purge's
+replication check ``{base}:purgesync:``, the miss queue
 under its hash tag ``{{base}:dispatch:...}``; pub/sub channels (``{base}:done:``,
 ``{base}:purge``) are no keys. A new name for service state must not start with
 ``{prefix}:v`` and a digit; a new cache name must (or a purge leaves it behind).
@@ -226,6 +227,11 @@ class KeySpace:
 
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
+
+    def purge_sync(self) -> str:
+        """The start of the short-lived key each master writes after a purge's deletes, to
+        WAIT for its replicas to have them (``app/cache/purging.py``); a hash tag follows."""
+        return f"{self.base_prefix}:purgesync:"
 
     def rate_limit(self, client: str) -> str:
         """One client address's rate-limit state (``app/cache/rate_limit.py``): per

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from app.cache.codec import Codec
 from app.cache.keys import KeySpace
+from app.cache.purging import PurgeUnconfirmed
 from app.cache.store import Store
 from app.cache.tier import ENGINE, Probe, Tier
 from app.vocabulary import OcrResult
@@ -63,8 +64,13 @@ class L2Tier(Tier):
 
     def purge(self, namespace: str, md5: str | None) -> int:
         """Every key of the namespace (or of the image): entries, pixel pointers, similarity
-        bands, page lists, field sets. Never blocks Redis (SCAN + UNLINK in batches)."""
-        return self._store.scan_unlink(self._keys.purge_pattern(namespace, md5))
+        bands, page lists, field sets. Never blocks Redis (SCAN + UNLINK in batches).
+        ``PurgeUnconfirmed``: not known complete on every replica (``purging.py``)."""
+        pattern = self._keys.purge_pattern(namespace, md5)
+        purged = self._store.scan_unlink(pattern, self._keys.purge_sync())
+        if purged.unconfirmed:
+            raise PurgeUnconfirmed(purged.removed, purged.unconfirmed)
+        return purged.removed
 
 
 def sealed(probe: Probe, result: OcrResult, ttl: int, codec: Codec, keys: KeySpace) -> bytes:

@@ -39,6 +39,7 @@ from app.cache.breaker import CircuitBreaker
 from app.cache.codec import Codec
 from app.cache.keys import KeySpace
 from app.cache.l2 import sealed
+from app.cache.purging import PurgeUnconfirmed
 from app.cache.tier import ENGINE, Probe, Tier
 from app.vocabulary import OcrResult
 
@@ -358,4 +359,9 @@ class L3Tier(Tier):
         return True
 
     def purge(self, namespace: str, md5: str | None) -> int:
-        return self.cold.purge(self._keys.object_prefix(namespace, md5)) or 0
+        """``PurgeUnconfirmed`` when the store failed: an object left behind would be recalled
+        on the next L2 miss."""
+        removed = self.cold.purge(self._keys.object_prefix(namespace, md5))
+        if removed is None:
+            raise PurgeUnconfirmed(0, "the cold tier (L3) failed during the purge")
+        return removed

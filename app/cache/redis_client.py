@@ -15,11 +15,15 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import ClusterError, ResponseError
+from redis.exceptions import ClusterError, RedisClusterException, ResponseError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from app.redis_url import parse
+
+# Every way a Redis call fails (redis-py's cluster errors, SlotNotCoveredError among them, are
+# not RedisErrors).
+ERRORS = (redis.RedisError, OSError, RedisClusterException)
 
 
 def connect(

@@ -220,7 +220,9 @@ class OcrCache:
 
     def purge(self, namespace: str | None = None, md5: str | None = None) -> int:
         """Delete a namespace's entries, or one image's entries in a namespace, from every
-        tier (Redis without blocking it, L3 by prefix); every process drops its L1."""
-        removed = self.chain.purge(namespace or "", md5)
-        self.store.publish(self.keys.purge_channel(), self.keys.prefix(namespace or ""))
-        return removed
+        tier (Redis without blocking it, L3 by prefix); every process drops its L1, whether
+        or not the purge is confirmed (``PurgeUnconfirmed``: repeat it)."""
+        try:
+            return self.chain.purge(namespace or "", md5)
+        finally:
+            self.store.publish(self.keys.purge_channel(), self.keys.prefix(namespace or ""))

@@ -13,17 +13,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import RedisClusterException, ResponseError
+from redis.exceptions import ResponseError
 
 from app import metrics
-from app.cache import redis_client
+from app.cache import purging, redis_client
 from app.cache.breaker import CircuitBreaker
+from app.cache.purging import Purged
 
 log = logging.getLogger(__name__)
 
-# redis-py's cluster client raises some of its own outside RedisError (SlotNotCoveredError).
-# Every way a Redis call fails (redis-py's cluster errors are not RedisErrors).
-REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
+REDIS_ERRORS = redis_client.ERRORS
 
 
 def _describe(exc: BaseException) -> str:
@@ -136,33 +135,19 @@ class RedisStore:
         (the miss queue's commands, ``app/queue/``; the quotas, the pixel index)."""
         return self._call(op, lambda: fn(self._client))
 
-    def scan_unlink(self, pattern: str, batch: int = 500) -> int:
-        """Delete keys matching ``pattern`` in batches (SCAN + UNLINK): Redis is never
-        blocked the way KEYS or a big DEL would block it. Returns how many were removed."""
-        removed = 0
-
-        def run() -> int:
-            nonlocal removed
-            chunk: list[bytes] = []
-            for key in self._client.scan_iter(match=pattern, count=batch):
-                chunk.append(key)
-                if len(chunk) >= batch:
-                    removed += self._unlink(chunk)
-                    chunk = []
-            if chunk:
-                removed += self._unlink(chunk)
-            return removed
-
-        self._call("purge", run)
-        return removed
-
-    def _unlink(self, keys: list[bytes]) -> int:
-        if not self._cluster:
-            return int(self._client.unlink(*keys))
-        pipe = self._client.pipeline(transaction=False)  # keys may span slots
-        for key in keys:
-            pipe.unlink(key)
-        return sum(int(n) for n in pipe.execute())
+    def scan_unlink(self, pattern: str, sync: str, batch: int = 500) -> Purged:
+        """Delete keys matching ``pattern`` in batches (SCAN + UNLINK, never blocking Redis the
+        way KEYS or a big DEL would), each master then waiting for its replicas to have the
+        deletes (a key named ``sync`` + a hash tag, ``purging.py``): how many were removed,
+        and whether that is confirmed."""
+        if not self._breaker.allow():
+            metrics.REDIS_ERRORS.labels(op="purge", reason="circuit_open").inc()
+            return Purged(0, "Redis is being skipped after failures (circuit open)")
+        purged = purging.scan_unlink(self._client, pattern, sync, batch)
+        if purged.unconfirmed:
+            metrics.REDIS_ERRORS.labels(op="purge", reason="unconfirmed").inc()
+            log.warning("redis purge unconfirmed: %s", purged.unconfirmed)
+        return purged
 
     def stats(self) -> dict[str, Any]:
         """Server memory and eviction figures for /admin/stats ({} when unavailable)."""
@@ -262,8 +247,8 @@ class NullStore:
     def publish(self, channel: str, message: str) -> None:
         return None
 
-    def scan_unlink(self, pattern: str, batch: int = 500) -> int:
-        return 0
+    def scan_unlink(self, pattern: str, sync: str, batch: int = 500) -> Purged:
+        return Purged(0)
 
     def close(self) -> None:
         return None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.cache.keys import ImageDigest, KeySpace
+from app.cache.purging import PurgeUnconfirmed
 from app.imaging import DecodedImage
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult, Outcome
 
@@ -123,4 +124,15 @@ class Chain:
         return stored
 
     def purge(self, namespace: str, md5: str | None) -> int:
-        return sum(tier.purge(namespace, md5) for tier in self.tiers)
+        """Every tier purged, even after one that could not confirm its purge (then
+        ``PurgeUnconfirmed`` with the total removed)."""
+        removed, unconfirmed = 0, ""
+        for tier in self.tiers:
+            try:
+                removed += tier.purge(namespace, md5)
+            except PurgeUnconfirmed as exc:
+                removed += exc.removed
+                unconfirmed = unconfirmed or exc.reason
+        if unconfirmed:
+            raise PurgeUnconfirmed(removed, unconfirmed)
+        return removed
