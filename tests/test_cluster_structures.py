@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -271,6 +272,15 @@ class Gated:
         return self._engine.recognize(request)
 
 
+def gated_app(make_app: Callable[..., Any], topo: Topology, gated: Gated, **overrides: Any) -> Any:
+    """An app on ``topo`` whose engine is ``gated``, once its feeder is in the queue."""
+    app = on(make_app, topo, engine_override=gated, **overrides)
+    state, cache = app.extensions["ocr"]["engine_state"], app.extensions["ocr"]["cache"]
+    wait_for(lambda: state.ready, 60, "engine ready")
+    assert cache.dispatch_ready(30), "the feeder never reported in"
+    return app
+
+
 def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -297,10 +307,7 @@ def test_tenant_lanes_quotas_and_rates(make_app, engine, topo: Topology, tmp_pat
         )
     )
     gated = Gated(engine)
-    app = on(make_app, topo, auth="keys", api_keys_file=str(tenants), engine_override=gated)
-    state, cache = app.extensions["ocr"]["engine_state"], app.extensions["ocr"]["cache"]
-    wait_for(lambda: state.ready, 60, "engine ready")
-    cache.dispatch_ready(30)
+    app = gated_app(make_app, topo, gated, auth="keys", api_keys_file=str(tenants))
     client = app.test_client()
     queued = metric(client, "ocr_dispatch_tickets_total")
 
@@ -344,16 +351,19 @@ def test_tenant_lanes_quotas_and_rates(make_app, engine, topo: Topology, tmp_pat
     assert streams == [b"alpha", b"beta", b"gamma"]
     if topo.cluster is not None:
         spread = topo.per_primary("{ocr:dispatch:*")
-        assert sorted(spread)[:2] == [0, 0] and max(spread) >= 8, spread
+        assert sorted(spread)[:2] == [0, 0] and max(spread) >= 3, spread
 
 
 # Ticket markers: one computation across fronts ----------------------------------------------
 
 
-def test_two_fronts_compute_a_fresh_image_once(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
-    """Two apps sharing only the topology, eight threads at once asking for one fresh image:
-    one engine call (the ticket marker joined every later request to the first ticket)."""
-    clients = [on(make_app, topo).test_client() for _ in range(2)]
+def test_two_fronts_compute_a_fresh_image_once(make_app, engine, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """Two apps sharing only the topology, eight threads at once asking for one fresh image,
+    the engine held until every request had time to reach the queue: one engine call, one
+    MISS, the rest COALESCED (the ticket marker joined the other front to the first ticket;
+    a second ticket would have gone to the other front's own engine slot)."""
+    gated = Gated(engine)
+    clients = [gated_app(make_app, topo, gated).test_client() for _ in range(2)]
     data = variant(WORD_CH, 99)
     before = metric(clients[0], "ocr_engine_calls_total")
     barrier = threading.Barrier(8)
@@ -363,12 +373,19 @@ def test_two_fronts_compute_a_fresh_image_once(make_app, topo: Topology) -> None
         answer = ocr(clients[i % 2], data)
         return answer.status_code, answer.headers.get("X-Cache", ""), answer.get_json()
 
+    gated.gate.clear()
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(one, range(8)))
+        running = [pool.submit(one, i) for i in range(8)]
+        try:
+            assert gated.entered.wait(60), "the miss never reached the engine"
+            time.sleep(2.0)  # every request joins meanwhile (a few Redis round trips each)
+        finally:
+            gated.gate.set()
+        results = [r.result(120) for r in running]
     assert metric(clients[0], "ocr_engine_calls_total") - before == 1
     assert {r[0] for r in results} == {200}
     statuses = sorted(r[1] for r in results)
-    assert statuses.count("MISS") == 1 and set(statuses) <= {"MISS", "COALESCED", "HIT"}
+    assert statuses == ["COALESCED"] * 7 + ["MISS"], statuses
     assert all(r[2]["lines"] == results[0][2]["lines"] for r in results)
 
 
