@@ -424,9 +424,15 @@ def engine_totals(fleet: Fleet) -> tuple[float, float]:
 def engine_cpu(fleet: Fleet) -> float:
     """CPU seconds the fleet's engine processes (and their children) have used: unlike the
     engines' own duration metric (wall time of each call), not stretched by a busy host."""
+    return role_cpu(fleet.engines)
+
+
+def role_cpu(roles: list[Any]) -> float:
+    """CPU seconds of these roles' processes and their children (a front's gunicorn
+    workers and nginx), from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for role in fleet.engines:
+    for role in roles:
         if role.proc is None:
             continue
         for pid in [role.proc.pid, *role.children()]:
@@ -453,12 +459,18 @@ def measure_hits(
         shift = r % len(configs)
         for name, n in configs[shift:] + configs[:shift]:
             ports = [f.port for f in fleets[name].fronts[:n]]
-            before = backends[name].stats() if name == "cluster" else None
+            before = backends[name].stats()
+            cpu = role_cpu(fleets[name].fronts)
             run = hit_load(ports, bodies, HIT_CLIENTS, HIT_SECONDS)
-            if before is not None:
-                run["commands_per_master"] = {
-                    p: d["commands"] for p, d in delta(backends[name].stats(), before).items()
-                }
+            run["front_cpu_us_per_hit"] = round(
+                (role_cpu(fleets[name].fronts) - cpu) * 1e6 / max(run["hits"], 1)
+            )
+            d = delta(backends[name].stats(), before)
+            run["redis_cpu_us_per_hit"] = round(
+                sum(row["cpu_s"] for row in d.values()) * 1e6 / max(run["hits"], 1), 1
+            )
+            if name == "cluster":
+                run["commands_per_master"] = {p: row["commands"] for p, row in d.items()}
             runs[f"{name}/{n}"].append(run)
             print(
                 f"hits round {r + 1} {name} {n} front(s): {run['hits_per_s']}/s "
@@ -472,6 +484,13 @@ def measure_hits(
         "seconds_per_run": HIT_SECONDS,
         "median_hits_per_s": med,
         "median_p99_ms": {k: statistics.median(x["p99_ms"] for x in v) for k, v in runs.items()},
+        # CPU of the fronts (gunicorn master and workers, nginx) per hit: what sizes them.
+        "median_redis_cpu_us_per_hit": {
+            k: statistics.median(x["redis_cpu_us_per_hit"] for x in v) for k, v in runs.items()
+        },
+        "median_front_cpu_us_per_hit": {
+            k: statistics.median(x["front_cpu_us_per_hit"] for x in v) for k, v in runs.items()
+        },
         "two_fronts_over_one": {n: round(med[f"{n}/2"] / med[f"{n}/1"], 3) for n in fleets},
         "cluster_over_single": {
             f"{n} front(s)": round(med[f"cluster/{n}"] / med[f"single/{n}"], 3) for n in (1, 2)
