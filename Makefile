@@ -52,11 +52,19 @@ run: install
 
 # tests/test_webpage.py drives Debian's chromium; it skips, saying why, if none can be installed
 # (and the edge tests likewise without nginx, from `make install`).
-test: install install-tools
+# The fleet's fault tests on a real Redis Cluster (tests/test_fleet_cluster.py) spend most of
+# their time waiting for fail-overs: they run beside the rest, their report printed after it.
+FLEET_TESTS := tests/test_fleet_cluster.py
+test: install install-tools install-redis
 	@command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null 2>&1 || \
 		(apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 || \
 		echo "chromium not installed: the web page test will be skipped"
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@if [ -z "$(PYTEST_ARGS)" ]; then \
+		log=$$(mktemp); $(BIN)/python -m pytest $(FLEET_TESTS) >$$log 2>&1 & fleet=$$!; \
+		$(BIN)/python -m pytest --ignore=$(FLEET_TESTS); rest=$$?; \
+		wait $$fleet; fleet_rc=$$?; echo "== $(FLEET_TESTS) (ran beside the rest)"; cat $$log; \
+		rm -f $$log; [ $$rest -eq 0 ] && [ $$fleet_rc -eq 0 ]; \
+	else $(BIN)/python -m pytest $(PYTEST_ARGS); fi
 
 # The unit layer (no engine, no processes, no deployment checks): about 25 s on 2 quiet cores
 # (65 s one test at a time). Two pytest-xdist workers, each with its own Redis on a free port;
