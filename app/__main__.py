@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
-from app import logsafe, memory
+from app import logformat, logsafe, memory, tracing
 from app.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -150,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
+    refusal = tracing.check(os.environ)
+    if refusal:
+        print(f"configuration error: {refusal}", file=sys.stderr)
+        return 2
     logsafe.install()
-    logging.basicConfig(
-        level=settings.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logformat.configure(settings.server.log_level, settings.server.log_format)
     if args.command == "serve":
         from app.supervisor import serve
 

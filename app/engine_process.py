@@ -25,7 +25,7 @@ from typing import Any
 from flask import Flask, Response, jsonify, request
 from werkzeug.serving import make_server
 
-from app import memory, metrics, service
+from app import memory, metrics, service, tracing
 from app.cache.keys import digest_image
 from app.cache.store import RedisStore
 from app.cache.tier import Probe
@@ -183,6 +183,7 @@ def run(settings: Settings) -> int:
     with contextlib.suppress(OSError):
         os.nice(settings.processes.engine_nice)
     memory.keep_large_buffers()
+    tracing.setup("engine")  # OTEL_*: off unless an endpoint or exporter is set
     engine = with_redaction(
         build_engine(settings), settings.redaction.types, settings.redaction.patterns_file
     )
@@ -208,6 +209,7 @@ def run(settings: Settings) -> int:
         pass
     drain(shared, float(settings.engine.timeout_seconds))
     server.shutdown()
+    tracing.shutdown()
     log.info("engine process %d stopped%s", os.getpid(),
              f" (retired after {retirement.reason})" if retirement.reason else "")  # fmt: skip
     return 0

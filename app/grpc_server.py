@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from app import metrics
+from app import metrics, tracing
 from app.admission import Admission
 from app.cache.rate_limit import RateLimiter
 from app.cache.region import OcrCache
@@ -65,6 +65,15 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
         )
 
     def inference(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """A server span (``app.tracing``) continuing the ``traceparent`` in the metadata."""
+        metadata = self._metadata(context)
+        with tracing.TRACER.server("PipelineService/inference", metadata) as span:
+            return self._inference(request, context, metadata, span)
+
+    def _inference(
+        self, request: Any, context: grpc.ServicerContext, metadata: dict[str, str],
+        span: tracing.Span,
+    ) -> Any:  # fmt: skip
         started = time.perf_counter()
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
@@ -73,7 +82,7 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
             self._limit(context)
         try:
             tenant = self._admission.admit(
-                self._metadata(context), trust.grpc_peer_address(context.peer()),
+                metadata, trust.grpc_peer_address(context.peer()),
                 self._trusted(context),
             )  # fmt: skip
             answer = self._answer(request, context, tenant)
@@ -89,11 +98,17 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
         if answer.err_no == 0 and trust.shows_cache_status(
             self._trusted(context), self._settings.controls
         ):
-            metadata = [("x-cache", answer.cache_status)]
+            trailers = [("x-cache", answer.cache_status)]
             if answer.cache_tier:
-                metadata.append(("x-cache-tier", answer.cache_tier))
-            context.set_trailing_metadata(tuple(metadata))
+                trailers.append(("x-cache-tier", answer.cache_tier))
+            context.set_trailing_metadata(tuple(trailers))
         metrics.REQUESTS.labels(protocol="grpc", status=str(answer.err_no)).inc()
+        if span.recording:
+            span.set("rpc.system", "grpc")
+            span.set("ocr.protocol", "grpc")
+            span.set("ocr.err_no", answer.err_no)
+            span.set("ocr.tenant", tenant or "")
+            span.set("ocr.cache", answer.cache_status.lower())
         metrics.REQUEST_SECONDS.labels(protocol="grpc", cache=answer.cache_status).observe(
             time.perf_counter() - started
         )

@@ -16,6 +16,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
+from app import tracing
 from app.config import Settings
 from app.edge import GUNICORN_KEEPALIVE_SECONDS, Edge
 
@@ -45,9 +46,15 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "errorlog": "-",
         "on_starting": prepare_metrics_dir,
         "child_exit": _child_exit,
+        "post_fork": _traced,
         "post_worker_init": _worker_ready,
         "worker_exit": _worker_exit,
     }
+
+
+def _traced(server: Any, worker: Any) -> None:
+    """This worker's tracer (``OTEL_*``), after the fork: its exporter thread is its own."""
+    tracing.setup("front")
 
 
 def _worker_ready(worker: Any) -> None:
@@ -91,6 +98,7 @@ def _drain_l3(server: Any, worker: Any) -> None:
 def _worker_exit(server: Any, worker: Any) -> None:
     _stop_grpc(server, worker)
     _drain_l3(server, worker)
+    tracing.shutdown()  # its batched spans exported
 
 
 def prepare_metrics_dir(server: Any = None) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 
 from flask import current_app
 
-from app import metrics
+from app import metrics, tracing
 from app.admission import Admission
-from app.cache import assembly
+from app.cache import assembly, traced
 from app.cache.breaker import CircuitBreaker
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
@@ -92,6 +92,7 @@ def build(
         settings, engine, store, decode, wait_for_engine=state.wait,
         on_engine_outcome=state.record, book=book, role=role,
     )  # fmt: skip
+    traced.instrument(cache, tracing.TRACER)  # tracing off: left as it is
     return OcrService(
         settings=settings,
         cache=cache,

@@ -11,6 +11,12 @@ Only the engine's own errors mark it failing (readiness, the feeders' pause): a 
 stopped waiting (``EngineTimeout``) or a full queue (``EngineBusy``) is load, not a broken
 engine. Nor is either retried: a timed-out call is still running (it cannot be interrupted)
 and its requesters' time is gone, and a full queue stays full.
+
+Traced (``app.tracing``): each ticket is an ``engine.ticket`` span continuing the trace its
+requester put in it (``Ticket.trace``); the engine call an ``engine.recognize`` span under the
+first ticket of its batch (linked to the others'), and storing each result a ``cache.write``.
+PaddleOCR's pipeline detects and recognises inside one call, so the call is one span (its
+batch size and images as attributes), not one per phase.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from app import metrics
+from app import metrics, tracing
 from app.cache.engine_runner import EngineRunner
 from app.cache.keys import KeySpace, digest_image
 from app.cache.tier import Chain, Probe
@@ -211,13 +217,37 @@ class Computer:
             return self._serve(feeders, tickets)
         try:
             left = max(ticket.deadline for ticket in tickets) - time.time()
-            return self.runner.interjected(lambda: self._serve(feeders, tickets), left)
+            return self.runner.interjected(lambda: self._serve(feeders, tickets, True), left)
         except EngineTimeout as exc:  # never started: its requesters hear of it now
             for ticket in tickets:
                 feeders.fail(ticket, f"timeout:{exc}")
             return {}
 
-    def _serve(self, feeders: Feeders, tickets: Sequence[Ticket]) -> dict[str, float]:
+    def _serve(
+        self, feeders: Feeders, tickets: Sequence[Ticket], interjected: bool = False
+    ) -> dict[str, float]:
+        spans = {
+            ticket.id: tracing.TRACER.remote(
+                "engine.ticket",
+                ticket.carrier(),
+                {
+                    "ocr.ticket": ticket.id,
+                    "ocr.queue.lane": ticket.lane,
+                    "ocr.ticket.deliveries": ticket.deliveries,
+                    "ocr.interjected": interjected,
+                },
+            )  # fmt: skip
+            for ticket in tickets
+        }
+        try:
+            return self._serve_traced(feeders, tickets, spans)
+        finally:
+            for span in spans.values():
+                span.end()
+
+    def _serve_traced(
+        self, feeders: Feeders, tickets: Sequence[Ticket], spans: dict[str, tracing.Span]
+    ) -> dict[str, float]:
         spent: dict[str, float] = {}
         genuine: list[tuple[Ticket, Probe]] = []
         for ticket in tickets:
@@ -253,14 +283,24 @@ class Computer:
             seconds: list[float] = []
             try:
                 # The requesters' deadlines bound the call, not this process's own timeout.
-                answers = self._many(
-                    [probe for _, probe in members],
-                    [ticket.deadline for ticket, _ in members],
-                    seconds,
-                )
+                with (
+                    spans[members[0][0].id].active(),
+                    tracing.TRACER.span(
+                        "engine.recognize",
+                        {"ocr.engine": self._engine.kind, "ocr.batch": len(members)},
+                    ) as call,
+                ):
+                    for ticket, _ in members[1:]:
+                        call.link(spans[ticket.id].carrier())
+                    answers = self._many(
+                        [probe for _, probe in members],
+                        [ticket.deadline for ticket, _ in members],
+                        seconds,
+                    )
                 spent.update(zip((ticket.id for ticket, _ in members), seconds, strict=False))
                 for (ticket, probe), answer in zip(members, answers, strict=True):
-                    self._answer(feeders, ticket, probe, answer)
+                    with spans[ticket.id].active():
+                        self._answer(feeders, ticket, probe, answer)
                     answered.add(ticket.id)
             except Exception as exc:  # a bug: the requesters hear of it now, not at their timeout
                 log.exception("dispatch: serving %d tickets failed", len(members))
@@ -306,9 +346,14 @@ class Computer:
             feeders.fail(ticket, f"error:{answer}")
         else:
             metrics.DISPATCH_TICKETS.labels(outcome="computed").inc()
-            if self._chain.record(probe, answer, ticket.ttl):
+            with tracing.TRACER.span("cache.write", {"ocr.ttl": ticket.ttl}) as span:
+                stored = self._chain.record(probe, answer, ticket.ttl)
+                span.set("ocr.stored", stored)
+            if stored:
+                log.debug("dispatch: ticket %s computed and stored", ticket.id)
                 feeders.succeeded(ticket)
             else:  # the requesters compute for themselves rather than wait in vain
                 feeders.fail(ticket, "lost")
             return
+        tracing.TRACER.current().set("ocr.ticket.failed", answer.__class__.__name__)
         metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()

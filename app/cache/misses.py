@@ -19,13 +19,20 @@ seconds per minute) may refuse the miss (429); hits never meet them.
 A waiting request never waits past its deadline (``OCR_TIMEOUT_SECONDS``) and is never
 answered with another input's result: flights are keyed by the entry key, the image's
 SHA-256, whether it accepts similar answers and whether it recomputes (`no-cache`).
+
+Traced (``app.tracing``): the wait on the queue is a ``queue.wait`` span (lane, whether it
+joined another request's ticket, seconds waited) whose W3C context travels in the ticket, so
+the engine's span joins the request's trace; a thread that joined another's flight links
+its span to the trace that computed it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
+from app import tracing
 from app.cache.codec import Codec
 from app.cache.compute import Computer
 from app.cache.keys import KeySpace
@@ -36,6 +43,8 @@ from app.cache.tier import Probe
 from app.queue.requester import TicketQueue
 from app.queue.ticket import Ticket
 from app.vocabulary import CacheStatus, OcrResult, Outcome
+
+log = logging.getLogger(__name__)
 
 
 class MissPath:
@@ -62,7 +71,8 @@ class MissPath:
         self._timeout = timeout_seconds
         self._keep = keep
         self._clock = clock
-        self._flights: SingleFlight[Outcome] = SingleFlight()
+        # Each flight's outcome with its computing span's W3C context (a joiner's link).
+        self._flights: SingleFlight[tuple[Outcome, dict[str, str]]] = SingleFlight()
 
     @property
     def queue(self) -> TicketQueue | None:
@@ -75,8 +85,11 @@ class MissPath:
         finished meanwhile), or a computation (MISS)."""
         choices = f"{int(probe.controls.similar)}{int(probe.controls.no_cache)}"
         flight = f"{probe.key}#{probe.digest.sha256}#{choices}"
-        outcome, shared = self._flights.do(flight, lambda: self._miss(probe, look_again))
+        (outcome, computing), shared = self._flights.do(
+            flight, lambda: (self._miss(probe, look_again), tracing.TRACER.current().carrier())
+        )
         if shared:
+            tracing.TRACER.current().link(computing)
             return Outcome(outcome.result, CacheStatus.COALESCED, outcome.tier, outcome.details)
         return outcome
 
@@ -95,23 +108,34 @@ class MissPath:
     def _compute(self, probe: Probe) -> Outcome:
         controls = probe.controls
         timeout = None  # the engine call's own (OCR_TIMEOUT_SECONDS)
-        if self._queue is not None and not controls.no_cache and not controls.no_store:
-            ticket, expires = self._ticket(probe), [0.0]
-            read = self._reader(probe, expires)
-            result, joined = self._queue.request(ticket, read, self._timeout)
+        queue = self._queue
+        if queue is not None and not controls.no_cache and not controls.no_store:
+            lane = queue.lane(controls.namespace)
+            with tracing.TRACER.span("queue.wait", {"ocr.queue.lane": lane}) as span:
+                began = time.monotonic()
+                ticket, expires = self._ticket(probe, span.carrier()), [0.0]
+                read = self._reader(probe, expires)
+                log.debug("miss %s: queued on lane %s", probe.key, lane)
+                result, joined = queue.request(ticket, read, self._timeout)
+                span.set("ocr.queue.waited_seconds", time.monotonic() - began)
+                span.set("ocr.queue.joined", joined)
+                span.set("ocr.queue.answered", result is not None)
             if result is not None:
                 self._keep(probe, result, expires[0] - self._clock())
                 return Outcome(result, CacheStatus.COALESCED if joined else CacheStatus.MISS)
             timeout = ticket.deadline - self._clock()  # what is left (none: answered at once)
-        return Outcome(self._computer.compute_and_store(probe, timeout), CacheStatus.MISS)
+        with tracing.TRACER.span("engine.call"):
+            return Outcome(self._computer.compute_and_store(probe, timeout), CacheStatus.MISS)
 
-    def _ticket(self, probe: Probe) -> Ticket:
+    def _ticket(self, probe: Probe, trace: dict[str, str]) -> Ticket:
+        """``trace``: the W3C context the engine's span continues (none: tracing off)."""
         controls = probe.controls
         return Ticket(
             key=probe.key, sha256=probe.digest.sha256, params=probe.params,
             namespace=controls.namespace, ttl=controls.ttl or self._computer.ttl(),
             deadline=self._clock() + self._timeout, data=probe.data,
-            archive=not controls.ttl,
+            archive=not controls.ttl, trace=trace.get(tracing.TRACEPARENT, ""),
+            tracestate=trace.get(tracing.TRACESTATE, ""),
         )  # fmt: skip
 
     def _reader(

@@ -48,7 +48,9 @@ READ_ELSEWHERE = (
     "`AWS_ENDPOINT_URL`), `AWS_REGION` (or `AWS_DEFAULT_REGION`) and credentials (boto3's "
     "chain); `PROMETHEUS_MULTIPROC_DIR` (the metrics folder; unset: a fresh one under the "
     "temporary directory, cleaned at start); `XDG_CACHE_HOME` (the default `OCR_WORK_DIR`); "
-    "`OCR_SHARED_DIR` (tests and benchmarks: where `corpus/` is)."
+    "`OCR_SHARED_DIR` (tests and benchmarks: where `corpus/` is); the OpenTelemetry SDK's "
+    "`OTEL_*` variables (traces: on once an OTLP endpoint or `OTEL_TRACES_EXPORTER` is set, "
+    "[OBSERVABILITY.md](OBSERVABILITY.md))."
 )
 
 

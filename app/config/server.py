@@ -31,6 +31,12 @@ class ServerSettings(Section):
         "INFO",
         "`debug`, `info`, `warning`, `error`, `critical`; `debug` also turns nginx's error log to `info`",
     )
+    log_format: str = env(
+        "LOG_FORMAT",
+        e.choice("text", "json"),
+        "text",
+        "the service's own log lines: `json` is one object a line, with `trace_id` and `span_id` inside a traced request ([OBSERVABILITY.md](OBSERVABILITY.md))",
+    )
     web_concurrency: int = env(
         "WEB_CONCURRENCY", e.integer(1, 64), 2, "front workers (gunicorn); none holds an engine"
     )

@@ -15,6 +15,11 @@ Format 1: ``fmt`` (``1``), ``key`` (the entry key), ``sha256`` (of the image byt
 ``deadline`` (wall clock), ``data`` (the image bytes), ``archive`` (``1``: it may go to the
 cold tier).
 
+**Optional fields** (written only when there is something to say; an engine that does not
+know one ignores it, and an engine reads a ticket without it, so adding one keeps the
+format): ``traceparent`` and ``tracestate``, the W3C trace context of the request that
+queued it (``app.tracing``), which the engine's span continues.
+
 **Failure markers** (``kind:detail``), how an engine tells a ticket's requesters that it
 failed (``failure`` turns one into the requester's exception): ``error``, ``timeout``,
 ``busy:<seconds>``, ``bug``; ``lost`` (no entry could be stored: they compute for
@@ -81,13 +86,30 @@ class Ticket:
     id: str = ""
     deliveries: int = 1
     lane: str = DEFAULT_LANE  # the lane it was read from (the engines' side)
+    trace: str = ""  # optional: the queuing request's W3C ``traceparent``
+    tracestate: str = ""  # optional: its ``tracestate``
 
     def fields(self) -> list[str | bytes]:
-        """The stream entry's fields, in format ``FORMAT``."""
+        """The stream entry's fields, in format ``FORMAT`` (optional ones only when set)."""
         params = json.dumps(self.params.to_dict(), separators=(",", ":"))
-        return ["fmt", FORMAT, "key", self.key, "sha256", self.sha256, "params", params,
-                "ns", self.namespace, "ttl", str(self.ttl), "deadline", repr(self.deadline),
-                "data", self.data, "archive", "1" if self.archive else "0"]  # fmt: skip
+        fields: list[str | bytes] = [
+            "fmt", FORMAT, "key", self.key, "sha256", self.sha256, "params", params,
+            "ns", self.namespace, "ttl", str(self.ttl), "deadline", repr(self.deadline),
+            "data", self.data, "archive", "1" if self.archive else "0",
+        ]  # fmt: skip
+        if self.trace:
+            fields += ["traceparent", self.trace]
+            if self.tracestate:
+                fields += ["tracestate", self.tracestate]
+        return fields
+
+    def carrier(self) -> dict[str, str]:
+        """Its W3C trace context ({} without one)."""
+        if not self.trace:
+            return {}
+        if not self.tracestate:
+            return {"traceparent": self.trace}
+        return {"traceparent": self.trace, "tracestate": self.tracestate}
 
     @classmethod
     def from_fields(
@@ -109,6 +131,8 @@ class Ticket:
             params=params, namespace=text["ns"].decode(), ttl=int(text["ttl"]),
             deadline=float(text["deadline"]), data=text["data"], id=ticket_id,
             archive=text.get("archive", b"1") == b"1", deliveries=deliveries, lane=lane,
+            trace=text.get("traceparent", b"").decode(errors="replace"),
+            tracestate=text.get("tracestate", b"").decode(errors="replace"),
         )  # fmt: skip
 
     @classmethod

@@ -23,7 +23,7 @@ from typing import Any
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 from werkzeug.wrappers import Request
 
-from app import metrics
+from app import metrics, tracing
 from app.protocols import paddlex as paddlex_protocol
 from app.protocols import rest
 from app.routes import common, paddlex, pipeline_http
@@ -45,6 +45,7 @@ class Endpoint:
     http_error: Callable[[str, int, str], bytes]  # werkzeug's errors (code, status, message)
     last_resort: Callable[[str, str], bytes]  # a bug's answer, from (request id, message)
     refused: Callable[[str, int, str], bytes]  # admission's 401/429 (code, status, message)
+    route: str = ""  # the server span's name (its route)
 
 
 def _rest_http_error(code: str, status: int, message: str) -> bytes:
@@ -70,6 +71,7 @@ REST = Endpoint(
     _rest_http_error,
     lambda _, message: rest.error_body("internal_error", message),
     _rest_http_error,
+    "POST /v1/ocr",
 )
 PADDLEX = Endpoint(
     "paddlex",
@@ -77,6 +79,7 @@ PADDLEX = Endpoint(
     _paddlex_http_error,
     lambda request_id, message: paddlex_protocol.error(request_id, 500, message),
     _paddlex_http_error,
+    "POST /ocr",
 )
 PIPELINE = Endpoint(
     "pipeline_http",
@@ -84,6 +87,7 @@ PIPELINE = Endpoint(
     _pipeline_http_error,
     lambda _, message: pipeline_http.refusal(message),
     lambda code, status, message: pipeline_http.refusal(message),  # as the edge's 429
+    "POST /{name}/{method}",
 )
 
 
@@ -139,11 +143,13 @@ class Endpoints:
         request = _Request(environ)
         request.max_content_length = self._limit
         call = Call.begin(request, self._settings)
-        answer = self._answer(endpoint, call)
-        length = call.request.content_length
-        if answer.status >= 400 and length is not None and length <= self._limit:
-            _drain(request)
-        headers = common.finish_headers(call, answer.headers)
+        with tracing.TRACER.server(endpoint.route, call.headers) as span:
+            answer = self._answer(endpoint, call)
+            length = call.request.content_length
+            if answer.status >= 400 and length is not None and length <= self._limit:
+                _drain(request)
+            common.traced(span, call, endpoint.protocol, answer.status, answer.headers)
+            headers = common.finish_headers(call, answer.headers)
         headers.append(("Content-Length", str(len(answer.body))))
         start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", headers)
         return [answer.body]

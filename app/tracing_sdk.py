@@ -1,0 +1,184 @@
+"""Tracing on: ``app.tracing``'s interface over the OpenTelemetry SDK, imported only when
+``OTEL_*`` asks for traces (the SDK and its exporter cost a front worker half a second to
+import and a thread each).
+
+The resource names the role (``ocr.role``: ``front`` or ``engine``) and the process
+(``service.instance.id``), so a trace viewer shows which hop ran where; ``service.name`` is
+``ocr-cache`` unless ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES`` name one. The
+sampler (``OTEL_TRACES_SAMPLER``, default parent-based always-on), the batch processor
+(``OTEL_BSP_*``) and the exporter's endpoint, headers and timeout are the SDK's own reading
+of the environment. Context crosses processes as W3C trace context only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from app import tracing
+from app.tracing import Carrier, Value
+
+_W3C = TraceContextTextMapPropagator()
+
+
+class _Live(tracing.Span):
+    """An SDK span; entered, it is the thread's current span until it exits, then ends."""
+
+    __slots__ = ("_span", "_token")
+    recording = True
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+        self._token: Any = None
+
+    def __enter__(self) -> _Live:
+        self._token = context.attach(trace.set_span_in_context(self._span))
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is not None:
+            self._span.record_exception(exc)
+            self._span.set_status(Status(StatusCode.ERROR, kind.__name__))
+        if self._token is not None:
+            context.detach(self._token)
+        self._span.end()
+
+    def set(self, key: str, value: Value) -> None:
+        self._span.set_attribute(key, value)
+
+    def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
+        self._span.add_event(name, dict(attributes or {}))
+
+    def link(self, carrier: Carrier) -> None:
+        found = trace.get_current_span(_W3C.extract(carrier)).get_span_context()
+        if found.is_valid:
+            self._span.add_link(found)
+
+    def end(self) -> None:
+        self._span.end()
+
+    def active(self) -> tracing.Span:
+        return _Active(self._span)
+
+    def carrier(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        _W3C.inject(out, trace.set_span_in_context(self._span))
+        return out
+
+
+class _Active(_Live):
+    """A span made current for a while; it ends elsewhere."""
+
+    __slots__ = ()
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self._token is not None:
+            context.detach(self._token)
+
+
+class _Served(_Live):
+    """The front's server span inside the edge's: both end together."""
+
+    __slots__ = ("_outer",)
+
+    def __init__(self, span: Any, outer: Any) -> None:
+        super().__init__(span)
+        self._outer = outer
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        super().__exit__(kind, exc, tb)
+        self._outer.end()
+
+
+class On(tracing.Tracer):
+    on = True
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self._provider = provider
+        self._tracer = provider.get_tracer("app")
+
+    def server(
+        self, name: str, headers: Carrier, attributes: Mapping[str, Value] | None = None
+    ) -> tracing.Span:
+        parent = _W3C.extract(headers)
+        edge = _edge_timing(headers.get(tracing.EDGE_TIMING, ""))
+        if edge is None:
+            return _Live(self._tracer.start_span(name, parent, SpanKind.SERVER, attributes))
+        received, sent = edge  # the edge's own span: nginx has no tracer
+        outer = self._tracer.start_span("edge", parent, SpanKind.SERVER, start_time=received)
+        now = time.time_ns()
+        outer.set_attribute("edge.read_seconds", (sent - received) / 1e9)
+        outer.set_attribute("edge.queued_seconds", max(0, now - sent) / 1e9)
+        inner = self._tracer.start_span(
+            name, trace.set_span_in_context(outer), SpanKind.SERVER, attributes
+        )
+        return _Served(inner, outer)
+
+    def span(self, name: str, attributes: Mapping[str, Value] | None = None) -> tracing.Span:
+        return _Live(self._tracer.start_span(name, attributes=attributes))
+
+    def remote(
+        self, name: str, carrier: Carrier, attributes: Mapping[str, Value] | None = None
+    ) -> tracing.Span:
+        parent = _W3C.extract(carrier) if carrier else context.Context()
+        return _Live(
+            self._tracer.start_span(name, parent, SpanKind.CONSUMER, attributes=attributes)
+        )
+
+    def current(self) -> tracing.Span:
+        span = trace.get_current_span()
+        return _Live(span) if span.get_span_context().is_valid else tracing.NO_SPAN
+
+    def ids(self) -> tuple[str, str]:
+        found = trace.get_current_span().get_span_context()
+        if not found.is_valid:
+            return "", ""
+        return f"{found.trace_id:032x}", f"{found.span_id:016x}"
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()
+
+
+def _edge_timing(header: str) -> tuple[int, int] | None:
+    """nginx's ``X-Edge-Timing: <$msec> <$request_time>`` (when it sent the request on, and
+    how long it had had it, in seconds) as (received, sent) in ns; None without it."""
+    try:
+        sent, held = (float(part) for part in header.split())
+    except ValueError:
+        return None
+    return int((sent - held) * 1e9), int(sent * 1e9)
+
+
+def build(role: str, exporter_name: str, transport: str, instance_id: str) -> On:
+    """The tracer of a process of ``role``, exporting with ``exporter_name``."""
+    resource = Resource.create(
+        {"ocr.role": role, "service.instance.id": instance_id, "process.pid": os.getpid()}
+    )
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": tracing.SERVICE_NAME}))
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(_exporter(exporter_name, transport)))
+    return On(provider)
+
+
+def _exporter(name: str, transport: str) -> SpanExporter:
+    if name == "console":
+        return ConsoleSpanExporter()
+    if transport == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    return HttpExporter()
