@@ -1,0 +1,118 @@
+"""Traces of the served path (issue 40), through a real ``python -m app serve`` (nginx, the
+front's gunicorn workers, an engine process, the queue) exporting OTLP/HTTP to a receiver in
+this test (``tests/otlp_receiver.py``, decoding with ``opentelemetry-proto``): a miss sent
+with a ``traceparent`` comes back as spans of that trace from the front and the engine
+process, the cache outcome on them; a hit's spans say hit; the JSON log lines of both
+processes and the edge's access log carry the trace id. With ``OTEL_SDK_DISABLED=true`` (the
+endpoint still set) nothing arrives. Off by default: tests/test_tracing.py."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import pytest
+
+from tests.conftest import CORPUS
+from tests.otlp_receiver import Receiver, Span
+from tests.test_roles import serve
+
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
+IMAGE = CORPUS / "paddleocr_word_en_1.png"
+WAIT = 60.0  # the longest a batch of spans may take to arrive (they come in 0.2 s batches)
+
+
+@pytest.fixture()
+def receiver():
+    receiving = Receiver()
+    yield receiving
+    receiving.close()
+
+
+def traceparent() -> tuple[str, str]:
+    trace_id = secrets.token_hex(16)
+    return trace_id, f"00-{trace_id}-{secrets.token_hex(8)}-01"
+
+
+def spans_of(receiver: Receiver, trace_id: str, *names: str) -> dict[str, Span]:
+    """The trace's spans by name, once every one of ``names`` arrived."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        found = {span.name: span for span in receiver.trace(trace_id)}
+        if set(names) <= set(found):
+            return found
+        assert time.monotonic() < deadline, f"spans of {trace_id}: {sorted(found)}"
+        time.sleep(0.1)
+
+
+def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, tmp_path):
+    image = IMAGE  # a miss first: serve's Redis is its own
+    with serve(
+        tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="200",
+        OTEL_TRACES_SAMPLER="always_on", LOG_FORMAT="json", LOG_LEVEL="debug",
+    ) as fleet:  # fmt: skip
+        miss_id, miss_parent = traceparent()
+        answer = fleet.ocr(image, traceparent=miss_parent, tracestate="vendor=1")
+        assert answer.status_code == 200 and answer.headers["X-Cache"] == "MISS"
+        assert answer.headers["traceresponse"].split("-")[1] == miss_id
+        hit_id, hit_parent = traceparent()
+        again = fleet.ocr(image, traceparent=hit_parent)
+        assert again.status_code == 200 and again.headers["X-Cache"] == "HIT"
+
+        names = ("edge", "POST /v1/ocr", "cache.lookup", "queue.wait", "engine.ticket",
+                 "engine.recognize", "cache.write")  # fmt: skip
+        miss = spans_of(receiver, miss_id, *names)
+        hit = spans_of(receiver, hit_id, "edge", "POST /v1/ocr", "cache.lookup")
+        output = "".join(fleet.output)
+
+    # One trace across processes: the client's span → the edge → the front → the queue's wait
+    # → the engine process's ticket → its engine call and write-back.
+    assert miss["edge"].parent_id == miss_parent.split("-")[2]
+    assert miss["POST /v1/ocr"].parent_id == miss["edge"].span_id
+    assert miss["cache.lookup"].parent_id == miss["POST /v1/ocr"].span_id
+    assert miss["queue.wait"].parent_id == miss["cache.lookup"].span_id
+    assert miss["engine.ticket"].parent_id == miss["queue.wait"].span_id
+    assert miss["engine.recognize"].parent_id == miss["engine.ticket"].span_id
+    assert miss["cache.write"].parent_id == miss["engine.ticket"].span_id
+    roles = {name: span.resource["ocr.role"] for name, span in miss.items()}
+    assert roles["POST /v1/ocr"] == roles["queue.wait"] == "front"
+    assert roles["engine.ticket"] == roles["cache.write"] == "engine"
+    front, engine = miss["queue.wait"].resource, miss["engine.ticket"].resource
+    assert front["service.name"] == engine["service.name"] == "ocr-cache"
+    assert front["service.instance.id"] != engine["service.instance.id"]
+    # The cache's outcome, the request's and the queue's attributes.
+    assert miss["cache.lookup"].attributes["ocr.cache"] == "miss"
+    server = miss["POST /v1/ocr"].attributes
+    assert server["ocr.cache"] == "miss" and server["http.response.status_code"] == 200
+    assert server["ocr.protocol"] == "rest" and server["ocr.request_id"]
+    assert miss["queue.wait"].attributes["ocr.queue.lane"] == "~"
+    assert miss["queue.wait"].attributes["ocr.queue.waited_seconds"] > 0
+    assert miss["cache.write"].attributes["ocr.stored"] is True
+    assert hit["cache.lookup"].attributes["ocr.cache"] == "hit"
+    assert hit["cache.lookup"].attributes["ocr.cache_tier"] in ("l1", "l2")
+    assert hit["POST /v1/ocr"].attributes["ocr.cache"] == "hit"
+    assert "queue.wait" not in {span.name for span in receiver.trace(hit_id)}
+
+    # Logs: the JSON lines of the front and of the engine during the miss carry its ids; the
+    # edge's access log names both traces.
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    ours = [line for line in lines if line.get("trace_id") == miss_id and "logger" in line]
+    assert any("queued on lane" in line.get("message", "") for line in ours)
+    assert any("computed and stored" in line.get("message", "") for line in ours)
+    assert all(line["span_id"] for line in ours)
+    access = [line for line in lines if "request_bytes" in line]
+    assert {miss_id, hit_id} <= {line.get("trace_id") for line in access}
+
+
+def test_nothing_is_exported_with_the_sdk_disabled(receiver, tmp_path):
+    image = IMAGE
+    with serve(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+               OTEL_SDK_DISABLED="true", OTEL_BSP_SCHEDULE_DELAY="100") as fleet:  # fmt: skip
+        _, parent = traceparent()
+        for _ in range(2):
+            answer = fleet.ocr(image, traceparent=parent)
+            assert answer.status_code == 200 and "traceresponse" not in answer.headers
+    # serve has stopped: every process flushed at exit what it had, if it had anything.
+    assert receiver.requests == 0 and receiver.spans == []
