@@ -138,6 +138,7 @@ bench: install
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.l3
 	$(BIN)/python -m bench.fairness
+	$(BIN)/python -m bench.tracing
 
 # Issues 23 and 36 alone: the service's L2 hits against the seed design and an echo app behind
 # the same nginx (wrk -t2 -c8, L1 off, 5/100/312 KB); hits beside misses and with every engine
