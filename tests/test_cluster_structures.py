@@ -220,6 +220,17 @@ def test_entries_and_the_near_duplicate_indexes(make_app, topo: Topology) -> Non
     assert (similar.headers["X-Cache"], similar.headers["X-Cache-Tier"]) == ("HIT", "similar")
     assert similar.headers["X-Cache-Similar-Source"] == hashlib.sha256(data).hexdigest()
 
+    # Several images in one request: one lookup for all of them (per slot on a cluster).
+    several = {
+        "key": ["a", "b", "c"],
+        "value": [b64(data), b64(WORD_CH.read_bytes()), b64(SHORT.read_bytes())],
+    }
+    computed = client.post("/ocr/prediction", json=several)
+    assert computed.status_code == 200 and computed.get_json()["err_no"] == 0
+    again = client.post("/ocr/prediction", json=several)
+    assert again.headers["X-Cache"] == "HIT"
+    assert again.get_json()["value"] == computed.get_json()["value"]
+
 
 # The line store -----------------------------------------------------------------------------
 
@@ -264,6 +275,49 @@ def test_pdf_page_lists(make_app, topo: Topology) -> None:  # type: ignore[no-un
     assert second.status_code == 200 and second.headers["X-Cache"] == "HIT"
     assert metric(client, "ocr_pdf_pages_rendered_total") == rendered + 2  # nothing rendered
     assert second.get_json()["result"] == first.get_json()["result"]
+
+
+# Extraction field sets ------------------------------------------------------------------------
+
+
+def test_extraction_field_sets(base_settings, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """HunyuanOCR's extraction (a stand-in vLLM server, tests/fake_vllm.py): a request for a
+    subset of an earlier extraction's fields is answered from that entry through the image's
+    field-set index, without the engine."""
+    from app.engines.hunyuan import HunyuanEngine
+    from app.web import create_app
+    from tests.conftest import CORPUS
+    from tests.fake_vllm import FakeVllm
+    from tests.test_hunyuan import REVISION
+
+    fake = FakeVllm(CORPUS).start()
+    try:
+        settings = base_settings.with_overrides(
+            redis_url=topo.url, redis_timeout_ms=REDIS_TIMEOUT_MS, ocr_engine="hunyuan",
+            hunyuan_base_url=fake.url, hunyuan_model_revision=REVISION,
+            hunyuan_timeout_seconds=30.0, hunyuan_startup_wait_seconds=0.0,
+        )  # fmt: skip
+        app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
+        app.testing = True
+        client = app.test_client()
+        wait_for(lambda: client.get("/readyz").status_code == 200, 60, "hunyuan front ready")
+        data = (CORPUS / "passporteye_pass_fin.png").read_bytes()
+
+        def extract(*fields: str) -> Any:
+            return client.post(
+                "/v1/ocr", json={"image": b64(data), "task": "extraction", "fields": list(fields)}
+            )
+
+        first = extract("surname", "sex")
+        assert first.status_code == 200 and first.headers["X-Cache"] == "MISS", first.get_json()
+        subset = extract("sex")
+        assert (subset.headers["X-Cache"], subset.headers["X-Cache-Tier"]) == ("HIT", "extraction")
+        assert subset.get_json()["data"] == {"sex": first.get_json()["data"]["sex"]}
+        assert fake.calls == 1
+        md5 = hashlib.md5(data).hexdigest()
+        assert len(topo.keys(f"ocr:v1:*:extraction_index-*{{{md5}}}")) == 1
+    finally:
+        fake.stop()
 
 
 # Tenants: lanes, quotas, rates --------------------------------------------------------------
