@@ -226,19 +226,7 @@ class Computer:
     def _serve(
         self, feeders: Feeders, tickets: Sequence[Ticket], interjected: bool = False
     ) -> dict[str, float]:
-        spans = {
-            ticket.id: tracing.TRACER.remote(
-                "engine.ticket",
-                ticket.carrier(),
-                {
-                    "ocr.ticket": ticket.id,
-                    "ocr.queue.lane": ticket.lane,
-                    "ocr.ticket.deliveries": ticket.deliveries,
-                    "ocr.interjected": interjected,
-                },
-            )  # fmt: skip
-            for ticket in tickets
-        }
+        spans = _ticket_spans(tickets, interjected)
         try:
             return self._serve_traced(feeders, tickets, spans)
         finally:
@@ -300,7 +288,7 @@ class Computer:
                 spent.update(zip((ticket.id for ticket, _ in members), seconds, strict=False))
                 for (ticket, probe), answer in zip(members, answers, strict=True):
                     with spans[ticket.id].active():
-                        self._answer(feeders, ticket, probe, answer)
+                        _answer(self._chain, feeders, ticket, probe, answer)
                     answered.add(ticket.id)
             except Exception as exc:  # a bug: the requesters hear of it now, not at their timeout
                 log.exception("dispatch: serving %d tickets failed", len(members))
@@ -335,25 +323,45 @@ class Computer:
             controls, key=ticket.key, decode=self._decode,
         )  # fmt: skip
 
-    def _answer(
-        self, feeders: Feeders, ticket: Ticket, probe: Probe, answer: OcrResult | Exception
-    ) -> None:
-        if isinstance(answer, EngineBusy):
-            feeders.fail(ticket, f"busy:{answer.retry_after}:{answer}")
-        elif isinstance(answer, EngineTimeout):
-            feeders.fail(ticket, f"timeout:{answer}")
-        elif isinstance(answer, Exception):
-            feeders.fail(ticket, f"error:{answer}")
-        else:
-            metrics.DISPATCH_TICKETS.labels(outcome="computed").inc()
-            with tracing.TRACER.span("cache.write", {"ocr.ttl": ticket.ttl}) as span:
-                stored = self._chain.record(probe, answer, ticket.ttl)
-                span.set("ocr.stored", stored)
-            if stored:
-                log.debug("dispatch: ticket %s computed and stored", ticket.id)
-                feeders.succeeded(ticket)
-            else:  # the requesters compute for themselves rather than wait in vain
-                feeders.fail(ticket, "lost")
-            return
-        tracing.TRACER.current().set("ocr.ticket.failed", answer.__class__.__name__)
-        metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
+
+def _answer(
+    chain: Chain, feeders: Feeders, ticket: Ticket, probe: Probe, answer: OcrResult | Exception
+) -> None:
+    """A computed ticket's result stored in every tier and its requesters told, or told
+    that it failed."""
+    if isinstance(answer, EngineBusy):
+        feeders.fail(ticket, f"busy:{answer.retry_after}:{answer}")
+    elif isinstance(answer, EngineTimeout):
+        feeders.fail(ticket, f"timeout:{answer}")
+    elif isinstance(answer, Exception):
+        feeders.fail(ticket, f"error:{answer}")
+    else:
+        metrics.DISPATCH_TICKETS.labels(outcome="computed").inc()
+        with tracing.TRACER.span("cache.write", {"ocr.ttl": ticket.ttl}) as span:
+            stored = chain.record(probe, answer, ticket.ttl)
+            span.set("ocr.stored", stored)
+        if stored:
+            log.debug("dispatch: ticket %s computed and stored", ticket.id)
+            feeders.succeeded(ticket)
+        else:  # the requesters compute for themselves rather than wait in vain
+            feeders.fail(ticket, "lost")
+        return
+    tracing.TRACER.current().set("ocr.ticket.failed", answer.__class__.__name__)
+    metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
+
+
+def _ticket_spans(tickets: Sequence[Ticket], interjected: bool) -> dict[str, tracing.Span]:
+    """Each ticket's ``engine.ticket`` span, continuing the trace it carries (by ticket id)."""
+    return {
+        ticket.id: tracing.TRACER.remote(
+            "engine.ticket",
+            ticket.carrier(),
+            {
+                "ocr.ticket": ticket.id,
+                "ocr.queue.lane": ticket.lane,
+                "ocr.ticket.deliveries": ticket.deliveries,
+                "ocr.interjected": interjected,
+            },
+        )  # fmt: skip
+        for ticket in tickets
+    }
