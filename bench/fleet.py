@@ -27,6 +27,9 @@ Python client processes (one keep-alive connection each; wrk is used by bench/ed
 installed, but here requests rotate over many bodies and two fronts). The machine's load
 (``os.getloadavg``) is recorded with every run. Results: bench/results/fleet.json.
 
+``python -m bench.fleet --per-image``: each of those images once as a miss, alone, each
+page's engine CPU-seconds (bench/results/fleet_per_image.json).
+
 Environment: BENCH_FLEET_ROUNDS (3), BENCH_FLEET_SECONDS (8 per hit run),
 BENCH_FLEET_CLIENTS (6 hit clients), BENCH_FLEET_TRACE (500 requests).
 """
@@ -956,5 +959,58 @@ def _entry_size_reference() -> dict:
     }
 
 
+def per_image() -> int:
+    """``--per-image``: every image the bench uses, once each as a miss, one engine process
+    and one client on one Redis node: each page's engine CPU-seconds and call seconds (how
+    far a size class's mean is from its members). bench/results/fleet_per_image.json."""
+    images = corpus()
+    calibration_set, _ = split(images)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        with EmbeddedRedis(extra_args=["--maxmemory", "256mb"]) as server:
+            fleet = Fleet(Path(tmp), server.url, fronts=1, engines=1, front_workers=1,
+                          CACHE_L1_BYTES="0")  # fmt: skip
+            try:
+                fleet.start()
+                port = fleet.fronts[0].port
+                misses([port], images[:3], 1)  # the engine's first calls
+                for im in images:
+                    cpu, busy = engine_cpu(fleet), engine_totals(fleet)[1]
+                    misses([port], [im], 1)
+                    rows.append({
+                        "image": im.name, "class": im.size_class,
+                        "megapixels": round(im.megapixels, 3),
+                        "set": "calibration" if im in calibration_set else "trace",
+                        "engine_cpu_s": round(engine_cpu(fleet) - cpu, 3),
+                        "engine_s": round(engine_totals(fleet)[1] - busy, 3),
+                    })  # fmt: skip
+                    print(rows[-1], flush=True)
+            finally:
+                fleet.stop()
+    summary: dict[str, Any] = {}
+    for name, _, _ in CLASSES:
+        for part in ("calibration", "trace"):
+            cpu = [r["engine_cpu_s"] for r in rows if r["class"] == name and r["set"] == part]
+            summary[f"{name}/{part}"] = {
+                "images": len(cpu),
+                "mean_engine_cpu_s": round(statistics.mean(cpu), 3),
+                "min": min(cpu),
+                "max": max(cpu),
+            }
+    report = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "command": "python -m bench.fleet --per-image",
+        "loadavg": _load(),
+        "by_class": summary,
+        "rows": rows,
+    }
+    out = RESULTS / "fleet_per_image.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(per_image() if "--per-image" in sys.argv[1:] else main())
