@@ -128,12 +128,17 @@ class Tracer:
     on = False
 
     def server(
-        self, name: str, headers: Carrier, attributes: Mapping[str, Value] | None = None
+        self,
+        name: str,
+        headers: Carrier,
+        attributes: Mapping[str, Value] | None = None,
+        via_edge: bool = False,
     ) -> Span:
         """A request's server span, continuing the caller's ``traceparent`` in ``headers``
-        (a trace of its own without one); current while entered. With the edge's
-        ``EDGE_TIMING`` header (when nginx received the request and sent it on), the server
-        span is the child of an ``edge`` span of that time."""
+        (a trace of its own without one); current while entered. ``via_edge`` (the request
+        came over the socket only nginx reaches): its ``EDGE_TIMING`` header (when nginx
+        received the request and sent it on) makes the server span the child of an ``edge``
+        span of that time; from anyone else the header is ignored (a client could forge it)."""
         return NO_SPAN
 
     def span(self, name: str, attributes: Mapping[str, Value] | None = None) -> Span:

@@ -107,10 +107,14 @@ class On(tracing.Tracer):
         self._tracer = provider.get_tracer("app")
 
     def server(
-        self, name: str, headers: Carrier, attributes: Mapping[str, Value] | None = None
+        self,
+        name: str,
+        headers: Carrier,
+        attributes: Mapping[str, Value] | None = None,
+        via_edge: bool = False,
     ) -> tracing.Span:
         parent = _W3C.extract(headers)
-        edge = _edge_timing(headers.get(tracing.EDGE_TIMING, ""))
+        edge = _edge_timing(headers.get(tracing.EDGE_TIMING, "")) if via_edge else None
         if edge is None:
             return _Live(self._tracer.start_span(name, parent, SpanKind.SERVER, attributes))
         received, sent = edge  # the edge's own span: nginx has no tracer

@@ -129,7 +129,7 @@ def test_a_server_span_continues_the_clients_trace_through_the_edges_span(traced
     sent = time.time()
     headers = {"traceparent": TRACEPARENT, "tracestate": "k=v",
                tracing.EDGE_TIMING: f"{sent:.3f} 0.250"}  # fmt: skip
-    with tracing.TRACER.server("POST /v1/ocr", headers) as span:
+    with tracing.TRACER.server("POST /v1/ocr", headers, via_edge=True) as span:
         assert span.recording and tracing.TRACER.ids()[0] == TRACE_ID
         carrier = span.carrier()
     spans = _by_name(traced)
@@ -139,6 +139,14 @@ def test_a_server_span_continues_the_clients_trace_through_the_edges_span(traced
     assert front.parent.span_id == edge.context.span_id
     assert edge.attributes["edge.read_seconds"] == pytest.approx(0.25, abs=0.002)
     assert carrier["traceparent"].split("-")[1] == TRACE_ID and carrier["tracestate"] == "k=v"
+
+
+def test_an_edge_timing_header_from_anyone_but_the_edge_is_ignored(traced) -> None:
+    """Without nginx in front (``EDGE=none``) a client could send the header itself."""
+    forged = {"traceparent": TRACEPARENT, tracing.EDGE_TIMING: f"{time.time() - 3600:.3f} 9"}
+    with tracing.TRACER.server("POST /v1/ocr", forged, via_edge=False):
+        pass
+    assert list(_by_name(traced)) == ["POST /v1/ocr"]
 
 
 def test_without_a_traceparent_the_front_starts_a_trace(traced) -> None:

@@ -143,7 +143,7 @@ class Endpoints:
         request = _Request(environ)
         request.max_content_length = self._limit
         call = Call.begin(request, self._settings)
-        with tracing.TRACER.server(endpoint.route, call.headers) as span:
+        with tracing.TRACER.server(endpoint.route, call.headers, via_edge=call.via_edge) as span:
             answer = self._answer(endpoint, call)
             length = call.request.content_length
             if answer.status >= 400 and length is not None and length <= self._limit:
