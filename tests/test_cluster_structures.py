@@ -526,14 +526,6 @@ def test_a_computed_entry_is_announced(make_app, topo: Topology) -> None:  # typ
 def test_a_purge_empties_every_fronts_l1(make_app, topo: Topology, request) -> None:  # type: ignore[no-untyped-def]
     """A purge through one front is announced on the purge channel, and another front that
     has only ever served hits (L2 once, then its L1) drops its L1."""
-    request.applymarker(
-        pytest.mark.xfail(
-            strict=True,
-            reason="app/cache/notify.py: Notifier starts its listener (the purge channel's "
-            "subscription too) on the first register(), i.e. a process's first miss wait; "
-            "a process that only served hits never hears a purge and serves its L1 on",
-        )
-    )
     front = on(make_app, topo, admin_token=ADMIN).test_client()
     reader_app = on(make_app, topo, cache_l1_bytes=8 << 20)
     reader = reader_app.test_client()
@@ -556,14 +548,6 @@ def test_a_purge_empties_every_fronts_l1(make_app, topo: Topology, request) -> N
 
 def test_the_stats_count_every_masters_keys(make_app, topo: Topology, request) -> None:  # type: ignore[no-untyped-def]
     """/v1/stats says how many keys Redis holds: on a cluster, every master's."""
-    if topo.cluster is not None:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="RedisStore.key_count: redis-py's RedisCluster sends DBSIZE to one node "
-                "(its default node), not summed over the primaries",
-            )
-        )
     client = on(make_app, topo).test_client()
     for n in range(3):
         assert ocr(client, variant(WORD_EN, 2000 + n)).status_code == 200

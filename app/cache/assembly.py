@@ -162,6 +162,7 @@ def build(
     if redis is not None:
         fair = dispatch.fairness == "drr"
         notifier = Notifier(redis, keys, on_purge=l1.clear)
+        notifier.start()
         queue = TicketQueue(
             redis, keys, notifier,
             per_engine_max=dispatch.queue_max,

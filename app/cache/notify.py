@@ -32,16 +32,26 @@ class Notifier:
         self._on_purge = on_purge
         self._lock = threading.Lock()
         self._waiters: dict[str, list[Wakeup]] = {}
-        self._subscribed = threading.Event()
+        self._first_try = threading.Event()  # the listener's first subscribe ended, either way
         self._thread: threading.Thread | None = None
 
-    def _ensure_started(self) -> None:
+    def start(self) -> bool:
+        """Listen from now on (whether this call started the listener). A process starts it
+        when it builds its cache: one that only ever serves hits must still hear a purge and
+        drop its L1."""
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ocr-notify", daemon=True)
-                self._thread.start()
-        # The first waiter gives the subscription a moment, so no notification is missed.
-        self._subscribed.wait(0.5)
+            if self._thread is not None:
+                return False
+            self._thread = threading.Thread(target=self._run, name="ocr-notify", daemon=True)
+            self._thread.start()
+            return True
+
+    def _ensure_started(self) -> None:
+        # Until the listener's first try to subscribe ended, a waiter gives it a moment, so
+        # no notification is missed; after it, nobody waits (while Redis is down the listener
+        # is not subscribed, and each miss must not pay for that).
+        self.start()
+        self._first_try.wait(0.5)
 
     def register(self, channel: str) -> Wakeup:
         """Register before re-checking the cache; then ``wait`` on the returned event."""
@@ -68,7 +78,7 @@ class Notifier:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.psubscribe(self._pattern)
                 pubsub.subscribe(self._purge_channel)
-                self._subscribed.set()
+                self._first_try.set()
                 backoff = 0.1
                 while True:
                     message = pubsub.get_message(timeout=1.0)
@@ -77,7 +87,7 @@ class Notifier:
                     elif message and message.get("type") == "message":
                         self._on_purge()
             except Exception as exc:  # any Redis/socket failure: resubscribe later
-                self._subscribed.clear()
+                self._first_try.set()
                 log.debug("notification listener: %s; retrying", exc.__class__.__name__)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

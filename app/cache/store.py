@@ -162,7 +162,13 @@ class RedisStore:
 
     def key_count(self) -> int | None:
         """DBSIZE (summed over primaries on a cluster): entries and companions; None when down."""
-        ok, value = self._call("dbsize", self._client.dbsize)
+        # redis-py's cluster client sends DBSIZE to one node unless told every primary.
+        count = (
+            (lambda: self._client.dbsize(target_nodes=self._client.PRIMARIES))
+            if self._cluster
+            else self._client.dbsize
+        )
+        ok, value = self._call("dbsize", count)
         return int(value) if ok and value is not None else None
 
     def members(self, key: str) -> tuple[bool, frozenset[bytes]]:
