@@ -1,11 +1,13 @@
 """Everything on Cluster (issue 38 §1): every Redis structure the service uses works, through
 its own HTTP API, with ``REDIS_URL`` naming one node, a Sentinel-watched master
 (``redis+sentinel://``) and a Redis Cluster of 3 masters with a replica each
-(``redis+cluster://``): entries and the pixel and similarity indexes, the line store, PDF page
-lists, the miss queue with a lane per tenant, its ticket markers (one computation across two
-fronts), the tenants' quotas and request rates, and a purge. On the cluster, where the keys
-lie: a namespace's entries and index keys on every master, the queue's keys all on one (its
-hash tag).
+(``redis+cluster://``): entries (one image and several per request) and the pixel and
+similarity indexes, the line store, PDF page lists, extraction field sets, the miss queue with
+a lane per tenant, its ticket markers (one computation across two fronts), the tenants' quotas
+and request rates, a purge, the done and purge announcements, the stats' key count. On the
+cluster, where the keys lie: a namespace's entries and index keys on every master, the
+queue's keys all on one (its hash tag). No Redis call of any test may fail (each structure
+fails open, so a broken one would otherwise pass unseen).
 
 Each topology starts once for the module (real ``redis-server`` processes on loopback) and
 is flushed before each test; the apps are built in-process on the real engine, L1 off (every
