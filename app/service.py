@@ -107,7 +107,7 @@ def build(
 
 def _warn_if_not_evicting(store: RedisStore) -> None:
     policy = store.eviction_policy()
-    if policy == "noeviction":
+    if policy and "noeviction" in policy:  # on a cluster, any primary's
         log.warning(
             "Redis maxmemory-policy is 'noeviction': writes will fail when memory is full; "
             "use allkeys-lru (docker/redis.conf)"

@@ -548,10 +548,18 @@ def test_a_purge_empties_every_fronts_l1(make_app, topo: Topology, request) -> N
 # The stats view -----------------------------------------------------------------------------
 
 
-def test_the_stats_count_every_masters_keys(make_app, topo: Topology, request) -> None:  # type: ignore[no-untyped-def]
-    """/v1/stats says how many keys Redis holds: on a cluster, every master's."""
-    client = on(make_app, topo).test_client()
+def test_the_stats_count_every_masters_keys(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """/v1/stats says how many keys Redis holds, and /admin/stats its memory and evictions:
+    on a cluster, every master's summed."""
+    client = on(make_app, topo, admin_token=ADMIN).test_client()
     for n in range(3):
         assert ocr(client, variant(WORD_EN, 2000 + n)).status_code == 200
     counted = client.get("/v1/stats").get_json()["cache"]["redis"]["keys"]
     assert counted == sum(c.dbsize() for c in topo.primaries())
+    admin = client.get("/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"}).get_json()
+    redis_stats = admin["redis"]
+    assert redis_stats["maxmemory"] == sum(
+        int(c.config_get("maxmemory")["maxmemory"]) for c in topo.primaries()
+    )
+    assert redis_stats["maxmemory_policy"] == "allkeys-lru"
+    assert redis_stats.get("primaries", 1) == len(topo.primaries())

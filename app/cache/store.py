@@ -151,14 +151,32 @@ class RedisStore:
 
     def stats(self) -> dict[str, Any]:
         """Server memory and eviction figures for /admin/stats ({} when unavailable)."""
-        ok, info = self._call("stats", lambda: self._client.info())
+        if self._cluster:
+            fetch = lambda: self._client.info(target_nodes=self._client.PRIMARIES)  # noqa: E731
+        else:
+            fetch = self._client.info
+        ok, info = self._call("stats", fetch)
         if not ok or not isinstance(info, dict):
             return {}
-        if info and all(isinstance(v, dict) for v in info.values()):
-            info = next(iter(info.values()))  # per node on a cluster: the first one's
-        wanted = ("used_memory", "maxmemory", "maxmemory_policy", "evicted_keys",
-                  "expired_keys", "keyspace_hits", "keyspace_misses", "redis_version")  # fmt: skip
-        return {k: info[k] for k in wanted if k in info}
+        nodes = (
+            list(info.values())
+            if info and all(isinstance(v, dict) for v in info.values())
+            else [info]
+        )
+        # A cluster's figures are its primaries' summed (memory, counters); the rest, the
+        # first primary's, with the policy "mixed" when the primaries differ.
+        summed = ("used_memory", "maxmemory", "evicted_keys", "expired_keys",
+                  "keyspace_hits", "keyspace_misses")  # fmt: skip
+        out: dict[str, Any] = {k: sum(int(n.get(k, 0)) for n in nodes) for k in summed
+                               if k in nodes[0]}  # fmt: skip
+        policies = {n.get("maxmemory_policy") for n in nodes}
+        if "maxmemory_policy" in nodes[0]:
+            out["maxmemory_policy"] = policies.pop() if len(policies) == 1 else "mixed"
+        if "redis_version" in nodes[0]:
+            out["redis_version"] = nodes[0]["redis_version"]
+        if len(nodes) > 1:
+            out["primaries"] = len(nodes)
+        return out
 
     def key_count(self) -> int | None:
         """DBSIZE (summed over primaries on a cluster): entries and companions; None when down."""
@@ -225,12 +243,24 @@ class RedisStore:
     def eviction_policy(self) -> str | None:
         """The server's ``maxmemory-policy``, or None when it cannot be read (e.g. ACLs)."""
         try:
-            policy = self._client.config_get("maxmemory-policy")
+            if self._cluster:
+                policy = self._client.config_get(
+                    "maxmemory-policy", target_nodes=self._client.PRIMARIES
+                )
+            else:
+                policy = self._client.config_get("maxmemory-policy")
         except REDIS_ERRORS:
             return None
-        if policy and all(isinstance(v, dict) for v in policy.values()):
-            policy = next(iter(policy.values()))  # per node on a cluster: the first one's
-        return policy.get("maxmemory-policy") if policy else None
+        if not policy:
+            return None
+        if all(isinstance(v, dict) for v in policy.values()):  # per primary on a cluster
+            found = {v.get("maxmemory-policy") for v in policy.values()}
+            return (
+                found.pop()
+                if len(found) == 1
+                else "mixed (" + ", ".join(sorted(map(str, found))) + ")"
+            )
+        return policy.get("maxmemory-policy")
 
     def close(self) -> None:
         self._client.close()
