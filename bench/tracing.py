@@ -1,6 +1,8 @@
 """Issue 40's cost: L1 hits/s through the edge with tracing on (``OTEL_TRACES_SAMPLER=
-always_on``, every span exported over OTLP/HTTP to a receiver in this process, decoded as a
-collector would) against tracing off (no ``OTEL_*``), in one run.
+always_on``, every span exported over OTLP/HTTP to a receiver in this process that reads and
+answers each export without decoding it: a collector runs on other machines, and on these two
+cores its decoding would be charged to the service) against tracing off (no ``OTEL_*``), in
+one run.
 
 Two ``python -m app serve`` fleets side by side (each its own Redis and engine process), the
 same image's hit, rounds interleaved (off-on, on-off, ...) after a warm-up; medians. The
@@ -40,7 +42,7 @@ def _rate(port: int, request: load.Request, seconds: float) -> dict:
 
 
 def main() -> dict:
-    receiver = Receiver()
+    receiver = Receiver(decode=False)
     data = (CORPUS / IMAGE).read_bytes()
     body = json.dumps({"image": base64.b64encode(data).decode()}).encode()
     request = load.Request("/v1/ocr", body, {"Content-Type": "application/json"})
@@ -65,7 +67,7 @@ def main() -> dict:
             for name in order:
                 runs[name].append(_rate(ports[name], request, SECONDS))
         time.sleep(1)  # the last batch of spans
-        exported = len(receiver.spans)
+        exported = {"requests": receiver.requests, "bytes": receiver.bytes}
     receiver.close()
     rate = {name: statistics.median(r["per_second"] for r in rs) for name, rs in runs.items()}
     report = {
@@ -76,14 +78,14 @@ def main() -> dict:
         "seconds": SECONDS,
         "client": "wrk" if load.wrk_available() else "python processes",
         "sampler": "always_on",
-        "exporter": "otlp http/protobuf to a receiver in the bench process",
+        "exporter": "otlp http/protobuf to a receiver in the bench process (read, not decoded)",
         "hits_per_s": rate,
         "per_round": {name: [r["per_second"] for r in rs] for name, rs in runs.items()},
         "p50_ms": {
             name: statistics.median(r["p50_ms"] or 0 for r in rs) for name, rs in runs.items()
         },
         "errors": {name: sum(r["errors"] for r in rs) for name, rs in runs.items()},
-        "spans_exported": exported,
+        "exports": exported,
         "on_vs_off": rate["on"] / rate["off"],
         "cpus": os.cpu_count(),
     }
@@ -93,5 +95,59 @@ def main() -> dict:
     return report
 
 
+def in_process(hits: int = 1000, rounds: int = 3) -> dict:
+    """The same L2 hit through the WSGI app called directly (``bench/profile_hit.py``'s way,
+    L1 off), tracing off and on in turns: microseconds of wall and of this process's CPU per
+    hit (the batch processor's export thread included). ``python -m bench.tracing in-process``."""
+    import paddle  # noqa: F401, I001  (before grpcio, as in the service)
+
+    from app import tracing
+    from app.config import Settings
+    from app.embedded_redis import EmbeddedRedis
+    from app.engines.paddle import PaddleOcrEngine
+    from app.web import create_app
+    from bench.profile_hit import environ
+
+    receiver = Receiver(decode=False)
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint  # the SDK reads its own
+    body = json.dumps({"image": base64.b64encode((CORPUS / IMAGE).read_bytes()).decode()})
+    engine = PaddleOcrEngine.from_settings(Settings.from_env({}))
+    engine.load()
+    per_hit: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    with EmbeddedRedis() as server:
+        settings = Settings.from_env({"REDIS_URL": server.url, "CACHE_L1_BYTES": "0"})
+        app = create_app(settings, engine).wsgi_app
+
+        def hit() -> None:
+            b"".join(app(environ(body.encode()), lambda status, headers, exc=None: None))
+
+        hit()  # the miss that stores the entry
+        tracers = {"off": tracing.TRACER, "on": tracing.setup("front")}
+        for _ in range(rounds):
+            for name, tracer in tracers.items():
+                tracing.TRACER = tracer
+                for _ in range(100):
+                    hit()
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(hits):
+                    hit()
+                per_hit[name].append(((time.perf_counter() - wall) / hits * 1e6,
+                                      (time.process_time() - cpu) / hits * 1e6))  # fmt: skip
+        tracers["on"].shutdown()
+    receiver.close()
+    result = {
+        name: {"wall_us": round(min(w for w, _ in runs)), "cpu_us": round(min(c for _, c in runs))}
+        for name, runs in per_hit.items()
+    }
+    report = json.loads(OUT.read_text()) if OUT.exists() else {}
+    report["in_process"] = {"image": IMAGE, "hits_per_round": hits, "rounds": rounds,
+                            "best_of_rounds": result}  # fmt: skip
+    OUT.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["in_process"], indent=2))
+    return report
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    in_process() if sys.argv[1:] == ["in-process"] else main()

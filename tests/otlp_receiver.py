@@ -35,20 +35,29 @@ class Span:
 
 class Receiver:
     """Started on a free loopback port; ``endpoint`` is what ``OTEL_EXPORTER_OTLP_ENDPOINT``
-    takes; ``spans`` every span received; ``requests`` how many exports arrived."""
+    takes; ``spans`` every span received; ``requests`` how many exports arrived.
+    ``decode=False`` (the tracing bench): bodies are read and answered, not decoded, as a
+    collector on another machine costs the service nothing but the send; ``bytes`` counts
+    them."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode: bool = True) -> None:
         self.spans: list[Span] = []
         self.requests = 0
+        self.bytes = 0
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.take(ExportTraceServiceRequest.FromString(body))
+                if not decode:
+                    with receiver._lock:
+                        receiver.requests += 1
+                        receiver.bytes += len(body)
+                elif self.headers.get("Content-Encoding") == "gzip":
+                    receiver.take(ExportTraceServiceRequest.FromString(gzip.decompress(body)))
+                else:
+                    receiver.take(ExportTraceServiceRequest.FromString(body))
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
