@@ -9,7 +9,6 @@ cluster afterwards (killed nodes started again, every slot served, replicas in s
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import threading
 import time
@@ -20,10 +19,9 @@ from typing import Any
 
 import pytest
 import requests
-from PIL import Image, ImageDraw, ImageFont
 
 from app.embedded_redis import EmbeddedRedis
-from tests.conftest import CORPUS
+from bench.chaos import numbered_variant
 from tests.fleet import Fleet, LoopbackCluster, cluster_fleet, wait_for
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
@@ -41,14 +39,7 @@ _numbers = itertools.count(1)
 def fresh(n: int | None = None) -> bytes:
     """A new image nobody has sent: a corpus image above a band that reads ``No <n>``."""
     n = next(_numbers) if n is None else n
-    image = Image.open(CORPUS / BASES[n % len(BASES)]).convert("RGB")
-    band = Image.new("RGB", (max(image.width, 240), image.height + 48), "white")
-    band.paste(image, (0, 0))
-    font = ImageFont.load_default(size=28)
-    ImageDraw.Draw(band).text((8, image.height + 8), f"No {n:05d}", fill="black", font=font)
-    out = io.BytesIO()
-    band.save(out, "PNG")
-    return out.getvalue()
+    return numbered_variant(BASES[n % len(BASES)], n)
 
 
 @dataclass
