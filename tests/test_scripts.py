@@ -6,7 +6,6 @@ or landed in another slot)."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,8 +16,9 @@ from redis.cluster import RedisCluster
 
 from app.cache import scripts
 from app.cache.keys import KeySpace, QueueKeys
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
 from app.queue import inspect
+from tests.fleet import cluster_port
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def single() -> Iterator[EmbeddedRedis]:
 def cluster() -> Iterator[list[EmbeddedRedis]]:
     args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
             "--cluster-config-file", "nodes.conf"]  # fmt: skip
-    nodes = [EmbeddedRedis(extra_args=args, port=_cluster_port()) for _ in range(3)]
+    nodes = [EmbeddedRedis(extra_args=args, port=cluster_port()) for _ in range(3)]
     try:
         for node in nodes:
             node.start()
@@ -374,23 +374,6 @@ def test_every_script_file_is_registered_with_its_header() -> None:
 def _exists(client: Any, sha: str) -> bool:
     found = client.script_exists(sha)
     return bool(found[0] if isinstance(found, list) else found)
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 <= 65535 and _is_free(port + 10000):
-            return port
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _wait(check: Any, timeout: float = 20.0) -> None:

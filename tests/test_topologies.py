@@ -4,15 +4,15 @@ failover), nothing served wrong, caching resumes by itself afterwards."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
 from tests.conftest import CORPUS
+from tests.fleet import cluster_port
 from tests.helpers import b64
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -93,7 +93,7 @@ def test_sentinel_failover(make_app, sentinel_setup):
 def cluster_nodes():  # type: ignore[no-untyped-def]
     args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
             "--cluster-config-file", "nodes.conf"]  # fmt: skip
-    nodes = [EmbeddedRedis(extra_args=args, port=_cluster_port()).start() for _ in range(6)]
+    nodes = [EmbeddedRedis(extra_args=args, port=cluster_port()).start() for _ in range(6)]
     clients = [redis.Redis(port=n.port) for n in nodes]
     masters, replicas = clients[:3], clients[3:]
     bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
@@ -137,23 +137,6 @@ def test_cluster_failover(make_app, cluster_nodes):
 
 def _all_keys(nodes) -> list[bytes]:  # type: ignore[no-untyped-def]
     return [k for n in nodes[:3] for k in redis.Redis(port=n.port).keys("*")]
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too."""
-    while True:
-        port = free_port()
-        if port + 10000 <= 65535 and _is_free(port + 10000):
-            return port
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _wait(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
