@@ -192,6 +192,26 @@ class LoopbackCluster:
             node.cleanup()
 
 
+def loopback_sentinel(
+    tmp: Path, down_after_ms: int = 1000, failover_timeout_ms: int = 3000
+) -> tuple[EmbeddedRedis, EmbeddedRedis, EmbeddedRedis]:
+    """(master, replica, sentinel) on loopback, the replica in sync and the sentinel watching
+    ``ocrmaster`` (``redis+sentinel://127.0.0.1:<sentinel port>/ocrmaster/0``)."""
+    master = EmbeddedRedis().start()
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    conf = tmp / "sentinel.conf"
+    conf.write_text(
+        f"sentinel monitor ocrmaster 127.0.0.1 {master.port} 1\n"
+        f"sentinel down-after-milliseconds ocrmaster {down_after_ms}\n"
+        f"sentinel failover-timeout ocrmaster {failover_timeout_ms}\n"
+    )
+    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start()
+    probe, watcher = redis.Redis(port=replica.port), redis.Redis(port=sentinel.port)
+    wait_for(lambda: probe.info("replication")["master_link_status"] == "up", 60, "replica up")
+    wait_for(lambda: watcher.sentinel_master("ocrmaster")["num-slaves"] >= 1, 60, "sentinel")
+    return master, replica, sentinel
+
+
 class Role:
     """One ``python -m app <role>`` process on its own port, its output kept."""
 

@@ -34,7 +34,7 @@ from prometheus_client import REGISTRY
 
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import SHORT, WORD_CH, WORD_EN
-from tests.fleet import LoopbackCluster, wait_for
+from tests.fleet import LoopbackCluster, loopback_sentinel, wait_for
 from tests.helpers import b64, metric_sum
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -80,19 +80,9 @@ def _single() -> Topology:
 
 
 def _sentinel(tmp: Path) -> Topology:
-    master = EmbeddedRedis().start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
-    conf = tmp / "sentinel.conf"
-    conf.write_text(
-        f"sentinel monitor ocrmaster 127.0.0.1 {master.port} 1\n"
-        "sentinel down-after-milliseconds ocrmaster 5000\n"
-        "sentinel failover-timeout ocrmaster 10000\n"
+    master, replica, sentinel = loopback_sentinel(
+        tmp, down_after_ms=5000, failover_timeout_ms=10000
     )
-    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start()
-    probe = redis.Redis(port=replica.port)
-    wait_for(lambda: probe.info("replication")["master_link_status"] == "up", 60, "replica up")
-    watcher = redis.Redis(port=sentinel.port)
-    wait_for(lambda: watcher.sentinel_master("ocrmaster")["num-slaves"] >= 1, 60, "sentinel")
     client = redis.Redis(port=master.port)
     url = f"redis+sentinel://127.0.0.1:{sentinel.port}/ocrmaster/0"
     return Topology("sentinel", url, lambda: [client], servers=[sentinel, replica, master])

@@ -12,7 +12,7 @@ import redis
 
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import CORPUS
-from tests.fleet import cluster_port
+from tests.fleet import cluster_port, loopback_sentinel
 from tests.helpers import b64
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,19 +62,9 @@ def _caching_resumes(app, timeout: float = 30.0) -> None:  # type: ignore[no-unt
 
 @pytest.fixture()
 def sentinel_setup(tmp_path: Path):  # type: ignore[no-untyped-def]
-    master = EmbeddedRedis().start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
-    conf = tmp_path / "sentinel.conf"
-    conf.write_text(
-        f"sentinel monitor ocrmaster 127.0.0.1 {master.port} 1\n"
-        "sentinel down-after-milliseconds ocrmaster 1000\n"
-        "sentinel failover-timeout ocrmaster 3000\n"
-    )
-    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start()
-    _wait(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up")
-    _wait(lambda: redis.Redis(port=sentinel.port).sentinel_master("ocrmaster")["num-slaves"] >= 1)
-    yield master, replica, sentinel
-    for server in (sentinel, replica, master):
+    servers = loopback_sentinel(tmp_path)
+    yield servers
+    for server in reversed(servers):
         server.cleanup()
 
 
