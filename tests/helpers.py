@@ -52,11 +52,14 @@ _INDEX_PARTS = (b":px2:", b":simband:", b":simref", b":error:")
 
 def stored_keys(client: Any, pattern: str = "*") -> list[bytes]:
     """Every key matching ``pattern`` but a failed ticket's error markers, which must expire
-    within ERROR_TTL_S: what "nothing cached" means after a failed or refused request."""
+    within ERROR_TTL_S, and a purge's replication marks (``app/cache/purging.py``, 10 s):
+    what "nothing cached" means after a failed or refused request, or a purge."""
     found = client.keys(pattern)
-    ttls = {k: client.ttl(k) for k in found if b":error:" in k}  # -2: expired meanwhile
-    assert all(t == -2 or 0 < t <= ERROR_TTL_S for t in ttls.values()), ttls
-    return [k for k in found if b":error:" not in k]
+    passing = {b":error:": ERROR_TTL_S, b":purgesync:": 10}
+    for part, most in passing.items():
+        ttls = {k: client.ttl(k) for k in found if part in k}  # -2: expired meanwhile
+        assert all(t == -2 or 0 < t <= most for t in ttls.values()), ttls
+    return [k for k in found if not any(part in k for part in passing)]
 
 
 def entry_keys(client: Any, pattern: str = "ocr:*") -> list[bytes]:

@@ -544,8 +544,13 @@ def test_the_stats_count_every_masters_keys(make_app, topo: Topology) -> None:  
     client = on(make_app, topo, admin_token=ADMIN).test_client()
     for n in range(3):
         assert ocr(client, variant(WORD_EN, 2000 + n)).status_code == 200
+    # Keys come and go beside the request (markers, marks with a TTL): bracketed, since one
+    # node's count alone (the defect) is a third of a cluster's.
+    before = sum(c.dbsize() for c in topo.primaries())
     counted = client.get("/v1/stats").get_json()["cache"]["redis"]["keys"]
-    assert counted == sum(c.dbsize() for c in topo.primaries())
+    after = sum(c.dbsize() for c in topo.primaries())
+    assert min(before, after) - 1 <= counted <= max(before, after) + 1, (before, counted, after)
+    assert counted > 0
     admin = client.get("/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"}).get_json()
     redis_stats = admin["redis"]
     assert redis_stats["maxmemory"] == sum(
