@@ -89,6 +89,7 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
     assert server["ocr.protocol"] == "rest" and server["ocr.request_id"]
     assert miss["queue.wait"].attributes["ocr.queue.lane"] == "~"
     assert miss["queue.wait"].attributes["ocr.queue.waited_seconds"] > 0
+    assert miss["queue.wait"].attributes["ocr.queue.position"] >= 1  # its place when queued
     assert miss["cache.write"].attributes["ocr.stored"] is True
     assert hit["cache.lookup"].attributes["ocr.cache"] == "hit"
     assert hit["cache.lookup"].attributes["ocr.cache_tier"] in ("l1", "l2")

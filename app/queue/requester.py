@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app import metrics
+from app import metrics, tracing
 from app.cache.keys import KeySpace
 from app.cache.notify import Notifier
 from app.cache.scripts import QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_SUBMIT
@@ -150,7 +150,10 @@ class TicketQueue:
             raise EngineBusy(
                 f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
             )
-        return ticket_id, int(waiting) >= 0
+        created = int(waiting) >= 0
+        if created:  # its place in its lane when queued (the request's ``queue.wait`` span)
+            tracing.TRACER.current().set("ocr.queue.position", int(waiting))
+        return ticket_id, created
 
     def _wait(
         self, ticket: Ticket, ticket_id: str, created: bool, event: Any, read: Read, deadline: float
