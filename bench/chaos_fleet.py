@@ -149,6 +149,12 @@ def placement(records: list[Record], faults: list[dict[str, Any]]) -> list[dict[
     return out
 
 
+def outside_windows(error: dict[str, Any]) -> bool:
+    """A non-200 before any fault, or more than ``FAULT_WINDOW_S`` after the last one."""
+    after = error["seconds_after_fault"]
+    return after is None or after > FAULT_WINDOW_S
+
+
 def run(
     seconds: float, rate: float, fresh: float, schedule: list[tuple[float, str]]
 ) -> dict[str, Any]:
@@ -192,7 +198,7 @@ def run(
         cluster.stop()
     records = load.records
     errors = placement(records, faults)
-    late = [e for e in errors if (e["seconds_after_fault"] or 1e9) > FAULT_WINDOW_S]
+    late = [e for e in errors if outside_windows(e)]
     share = len(errors) / max(1, len(records))
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(began)),
