@@ -141,8 +141,11 @@ class Tracer:
         span of that time; from anyone else the header is ignored (a client could forge it)."""
         return NO_SPAN
 
-    def span(self, name: str, attributes: Mapping[str, Value] | None = None) -> Span:
-        """A child of the current span; current while entered."""
+    def span(
+        self, name: str, attributes: Mapping[str, Value] | None = None, start_ns: int = 0
+    ) -> Span:
+        """A child of the current span; current while entered. ``start_ns``: when it began
+        (wall clock, ns), for a span opened once its work turned out to need one."""
         return NO_SPAN
 
     def remote(

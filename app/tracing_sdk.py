@@ -70,8 +70,17 @@ class _Live(tracing.Span):
         return _Active(self._span)
 
     def carrier(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        _W3C.inject(out, trace.set_span_in_context(self._span))
+        # What the W3C propagator's inject writes, without building a context for it (every
+        # traced answer's ``traceresponse`` asks).
+        found = self._span.get_span_context()
+        if not found.is_valid:
+            return {}
+        out = {
+            "traceparent": f"00-{found.trace_id:032x}-{found.span_id:016x}-"
+            f"{int(found.trace_flags):02x}"
+        }
+        if found.trace_state:
+            out["tracestate"] = found.trace_state.to_header()
         return out
 
 
@@ -83,20 +92,6 @@ class _Active(_Live):
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         if self._token is not None:
             context.detach(self._token)
-
-
-class _Served(_Live):
-    """The front's server span inside the edge's: both end together."""
-
-    __slots__ = ("_outer",)
-
-    def __init__(self, span: Any, outer: Any) -> None:
-        super().__init__(span)
-        self._outer = outer
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        super().__exit__(kind, exc, tb)
-        self._outer.end()
 
 
 class On(tracing.Tracer):
@@ -117,18 +112,20 @@ class On(tracing.Tracer):
         edge = _edge_timing(headers.get(tracing.EDGE_TIMING, "")) if via_edge else None
         if edge is None:
             return _Live(self._tracer.start_span(name, parent, SpanKind.SERVER, attributes))
-        received, sent = edge  # the edge's own span: nginx has no tracer
-        outer = self._tracer.start_span("edge", parent, SpanKind.SERVER, start_time=received)
-        now = time.time_ns()
-        outer.set_attribute("edge.read_seconds", (sent - received) / 1e9)
-        outer.set_attribute("edge.queued_seconds", max(0, now - sent) / 1e9)
-        inner = self._tracer.start_span(
-            name, trace.set_span_in_context(outer), SpanKind.SERVER, attributes
+        received, sent = edge  # nginx has no tracer: its time is the server span's start
+        span = self._tracer.start_span(
+            name, parent, SpanKind.SERVER, attributes, start_time=received
         )
-        return _Served(inner, outer)
+        span.set_attribute("edge.read_seconds", (sent - received) / 1e9)
+        span.set_attribute("edge.queued_seconds", max(0, time.time_ns() - sent) / 1e9)
+        return _Live(span)
 
-    def span(self, name: str, attributes: Mapping[str, Value] | None = None) -> tracing.Span:
-        return _Live(self._tracer.start_span(name, attributes=attributes))
+    def span(
+        self, name: str, attributes: Mapping[str, Value] | None = None, start_ns: int = 0
+    ) -> tracing.Span:
+        return _Live(
+            self._tracer.start_span(name, attributes=attributes, start_time=start_ns or None)
+        )
 
     def remote(
         self, name: str, carrier: Carrier, attributes: Mapping[str, Value] | None = None

@@ -1,6 +1,9 @@
-"""The front door's calls as ``cache.lookup`` spans, with tracing on (``app.tracing``): the
-lookup and, for a miss, everything below it (the queue's wait, the engine call), and the
-outcome (``hit``, ``miss``, ``coalesced``, ``bypass``; the tier of a hit).
+"""The front door's calls traced (``app.tracing``): a lookup that meets a miss is a
+``cache.lookup`` span from the lookup's start, with everything below it (the queue's wait, the
+engine call) and the outcome (``miss``, ``coalesced``, ``bypass``, or ``mixed``); a lookup
+answered whole from the tiers opens no span of its own (each span costs a hit about as much
+as its own work, to encode and export): its outcome (``hit``, the tier) goes on the server
+span.
 
 Installed on the instance only when tracing is on, so with tracing off the front door is not
 wrapped at all and a hit pays nothing for it. A PDF (the document tier) is one span, each
@@ -9,7 +12,10 @@ page's outcome counted in it.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app import tracing
@@ -28,18 +34,46 @@ def describe(span: tracing.Span, outcomes: Sequence[Outcome]) -> None:
         span.set("ocr.cache_tier", tiers.pop() if len(tiers) == 1 else "mixed")
 
 
+@dataclass
+class _Lookup:
+    began: int  # wall clock, ns
+    span: tracing.Span | None = None
+
+
 def instrument(cache: OcrCache, tracer: tracing.Tracer) -> OcrCache:
     """``cache`` with its front door traced (as it is when ``tracer`` is off)."""
     if not tracer.on:
         return cache
     many: Callable[..., list[Outcome]] = cache.get_or_compute_many
     document: Callable[..., tuple[Any, list[Outcome]]] = cache.get_or_compute_document
+    resolve: Callable[..., Outcome] = cache.misses.resolve
+    local = threading.local()  # this thread's lookup under way (``_Lookup``)
 
     def get_or_compute_many(images: Sequence[bytes], *args: Any, **kwargs: Any) -> list[Outcome]:
-        with tracer.span("cache.lookup") as span:
+        outer = getattr(local, "lookup", None)
+        local.lookup = lookup = _Lookup(time.time_ns())
+        failed: BaseException | None = None
+        outcomes: list[Outcome] = []
+        try:
             outcomes = many(images, *args, **kwargs)
-            describe(span, outcomes)
             return outcomes
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            local.lookup = outer
+            # Answered whole from the tiers: the server span says so; else the lookup's span.
+            span = lookup.span or tracer.current()
+            if outcomes:
+                describe(span, outcomes)
+            if lookup.span is not None:
+                lookup.span.__exit__(type(failed) if failed else None, failed, None)
+
+    def traced_resolve(probe: Any, look_again: Callable[..., None]) -> Outcome:
+        lookup = getattr(local, "lookup", None)
+        if lookup is not None and lookup.span is None:  # the first miss opens the lookup's span
+            lookup.span = tracer.span("cache.lookup", start_ns=lookup.began).__enter__()
+        return resolve(probe, look_again)
 
     def get_or_compute_document(*args: Any, **kwargs: Any) -> tuple[Any, list[Outcome]]:
         with tracer.span("cache.lookup", {"ocr.document": True}) as span:
@@ -47,7 +81,8 @@ def instrument(cache: OcrCache, tracer: tracing.Tracer) -> OcrCache:
             describe(span, outcomes)
             return pages, outcomes
 
-    # get_or_compute goes through get_or_compute_many: the instance's, so one span.
+    # get_or_compute goes through get_or_compute_many: the instance's.
     setattr(cache, "get_or_compute_many", get_or_compute_many)  # noqa: B010
     setattr(cache, "get_or_compute_document", get_or_compute_document)  # noqa: B010
+    setattr(cache.misses, "resolve", traced_resolve)  # noqa: B010
     return cache
