@@ -149,13 +149,14 @@ class RedisStore:
             log.warning("redis purge unconfirmed: %s", purged.unconfirmed)
         return purged
 
+    def _every_primary(self) -> dict[str, Any]:
+        """What sends a server command (INFO, DBSIZE, CONFIG GET) to every primary: redis-py's
+        cluster client sends one to a single node unless told; a single node needs nothing."""
+        return {"target_nodes": self._client.PRIMARIES} if self._cluster else {}
+
     def stats(self) -> dict[str, Any]:
         """Server memory and eviction figures for /admin/stats ({} when unavailable)."""
-        if self._cluster:
-            fetch = lambda: self._client.info(target_nodes=self._client.PRIMARIES)  # noqa: E731
-        else:
-            fetch = self._client.info
-        ok, info = self._call("stats", fetch)
+        ok, info = self._call("stats", lambda: self._client.info(**self._every_primary()))
         if not ok or not isinstance(info, dict):
             return {}
         nodes = (
@@ -180,13 +181,7 @@ class RedisStore:
 
     def key_count(self) -> int | None:
         """DBSIZE (summed over primaries on a cluster): entries and companions; None when down."""
-        # redis-py's cluster client sends DBSIZE to one node unless told every primary.
-        count = (
-            (lambda: self._client.dbsize(target_nodes=self._client.PRIMARIES))
-            if self._cluster
-            else self._client.dbsize
-        )
-        ok, value = self._call("dbsize", count)
+        ok, value = self._call("dbsize", lambda: self._client.dbsize(**self._every_primary()))
         return int(value) if ok and value is not None else None
 
     def members(self, key: str) -> tuple[bool, frozenset[bytes]]:
@@ -243,12 +238,7 @@ class RedisStore:
     def eviction_policy(self) -> str | None:
         """The server's ``maxmemory-policy``, or None when it cannot be read (e.g. ACLs)."""
         try:
-            if self._cluster:
-                policy = self._client.config_get(
-                    "maxmemory-policy", target_nodes=self._client.PRIMARIES
-                )
-            else:
-                policy = self._client.config_get("maxmemory-policy")
+            policy = self._client.config_get("maxmemory-policy", **self._every_primary())
         except REDIS_ERRORS:
             return None
         if not policy:
