@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from prometheus_client import multiprocess
 
 from app.config import ConfigError, Settings
-from app.embedded_redis import free_port
+from app.embedded_redis import free_ports_to_keep
 
 log = logging.getLogger("app.serve")
 
@@ -89,7 +89,7 @@ class Supervisor:
         self._ports = (
             list(range(base, base + count))
             if os.environ.get("ENGINE_PORT")
-            else [free_port() for _ in range(count)]
+            else free_ports_to_keep(count)
         )
         self._engines: list[_Engine] = []
         self._front: subprocess.Popen[bytes] | None = None

@@ -20,7 +20,8 @@ import grpc
 import pytest
 import requests
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis, free_port, free_ports_to_keep
+from app.engine_process import REPLACEMENT_WAIT_SECONDS
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import CORPUS, PHOTOTEST, ROOT, SHORT, WORD_EN
 from tests.helpers import b64, metric_sum
@@ -84,7 +85,9 @@ class Fleet:
 
 @contextmanager
 def serve(tmp: Path, **overrides: str) -> Iterator[Fleet]:
-    port, engine_port = free_port(), free_port()
+    # The engines' two ports (one engine, its replacement) outside the ephemeral range: a
+    # client connection could take the second before the replacement binds it.
+    port, engine_port = free_port(), free_ports_to_keep(2)[0]
     unset = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(
@@ -217,7 +220,7 @@ def test_engine_retires_and_is_replaced_without_a_gap(tmp_path):
     with serve(tmp_path, ENGINE_MAX_CALLS="2") as fleet:
         [first] = fleet.engines()
         statuses = [fleet.ocr(CORPUS / name).status_code for name in DISTINCT]
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + REPLACEMENT_WAIT_SECONDS + 60  # a slow replacement's load
         while first in fleet.engines():
             assert time.monotonic() < deadline, "the engine never retired"
             statuses.append(fleet.ocr(SHORT, **{"Cache-Control": "no-cache"}).status_code)
