@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check-config", help="validate the environment and print the settings")
     sub.add_parser("config-doc", help="print docs/CONFIGURATION.md (generated from app/config/)")
     sub.add_parser("prepare-models", help="locate/generate the model folders and print them")
+    sub.add_parser("trace-receiver", help="run the OTLP/HTTP trace receiver and its web page")
     args = parser.parse_args(argv)
     if args.command == "config-doc":  # the declarations, whatever this environment says
         from app.config import markdown
@@ -182,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         socket = settings.edge.socket or "/tmp/ocr-gunicorn-XXXXXX/gunicorn.sock"
         print(render(settings, socket, "/tmp/ocr-edge-XXXXXX", ()), end="")
         return 0
+    if args.command == "trace-receiver":  # HOST, TRACE_RECEIVER_PORT (app/trace_receiver.py)
+        from app import trace_receiver
+
+        return trace_receiver.run(settings.server.host)
     if args.command == "check-config":
         for var, value, secret in sorted(settings.variables()):
             print(f"{var}={'<set>' if secret and value else value}")

