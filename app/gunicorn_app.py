@@ -15,8 +15,9 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.glogging import Logger
 
-from app import tracing
+from app import logformat, tracing
 from app.config import Settings
 from app.edge import GUNICORN_KEEPALIVE_SECONDS, Edge
 
@@ -44,12 +45,23 @@ def gunicorn_options(settings: Settings, bind: str | None = None) -> dict[str, A
         "loglevel": settings.server.log_level.lower(),
         "accesslog": None,
         "errorlog": "-",
+        "logger_class": JsonLogger if settings.server.log_format == "json" else Logger,
         "on_starting": prepare_metrics_dir,
         "child_exit": _child_exit,
         "post_fork": _traced,
         "post_worker_init": _worker_ready,
         "worker_exit": _worker_exit,
     }
+
+
+class JsonLogger(Logger):
+    """gunicorn's own lines (its master's and workers' starts, stops, timeouts) in the
+    service's JSON form too (``LOG_FORMAT=json``): one format for a log collector to parse."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(logformat.JsonFormatter())
 
 
 def _traced(server: Any, worker: Any) -> None:

@@ -217,3 +217,25 @@ def grpc_front(make_app):  # type: ignore[no-untyped-def]
     yield start
     for server in started:
         server.stop(grace=None)
+
+
+@pytest.fixture()
+def traced() -> Any:
+    """An ``On`` tracer over an in-memory exporter, as ``TRACER`` for the test (the SDK
+    imported here: only the tests that trace pay for it)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from app import tracing
+    from app.tracing_sdk import On
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    before, tracing.TRACER = tracing.TRACER, On(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.TRACER = before
+        provider.shutdown()

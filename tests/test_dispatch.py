@@ -19,6 +19,7 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
+from app import tracing
 from app.cache import redis_client as redis_clients
 from app.cache.keys import QueueKeys, digest_image
 from app.config import Settings
@@ -33,7 +34,14 @@ from app.vocabulary import (
     EngineTimeout,
     OcrParams,
 )
-from tests.test_cache_unit import IMAGES, WAIT, CountingEngine, make_cache, only_error_markers
+from tests.test_cache_unit import (
+    IMAGES,
+    WAIT,
+    CountingEngine,
+    joined,
+    make_cache,
+    only_error_markers,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -428,3 +436,32 @@ def test_fronts_with_other_encryption_keys_never_compute_for_each_other(settings
     for cache, data in ((sealed, IMAGES[0]), (other, IMAGES[1]), (plain, IMAGES[2])):
         assert cache.get_or_compute(data).status is CacheStatus.MISS
         assert cache.get_or_compute(data).status is CacheStatus.HIT
+
+
+def test_a_request_joining_another_fronts_ticket_links_to_its_trace(settings, traced):
+    """Two front doors (two processes' worth): the second request for an image finds the
+    first's ticket queued and waits on it; its ``queue.wait`` span links to the trace of the
+    request that queued it, read from beside the ticket."""
+    engine = SerialEngine()
+    first, second = make_cache(settings, engine), make_cache(settings, engine)
+    second_joined = joined(second)
+    engine.hold()
+
+    def traced_get(cache: Any, name: str) -> Any:
+        with tracing.TRACER.span(name):
+            return cache.get_or_compute(IMAGES[0])
+
+    with ThreadPoolExecutor(2) as pool:
+        queued = pool.submit(traced_get, first, "queuer")
+        assert engine.entered.wait(WAIT)
+        waiting = pool.submit(traced_get, second, "joiner")
+        assert second_joined.wait(WAIT)
+        engine.release.set()
+        outcomes = [queued.result(WAIT), waiting.result(WAIT)]
+    assert engine.calls == 1
+    assert [o.status for o in outcomes] == [CacheStatus.MISS, CacheStatus.COALESCED]
+    spans = traced.get_finished_spans()
+    root = {span.name: span.context.trace_id for span in spans if span.parent is None}
+    waits = [span for span in spans if span.name == "queue.wait"]
+    joiner = [span for span in waits if span.context.trace_id == root["joiner"]]
+    assert [link.context.trace_id for span in joiner for link in span.links] == [root["queuer"]]

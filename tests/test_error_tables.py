@@ -25,8 +25,8 @@ from app.vocabulary import (
 
 pytestmark = pytest.mark.unit
 
-# Control flow private to a process of its own (the CLI client).
-OUTSIDE_THE_ROOT = {"app.cli.CliError"}
+# Control flow private to a process of its own (the CLI client, the trace receiver).
+OUTSIDE_THE_ROOT = {"app.cli.CliError", "app.trace_receiver.Refused"}
 
 
 def test_every_error_of_the_service_joins_the_root():

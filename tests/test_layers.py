@@ -42,6 +42,7 @@ ENGINE_MAY_IMPORT = {
     "app.protocols",
     "app.protocols.pdserving",
     "app.protocols.pipeline_stubs",
+    "app.tracing",  # the engine's steps as spans (an interface: off, it does nothing)
 }
 
 

@@ -15,13 +15,12 @@ import time
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app import logformat, tracing
+from app.engines.engine_thread import EngineThread
+from app.engines.paddle import Spanned
 from app.queue.ticket import FORMAT, Ticket, decode
-from app.tracing_sdk import On
 from app.vocabulary import OcrParams
 from tests.conftest import ROOT
 
@@ -105,20 +104,6 @@ def test_off_the_sdk_is_never_imported_and_the_front_door_is_not_wrapped() -> No
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-
-
-@pytest.fixture()
-def traced() -> Any:
-    """An ``On`` tracer over an in-memory exporter, as ``TRACER`` for the test."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    before, tracing.TRACER = tracing.TRACER, On(provider)
-    try:
-        yield exporter
-    finally:
-        tracing.TRACER = before
-        provider.shutdown()
 
 
 def _by_name(exporter: InMemorySpanExporter) -> dict[str, Any]:
@@ -219,3 +204,42 @@ def test_json_log_lines_carry_the_trace_and_span_ids(traced, capsys) -> None:
         span_id = tracing.TRACER.ids()[1]
     assert line["trace_id"] == TRACE_ID and line["span_id"] == span_id
     assert line["message"] == "hello a\nb" and line["level"] == "INFO" and line["logger"] == "app.x"
+
+
+def test_an_engine_threads_call_runs_in_its_callers_context(traced) -> None:
+    """The engine's thread runs each call in its caller's context: the caller's span is
+    the parent of the spans the call opens; an interjected call runs in its own."""
+    runner = EngineThread("traced-engine")
+
+    def pausing() -> str:
+        with tracing.TRACER.span("paged"):
+            runner.yield_point()
+        return tracing.TRACER.ids()[0]
+
+    with tracing.TRACER.span("interjecting"):
+        interjected = runner.interject(lambda: tracing.TRACER.span("other").end())
+    with tracing.TRACER.span("engine.recognize") as call:
+        trace_id = runner.submit(pausing).result(10)
+        assert trace_id == call.carrier()["traceparent"].split("-")[1]
+    interjected.result(10)
+    spans = _by_name(traced)
+    assert spans["paged"].parent.span_id == spans["engine.recognize"].context.span_id
+    assert spans["other"].parent.span_id == spans["interjecting"].context.span_id
+
+
+def test_a_pipeline_models_calls_are_child_spans_of_a_traced_call_only(traced) -> None:
+    def model(inputs: list[int], scale: int = 1):
+        for item in inputs:
+            yield item * scale
+
+    detection = Spanned(model, "ocr.detection")
+    assert list(detection([1, 2], scale=3)) == [3, 6]  # no current span: no span (warm-up)
+    assert _by_name(traced) == {}
+    with tracing.TRACER.span("engine.recognize"):
+        answers = detection([1, 2, 3])
+        assert next(answers) == 1
+        assert "ocr.detection" not in _by_name(traced)  # lasts while its answers are read
+        assert list(answers) == [2, 3]
+    spans = _by_name(traced)
+    assert spans["ocr.detection"].parent.span_id == spans["engine.recognize"].context.span_id
+    assert spans["ocr.detection"].attributes["ocr.inputs"] == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.test_roles import serve
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 IMAGE = CORPUS / "paddleocr_word_en_1.png"
+JOINED = CORPUS / "paddleocr_word_ko_1.jpg"
 WAIT = 60.0  # the longest a batch of spans may take to arrive (they come in 0.2 s batches)
 
 
@@ -47,6 +49,22 @@ def spans_of(receiver: Receiver, trace_id: str, *names: str) -> dict[str, Span]:
         time.sleep(0.1)
 
 
+def computing_trace(receiver: Receiver, trace_ids: list[str]) -> str:
+    """The one of ``trace_ids`` whose request queued the engine's work, once its spans and
+    every request's server span arrived."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        traces = {t: {span.name for span in receiver.trace(t)} for t in trace_ids}
+        computing = [t for t, names in traces.items() if "engine.ticket" in names]
+        if computing and all("cache.lookup" in names or "POST /v1/ocr" in names
+                             for names in traces.values()):  # fmt: skip
+            assert len(computing) == 1, traces
+            time.sleep(0.5)  # the joiners' spans end with their answers: already sent
+            return computing[0]
+        assert time.monotonic() < deadline, traces
+        time.sleep(0.1)
+
+
 def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, tmp_path):
     image = IMAGE  # a miss first: serve's Redis is its own
     with serve(
@@ -62,9 +80,19 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
         assert again.status_code == 200 and again.headers["X-Cache"] == "HIT"
 
         names = ("POST /v1/ocr", "cache.lookup", "queue.wait", "engine.ticket",
-                 "engine.recognize", "cache.write")  # fmt: skip
+                 "engine.recognize", "ocr.detection", "ocr.recognition",
+                 "cache.write")  # fmt: skip
         miss = spans_of(receiver, miss_id, *names)
         hit = spans_of(receiver, hit_id, "POST /v1/ocr")
+
+        # Four requests at once for one new image: one computes, the others join it (in
+        # their worker's single flight, or on its queued ticket from the other worker).
+        together = [traceparent() for _ in range(4)]
+        with ThreadPoolExecutor(len(together)) as pool:
+            answers = list(pool.map(lambda t: fleet.ocr(JOINED, traceparent=t[1]), together))
+        assert [a.status_code for a in answers] == [200] * 4, "".join(fleet.output)[-4000:]
+        joined = {t: a.headers["X-Cache"] for (t, _), a in zip(together, answers, strict=True)}
+        computing = computing_trace(receiver, list(joined))
         output = "".join(fleet.output)
 
     # One trace across processes: the client's span → the front (from when the edge received
@@ -80,6 +108,13 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
     assert miss["engine.ticket"].parent_id == miss["queue.wait"].span_id
     assert miss["engine.recognize"].parent_id == miss["engine.ticket"].span_id
     assert miss["cache.write"].parent_id == miss["engine.ticket"].span_id
+    # The engine call's steps, children of its span in the engine process.
+    # (textline orientation too, when the request asks for it: not here)
+    for step in ("ocr.detection", "ocr.recognition"):
+        assert miss[step].parent_id == miss["engine.recognize"].span_id, step
+        assert miss[step].resource["ocr.role"] == "engine"
+        assert miss["engine.recognize"].start_ns <= miss[step].start_ns
+    assert miss["ocr.detection"].end_ns <= miss["ocr.recognition"].start_ns
     roles = {name: span.resource["ocr.role"] for name, span in miss.items()}
     assert roles["POST /v1/ocr"] == roles["queue.wait"] == "front"
     assert roles["engine.ticket"] == roles["cache.write"] == "engine"
@@ -101,6 +136,13 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
     assert hit["POST /v1/ocr"].attributes["ocr.images"] == 1
     assert {span.name for span in receiver.trace(hit_id)} == {"POST /v1/ocr"}
 
+    # Single flight: the one trace that computed, and every other linked to it.
+    for trace_id, outcome in joined.items():
+        if trace_id == computing or outcome == "HIT":  # a HIT came after: it joined nothing
+            continue
+        linked = {link[0] for span in receiver.trace(trace_id) for link in span.links}
+        assert computing in linked, (trace_id, outcome, [s.name for s in receiver.trace(trace_id)])
+
     # Logs: the JSON lines of the front and of the engine during the miss carry its ids; the
     # edge's access log names both traces.
     lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
@@ -108,6 +150,8 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
     assert any("queued on lane" in line.get("message", "") for line in ours)
     assert any("computed and stored" in line.get("message", "") for line in ours)
     assert all(line["span_id"] for line in ours)
+    assert any(line.get("logger") == "gunicorn.error" for line in lines)  # gunicorn's own too
+    assert not any("] [INFO] Booting worker" in line for line in output.splitlines())
     access = [line for line in lines if "request_bytes" in line]
     assert {miss_id, hit_id} <= {line.get("trace_id") for line in access}
 

@@ -19,6 +19,7 @@ on another thread beside it was measured waiting up to a second for it).
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 import time
@@ -100,7 +101,9 @@ class EngineRunner:
                 )
             self._waiting += 1
             metrics.ENGINE_QUEUE_DEPTH.inc()
-        future: Future[T] = self._pool.submit(self._start, elapsed, fn, *args)
+        # In the caller's context (its current span: the engine's spans are its children).
+        call = contextvars.copy_context().run
+        future: Future[T] = self._pool.submit(call, self._start, elapsed, fn, *args)
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:

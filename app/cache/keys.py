@@ -86,6 +86,11 @@ class QueueKeys:
     def interject_bell(self) -> str:
         return f"{self.tag}:interject"
 
+    def trace(self, ticket_id: str) -> str:
+        """The W3C context of the traced request that queued ticket ``ticket_id``, for the
+        requests that join it (their spans link to its trace), while the ticket's marker lives."""
+        return f"{self.tag}:trace:{ticket_id}"
+
     def marker(self, entry: str, sha256: str) -> str:
         """Which ticket computes ``entry`` for the image ``sha256`` (its id), while one does.
         Per SHA-256: two images with one MD5 share a key, never a ticket."""

@@ -18,6 +18,7 @@ of either page alone (``tests/test_engine.py``; with line reuse ``tests/test_lin
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -28,14 +29,18 @@ T = TypeVar("T")
 
 
 class _Call:
+    """A call and its caller's context (``contextvars``): on the engine's thread it runs in
+    it, so the caller's current span is its spans' parent and its log lines carry its ids."""
+
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.fn, self.args, self.future = fn, args, Future[Any]()
+        self.context = contextvars.copy_context()
 
     def run(self) -> None:
         if not self.future.set_running_or_notify_cancel():
             return  # its caller gave up before it started
         try:
-            self.future.set_result(self.fn(*self.args))
+            self.future.set_result(self.context.run(self.fn, *self.args))
         except BaseException as exc:  # the caller's to handle, on its own thread
             self.future.set_exception(exc)
 
@@ -64,14 +69,15 @@ class EngineThread:
         """Whether the caller is this engine's thread (a call from it runs inline)."""
         return threading.current_thread() is self._thread
 
-    def yield_point(self) -> None:
+    def yield_point(self) -> int:
         """Between two steps of the call in progress (on this thread): run the interjected
-        calls waiting. Nothing within an interjected call, nor from another thread."""
+        calls waiting (how many ran). Nothing within an interjected call, nor from another
+        thread."""
         if self._interjecting or not self._to_interject or not self.on_thread():
-            return
+            return 0
         self._interjecting = True
         try:
-            self._run_interjected()
+            return self._run_interjected()
         finally:
             self._interjecting = False
 
@@ -85,9 +91,12 @@ class EngineThread:
         with self._lock:
             return calls.popleft() if calls else None
 
-    def _run_interjected(self) -> None:
+    def _run_interjected(self) -> int:
+        ran = 0
         while (call := self._next(self._to_interject)) is not None:
             call.run()
+            ran += 1
+        return ran
 
     def _loop(self) -> None:
         while True:

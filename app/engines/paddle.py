@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from app import memory
+from app import memory, tracing
 from app.engines import paddle_models, tasks
 from app.engines.base import EngineBase, OcrRequest, fingerprint_of
 from app.engines.engine_thread import EngineThread
@@ -147,8 +147,13 @@ class PaddleOcrEngine(EngineBase):
     def _load_here(self) -> None:
         if self._pipeline is None:
             self._pipeline = self._build()
-            self._recognizer = self._inner().text_rec_model
-            self._pausing = Pausing(self._recognizer, self._runner.yield_point)
+            inner = self._inner()
+            self._recognizer = inner.text_rec_model
+            self._pausing = Pausing(self._recognizer, self._yield_point)
+            inner.text_det_model = Spanned(inner.text_det_model, "ocr.detection")
+            inner.textline_orientation_model = Spanned(
+                inner.textline_orientation_model, "ocr.textline_orientation"
+            )
             warmup = OcrRequest(b"", _warmup_image(), self._default_params)
             self._predict_here([warmup], reuse=False)  # nothing of the warm-up is stored
 
@@ -172,6 +177,13 @@ class PaddleOcrEngine(EngineBase):
         short ticket of another tenant without waiting for a long page to end. The page then
         resumes; both results are those of either page alone (``tests/test_engine.py``)."""
         return self._runner.interject(call)
+
+    def _yield_point(self) -> None:
+        """The engine thread's yield point; a pause that ran interjected calls is an event of
+        the paused call's span."""
+        ran = self._runner.yield_point()
+        if ran:
+            tracing.TRACER.current().event("engine.paused", {"ocr.interjected_calls": ran})
 
     def recognize_many(self, requests: list[OcrRequest]) -> list[OcrResult]:
         """Several images with one set of parameters in one pipeline call (a list input:
@@ -231,7 +243,7 @@ class PaddleOcrEngine(EngineBase):
         """The pipeline with ``recognizer`` as its text recognizer for this call only: a
         call interjected into another's pause puts its own in and the paused call's back."""
         inner = self._inner()
-        paused, inner.text_rec_model = inner.text_rec_model, recognizer
+        paused, inner.text_rec_model = inner.text_rec_model, Spanned(recognizer, "ocr.recognition")
         try:
             outputs = self._pipeline.predict(
                 images,
@@ -254,7 +266,7 @@ class PaddleOcrEngine(EngineBase):
         try:
             recognizer = ReusingRecognizer(
                 self._recognizer, store, request.namespace, storable, request.lines,
-                pause=self._runner.yield_point,
+                pause=self._yield_point,
             )  # fmt: skip
             image = np.ascontiguousarray(request.image.pixels[:, :, ::-1])
             outputs = self._run_pipeline(image, request.params, recognizer)
@@ -285,6 +297,31 @@ class Pausing:
             yield reading
             if done % size == 0 and done < len(crops):
                 self._pause()
+
+
+class Spanned:
+    """One of the pipeline's models (detection, textline orientation, recognition) whose
+    calls are spans: children of the engine call's span, whose context comes along to the
+    engine's thread (``engine_thread``). The models answer lazily, so a span lasts until the
+    pipeline has read the last answer (a pause for an interjected call included)."""
+
+    def __init__(self, model: Any, name: str) -> None:
+        self._model, self._name = model, name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __call__(self, inputs: Sequence[Any], **kwargs: Any) -> Iterator[Any]:
+        tracer = tracing.TRACER  # a child of a traced call only (not the warm-up's)
+        span = (
+            tracer.span(self._name, {"ocr.inputs": len(inputs)})
+            if tracer.current().recording
+            else tracing.NO_SPAN
+        )
+        try:
+            yield from self._model(inputs, **kwargs)
+        finally:
+            span.end()
 
 
 def _named(exc: BaseException) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from app import tracing
 from app.engines.base import LineUse
 from app.engines.lines import (
     LineId,
@@ -127,6 +128,9 @@ class ReusingRecognizer:
             self._keep(fresh, return_word_box)
         counted = (len(ids) - len(fresh), len(fresh))
         self._guarded("count", lambda: self._store.count(*counted))
+        tracing.TRACER.current().event(
+            "ocr.line_reuse", {"ocr.lines.reused": counted[0], "ocr.lines.recognized": counted[1]}
+        )
         font = self._model.vis_font
         for line in ids:
             text, score, words = found[line]

@@ -151,9 +151,30 @@ class TicketQueue:
                 f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
             )
         created = int(waiting) >= 0
-        if created:  # its place in its lane when queued (the request's ``queue.wait`` span)
-            tracing.TRACER.current().set("ocr.queue.position", int(waiting))
+        span = tracing.TRACER.current()  # the request's ``queue.wait`` span, when traced
+        if created:  # its place in its lane when queued
+            span.set("ocr.queue.position", int(waiting))
+            if ticket.trace:
+                self._leave_trace(ticket, ticket_id, int(marker_ttl))
+        elif span.recording:
+            self._link_to_queuer(span, ticket_id)
         return ticket_id, created
+
+    def _leave_trace(self, ticket: Ticket, ticket_id: str, ttl_ms: int) -> None:
+        """A traced request that queued a ticket leaves its context beside it, for the
+        requests that join the ticket (from any front) to link to: one write, when traced."""
+        key, context = self.names.trace(ticket_id), f"{ticket.trace}\n{ticket.tracestate}"
+        self._store.run("dispatch", lambda c: c.set(key, context, px=ttl_ms))
+
+    def _link_to_queuer(self, span: tracing.Span, ticket_id: str) -> None:
+        """A request that joined a ticket another request queued (another front's, it may
+        be) links to the trace that queued it, when that one was traced."""
+        ok, context = self._store.run("dispatch", lambda c: c.get(self.names.trace(ticket_id)))
+        if not ok or not context:
+            return
+        text = context.decode(errors="replace") if isinstance(context, bytes) else str(context)
+        parent, _, state = text.partition("\n")
+        span.link({tracing.TRACEPARENT: parent, **({tracing.TRACESTATE: state} if state else {})})
 
     def _wait(
         self, ticket: Ticket, ticket_id: str, created: bool, event: Any, read: Read, deadline: float

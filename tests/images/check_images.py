@@ -75,6 +75,7 @@ CPU_IMAGE = "ocr-cache:cpu"
 SERVING_IMAGE = "ocr-paddle-serving:0.9.0"
 PROMETHEUS_IMAGE = "local/prometheus:bookworm"
 PROJECT = "ocr-test-images"
+TRACED_IMAGE = CORPUS / "paddleocr_word_ja_1.jpg"  # used by no other check here: a miss
 SLOW_IMAGE = CORPUS / "sroie_282.jpg"  # the corpus's largest page: a miss of a few seconds
 UID = ["10001"] * 4  # /proc/PID/status Uid: and Gid: (real, effective, saved, file system)
 
@@ -734,7 +735,7 @@ class Compose:
 PORTS = (
     "LOCAL_FRONT_HTTP_PORT", "LOCAL_FRONT_GRPC_PORT", "LOCAL_FRONT_SERVING_HTTP_PORT",
     "LOCAL_FRONT_SERVING_GRPC_PORT", "LOCAL_SERVING_HTTP_PORT", "LOCAL_SERVING_RPC_PORT",
-    "LOCAL_PROMETHEUS_PORT",
+    "LOCAL_PROMETHEUS_PORT", "LOCAL_TRACES_PORT",
 )  # fmt: skip
 
 
@@ -751,6 +752,7 @@ def stack(cpu_image: str) -> Iterator[dict[str, Any]]:
         LOCAL_REDIS_IMAGE=REDIS_IMAGE,
         LOCAL_PYTHON_IMAGE=PYTHON_BASE,
         LOCAL_SERVING_BASE=SERVING_BASE,
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://traces:4318",  # the monitoring profile's receiver
     )
     compose = Compose(PROJECT, ["serving", "monitoring"], env)
     started = time.monotonic()
@@ -762,6 +764,7 @@ def stack(cpu_image: str) -> Iterator[dict[str, Any]]:
             "sidecar_http": f"http://{compose.address('paddle-serving', 9997)}",
             "sidecar_grpc": compose.address("paddle-serving", 18092),
             "prometheus": f"http://{compose.address('prometheus', 9090)}",
+            "traces": f"http://{compose.address('traces', 4318)}",
         }
         for key in ("front", "front_serving"):
             wait_for(
@@ -792,6 +795,32 @@ def test_sidecar_pipeline_http_and_stock_grpc_client(
 
 def test_compose_front_miss_then_hit(stack: dict[str, Any]) -> None:
     assert phototest_like(miss_then_hit(stack["front"]))
+
+
+def test_compose_traces_reach_the_monitoring_profiles_receiver(stack: dict[str, Any]) -> None:
+    """``OTEL_EXPORTER_OTLP_ENDPOINT=http://traces:4318`` with the monitoring profile: a miss
+    sent with a ``traceparent`` is one trace on the receiver's page, from the front and the
+    engine containers."""
+    trace_id = os.urandom(16).hex()
+    answer = requests.post(
+        f"{stack['front']}/v1/ocr", json={"image": b64(TRACED_IMAGE)}, timeout=180,
+        headers={"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"},
+    )  # fmt: skip
+    assert answer.status_code == 200 and answer.headers["X-Cache"] == "MISS", answer.text[:300]
+    url = f"{stack['traces']}/api/traces/{trace_id}"
+    found = wait_for(
+        "the miss's trace from the front and the engine on the receiver",
+        lambda: (
+            {"front", "engine"} <= set(requests.get(url, timeout=5).json()["roles"])
+            and requests.get(url, timeout=5).json()
+        ),
+        timeout=90,
+        dump=stack["compose"].logs,
+    )
+    names = {span["name"] for span in found["spans"]}
+    assert {"POST /v1/ocr", "queue.wait", "engine.ticket", "ocr.recognition"} <= names, names
+    page = requests.get(f"{stack['traces']}/", timeout=5)
+    assert page.status_code == 200 and trace_id in page.text
 
 
 def test_front_serving_chained_to_the_sidecar_miss_then_hit(stack: dict[str, Any]) -> None:
