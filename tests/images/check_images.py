@@ -808,12 +808,14 @@ def test_compose_traces_reach_the_monitoring_profiles_receiver(stack: dict[str, 
     )  # fmt: skip
     assert answer.status_code == 200 and answer.headers["X-Cache"] == "MISS", answer.text[:300]
     url = f"{stack['traces']}/api/traces/{trace_id}"
+
+    def from_both_roles() -> dict[str, Any] | None:
+        trace = requests.get(url, timeout=5).json()  # a 404 (not yet) is no JSON: asked again
+        return trace if {"front", "engine"} <= set(trace["roles"]) else None
+
     found = wait_for(
         "the miss's trace from the front and the engine on the receiver",
-        lambda: (
-            {"front", "engine"} <= set(requests.get(url, timeout=5).json()["roles"])
-            and requests.get(url, timeout=5).json()
-        ),
+        from_both_roles,
         timeout=90,
         dump=stack["compose"].logs,
     )
