@@ -97,7 +97,10 @@ def engine_app(shared: service.OcrService, settings: Settings) -> Flask:
             )  # fmt: skip
             cache.engine.check_params(params)
             probe.image  # noqa: B018 - a bad image is the caller's error, before the engine
-            result = cache.computer.compute(probe)
+            context = {k: v for k in (tracing.TRACEPARENT, tracing.TRACESTATE)
+                       if (v := request.headers.get(k))}  # fmt: skip
+            with tracing.TRACER.server(direct.PATH, context):  # in the front's trace
+                result = cache.computer.compute(probe)
         except EngineBusy as exc:
             return error(503, exc.code, str(exc), exc.retry_after)
         except EngineTimeout as exc:

@@ -25,6 +25,7 @@ import orjson
 import requests
 from requests.adapters import HTTPAdapter
 
+from app import tracing
 from app.engines.base import Engine, EngineBase, OcrRequest
 from app.vocabulary import (
     ClientError,
@@ -153,6 +154,7 @@ class EngineProxy(EngineBase):
 
     def _call(self, url: str, body: bytes) -> OcrResult:
         headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        headers.update(tracing.TRACER.current().carrier())  # the engine's span joins the trace
         try:
             response = self._session.post(
                 url, data=body, headers=headers, timeout=(2.0, self._timeout)
