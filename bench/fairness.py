@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import platform
+import subprocess
 import tempfile
 import threading
 import time
@@ -273,6 +274,8 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
                         results["b_alone"] = summarize_b(sent, b_seconds, len(b_pages))
                     print(f"{name}: A floods {pages_count} pages", flush=True)
                     results[name] = phase(service, pages, b_pages, pages_count, next(offsets))
+                    b = results[name]["b"]
+                    print(f"{name}: B p95 {b['p95_s']} s max {b['max_s']} s", flush=True)
                 finally:
                     service.stop()
     solo, drr, fifo = results["b_alone"], results["drr"], results["fifo"]
@@ -325,14 +328,38 @@ def per_page(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def earlier_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs already recorded in ``path``: its own run first, then those it carried (a
+    new run keeps them: one outcome is not enough on a shared machine)."""
+    if not path.exists():
+        return []
+    before = json.loads(path.read_text())
+    carried = before.pop("earlier_runs", [])
+    return [before, *carried]
+
+
+def _commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
+    return head.stdout.decode().strip() or "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=200, help="tenant A's flood")
     parser.add_argument("--solo", type=int, default=40, help="B's pages alone")
+    parser.add_argument("--note", default="", help="what the run says of itself (its machine)")
     args = parser.parse_args()
     results = run(args.pages, args.solo)
+    results["run"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "commit": _commit(),
+        "pages": args.pages,
+        "note": args.note,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fairness.json").write_text(json.dumps(results, indent=2) + "\n")
+    out = RESULTS / "fairness.json"
+    results["earlier_runs"] = earlier_runs(out)
+    out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: results[k] for k in ("b_alone", "target")}, indent=2))
     for fairness, _, _ in PHASES:
         b, a = results[fairness]["b"], results[fairness]["a"]

@@ -489,7 +489,8 @@ def test_interjection_is_decided_by_the_queue_alone(
     settings: Settings, redis_client: redis.Redis
 ) -> None:
     """``_TAKE`` in interjection mode, on the queue's own keys: nothing while a live engine
-    is idle, nor from a lane with a ticket running; else the ticket the round robin takes next.
+    is idle, nor from a lane with a ticket running; else a ticket of the lane with the most
+    credit among the others.
     A declined take leaves the ring as it was. A lane whose running tickets are all the call
     to pause (of that lane alone) may pause itself."""
     cache = make_cache(settings, TimedEngine([], [0, 0], threading.Lock()))

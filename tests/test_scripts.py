@@ -230,6 +230,34 @@ def test_take_interjects_only_while_every_live_engine_is_busy(client: Any) -> No
     assert text(lane) == "b" and len(entries) == 1
 
 
+def test_interjection_passes_over_a_lane_running_elsewhere_but_not_one_in_debt(
+    client: Any,
+) -> None:
+    """A flood holding every engine with credit banked (its tickets cost less than charged)
+    does not keep a lane with nothing running waiting: the interjector takes that lane's
+    ticket. A lane in debt waits its turn (nothing given, the ring as it was)."""
+    names = queue(client)
+    live_engine(client, names, "e1")
+    live_engine(client, names, "e2")
+    for i in range(3):
+        submit(client, names, "a", f"a{i}")
+    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=1)
+    client.xreadgroup(GROUP, "e2", {names.stream("a"): ">"}, count=1)  # a holds both engines
+    submit(client, names, "b", "b0")
+    client.delete(names.ring)
+    client.rpush(names.ring, "a", "b")
+    client.hset(names.deficits, mapping={"a": "10.0", "b": "-3.0"})  # b in debt
+    ring = client.lrange(names.ring, 0, -1)
+    assert take(client, names, "i", "10000") == []
+    assert client.lrange(names.ring, 0, -1) == ring
+    client.hset(names.deficits, "b", "0.25")  # b owed a turn, a owed more
+    lane, entries, _ = take(client, names, "i", "10000")
+    assert text(lane) == "b" and len(entries) == 1
+    assert float(client.hget(names.deficits, "a")) == 10.0  # a's credit untouched
+    lane, entries, _ = take(client, names, "engine-3")  # a feeder (no interjection): a's turn
+    assert text(lane) == "a"
+
+
 def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:
     names = queue(client)
     live_engine(client, names)

@@ -3,8 +3,9 @@ one, between recognition batches).
 
 No order of the queue shortens the wait for an engine to *finish* a page, and a back-fill's
 long pages keep every engine for seconds. So while its engine computes, each slot's
-interjector waits on a second doorbell for the ticket the round robin would take next
-(``scheduler.py``). When that ticket's tenant has nothing running (but the very call it
+interjector waits on a second doorbell for a ticket the round robin may give it
+(``scheduler.py``): the lane with the most credit of those that may interject. When that
+ticket's tenant has nothing running (but the very call it
 would pause, while other tenants hold the other engines: its short page need not wait for
 its own long one, and takes no engine time from anyone else; a tenant alone keeps its own
 order) and every live engine is busy, it takes the ticket and the engine runs it at the next
@@ -142,8 +143,8 @@ class Interjector:
         self._stopped = stopped
 
     def run(self, slot: int, serve: Serve, healthy: Callable[[], bool]) -> None:
-        """While the slot's engine computes a call: the ticket the round robin takes next, if
-        its tenant has nothing running (but this call, while another tenant runs) and every
+        """While the slot's engine computes a call: a ticket of the lane with the most credit
+        whose tenant has nothing running (but this call, while another tenant runs) and every
         engine is busy, interjected into that call; another once the call has run on its own
         as long as it was paused (so it keeps at least half its engine and always ends); none
         into a call whose requesters' time is nearly up."""

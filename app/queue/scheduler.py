@@ -23,10 +23,12 @@ sends one page is served by the next engine that frees up. Work-conserving: whoe
 served. With ``DISPATCH_FAIRNESS=fifo`` there is one lane. With shares 3:1, two back-fills
 get the engines' time 3:1 (``tests/test_fairness.py``; ``make bench-fairness``).
 
-The same step decides interjection (``interjection.py``): in that mode it gives the ticket
-the round robin takes next only if its lane has nothing running (but, at most, the call it
-would pause, while another lane runs) and every live engine is busy; else nothing, and the
-ring stays as it was.
+The same step decides interjection (``interjection.py``): in that mode, only while every
+live engine is busy, it gives a ticket of the lane with the most credit among those with
+nothing running (but, at most, the call it would pause, while another lane runs); a lane
+running elsewhere is passed over (it holds engines already: its banked credit must not keep
+a lane with nothing running waiting a whole call), a lane in debt still waits; else nothing,
+and the ring stays as it was.
 """
 
 from __future__ import annotations

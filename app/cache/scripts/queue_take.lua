@@ -2,11 +2,14 @@
 -- every worker and replica (app/queue/scheduler.py tells the rules). Takes up to ARGV[3]
 -- tickets of one lane for this consumer (XREADGROUP), charges the lane its mean ticket cost
 -- per ticket, and writes the ring back in its new order.
--- To interject (ARGV[5], the live-engine window in ms; "" otherwise): the ticket the round
--- robin takes next, only if its lane has nothing running but, at most, the call it would
--- pause (all of that lane's running tickets held by the paused engine's consumer, ARGV[7],
--- in a call of that lane alone, ARGV[6], while another lane has a ticket running) and every
--- live engine is busy; else nothing, and the ring is left as it was.
+-- To interject (ARGV[5], the live-engine window in ms; "" otherwise): only while every live
+-- engine is busy, a ticket of the lane with the most credit among those that may pause the
+-- call: lanes with nothing running but, at most, the call it would pause (all of that
+-- lane's running tickets held by the paused engine's consumer, ARGV[7], in a call of that
+-- lane alone, ARGV[6], while another lane has a ticket running). A lane that may not (it
+-- runs elsewhere) is passed over, not waited for: it holds engines already, and its banked
+-- credit would otherwise keep a lane with credit and nothing running waiting for a whole
+-- call. A lane in debt still waits its turn. Else nothing, and the ring is left as it was.
 --
 -- KEYS[1] the ring  KEYS[2] the deficits (hash)  KEYS[3] the shares (hash)
 -- KEYS[4] the mean costs (hash)  KEYS[5] the live-engine register  KEYS[6] the lanes
@@ -101,37 +104,50 @@ local function ringed(first, spent)
   for i = 1, first - 1 do redis.call('RPUSH', ring, lanes[i]) end
   if spent and lanes[first] then redis.call('RPUSH', ring, lanes[first]) end
 end
-while #lanes > 0 do
-  -- The lane with the most credit left (ties: ring order); none has any: first as many
-  -- rounds of a quantum (the cheapest lane's ticket) times each lane's share as it takes
-  -- for one to have some.
-  local chosen = nil
-  for i = 1, #lanes do
-    if credit[i] > 0 and (not chosen or credit[i] > credit[chosen]) then chosen = i end
+-- Interjecting: which lanes may pause the call. A lane whose running tickets are all the
+-- call to pause (of that lane alone) pauses itself, while another lane holds an engine
+-- (alone, a tenant's tickets keep their order).
+local may = {}
+if interject then
+  local busy, held = holdings()
+  if not every_engine_busy(busy) then
+    ringed(1, false)  -- as it was: an idle engine takes it
+    return {}
   end
-  if not chosen then
+  for i = 1, #lanes do
+    may[i] = running[i] == 0 or (paused ~= '' and lanes[i] == paused
+      and mine[i] == running[i] and others_running(held, lanes[i]))
+  end
+end
+local function servable(i) return not interject or may[i] end
+while #lanes > 0 do
+  -- The lane with the most credit left (ties: ring order) among those that may be served;
+  -- none has any: first as many rounds of a quantum (the cheapest lane's ticket) times each
+  -- lane's share as it takes for one to have some.
+  local chosen, owed = nil, false
+  for i = 1, #lanes do
+    if credit[i] > 0 then
+      owed = true
+      if servable(i) and (not chosen or credit[i] > credit[chosen]) then chosen = i end
+    end
+  end
+  if not chosen and not owed then
     local rounds = nil
     for i = 1, #lanes do
       local need = math.floor(-credit[i] / (quantum * share[i])) + 1
       if not rounds or need < rounds then rounds = need end
     end
-    chosen = 1
     for i = 1, #lanes do
       credit[i] = credit[i] + rounds * quantum * share[i]
       redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
-      if credit[i] > credit[chosen] then chosen = i end
+      if servable(i) and (not chosen or credit[i] > credit[chosen]) then chosen = i end
     end
+    -- (a remainder of the rounds may leave the first lane at 0 rather than above it)
+    if chosen and credit[chosen] < -1e-6 then chosen = nil end
   end
-  -- A lane whose running tickets are all the call to pause (of that lane alone) pauses
-  -- itself, while another lane holds an engine (alone, a tenant's tickets keep their order).
-  if interject then
-    local busy, held = holdings()
-    local own = paused ~= '' and lanes[chosen] == paused and mine[chosen] == running[chosen]
-      and others_running(held, lanes[chosen])
-    if (running[chosen] > 0 and not own) or not every_engine_busy(busy) then
-      ringed(1, false)  -- as it was: an idle engine takes it, or its turn comes
-      return {}
-    end
+  if not chosen then
+    ringed(1, false)  -- as it was: the lanes owed a turn run elsewhere, the others are in debt
+    return {}
   end
   local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                          'STREAMS', prefix .. lanes[chosen], '>')
@@ -154,7 +170,7 @@ while #lanes > 0 do
   redis.call('HDEL', deficits, lanes[chosen])
   table.remove(lanes, chosen); table.remove(cost, chosen)
   table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
-  table.remove(mine, chosen)
+  table.remove(mine, chosen); table.remove(may, chosen)
 end
 redis.call('DEL', ring)
 return {}
