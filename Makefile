@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak chaos-fleet bench-fleet install-redis
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-fairness-jobs bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak chaos-fleet bench-fleet install-redis
 
 install: $(STAMP) install-edge
 
@@ -138,6 +138,7 @@ bench: install
 	$(BIN)/python -m bench.batch
 	$(BIN)/python -m bench.l3
 	$(BIN)/python -m bench.fairness
+	$(BIN)/python -m bench.fairness_jobs
 	$(BIN)/python -m bench.tracing
 
 # Issues 23 and 36 alone: the service's L2 hits against the seed design and an echo app behind
@@ -146,9 +147,14 @@ bench: install
 # served hit: python -m bench.hitsplit.
 bench-edge: install ; $(BIN)/python -m bench.edge
 
-# Issue 26 alone: tenant B's misses while tenant A floods the queue, FIFO against deficit
-# round robin with and without interjection (36 minutes on 2 cores); bench/results/fairness.json.
-bench-fairness: install ; $(BIN)/python -m bench.fairness
+# The fair queue alone: tenant B's misses while tenant A floods the queue, FIFO against
+# deficit round robin with and without interjection (about 45 minutes on 2 cores;
+# bench/results/fairness.json), then B beside A's 80-page document job (about 15 minutes;
+# bench/results/fairness_jobs.json; alone: make bench-fairness-jobs).
+bench-fairness: install
+	$(BIN)/python -m bench.fairness
+	$(BIN)/python -m bench.fairness_jobs
+bench-fairness-jobs: install ; $(BIN)/python -m bench.fairness_jobs
 
 # Issue 38's capacity figures: hits/s with one and two fronts, misses/s with one and two
 # engines, Redis Cluster against one node, keys and commands per master, the queue master's

@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("config-doc", help="print docs/CONFIGURATION.md (generated from app/config/)")
     sub.add_parser("prepare-models", help="locate/generate the model folders and print them")
     sub.add_parser("trace-receiver", help="run the OTLP/HTTP trace receiver and its web page")
+    callback = sub.add_parser(
+        "callback-secret", help="print a tenant's job-callback secret (from JOBS_CALLBACK_SECRET)"
+    )
+    callback.add_argument("tenant", nargs="?", default="", help="the tenant (none: the default)")
     args = parser.parse_args(argv)
     if args.command == "config-doc":  # the declarations, whatever this environment says
         from app.config import markdown
@@ -187,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
         from app import trace_receiver
 
         return trace_receiver.run(settings.server.host)
+    if args.command == "callback-secret":  # for the operator to hand to the tenant
+        from app.jobs.callback import tenant_secret
+
+        if not settings.jobs.callback_secret:
+            print("configuration error: JOBS_CALLBACK_SECRET is unset", file=sys.stderr)
+            return 2
+        print(tenant_secret(settings.jobs.callback_secret, args.tenant))
+        return 0
     if args.command == "check-config":
         for var, value, secret in sorted(settings.variables()):
             print(f"{var}={'<set>' if secret and value else value}")

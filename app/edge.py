@@ -98,6 +98,7 @@ class Location:
     match: str
     form: str
     comment: str
+    max_body: int = 0  # its own body limit (0: MAX_REQUEST_BYTES)
 
 
 def find_nginx(given: str = "") -> str | None:
@@ -194,6 +195,8 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
         Location("= /v1/ocr", "rest", "REST"),
         Location("= /ocr", "paddlex", "PaddleX / PaddleOCR 3.x serving"),
         Location(f"/{name}/", "pipeline", "Paddle Serving pipeline: /{name}/{method}"),
+        Location("= /v1/jobs", "rest", "document jobs", settings.jobs.upload_limit()),
+        Location("= /api/v2/ocr/jobs", "rest", "PaddleOCR's job API", settings.jobs.upload_limit()),
         Location("/", "rest", "everything else: the web page, stats, admin"),
     ]
     answers = forms(settings)

@@ -1,7 +1,9 @@
 """``python -m app engine``: one engine process. It loads the configured engine, consumes the
 miss queue (``ENGINE_WORKERS`` slots: the feeders of ``app.queue.feeders``), and listens on
 ``ENGINE_PORT`` for ``/healthz``, ``/readyz``, ``/metrics`` and the direct endpoint that
-fronts call while Redis is down (``app.engines.direct``). It speaks no public protocol.
+fronts call while Redis is down (``app.engines.direct``). It speaks no public protocol. It
+also drives document jobs (``JOBS_DRIVERS``, ``app.jobs.driver``): their pages go through
+the cache and the miss queue like any request.
 
 It retires itself past ``ENGINE_MAX_CALLS`` calls or ``ENGINE_MAX_RSS_MB`` of memory, as
 gunicorn's ``max_requests`` does for a worker: under ``serve`` it asks the supervisor for
@@ -32,6 +34,7 @@ from app.cache.tier import Probe
 from app.config import Settings
 from app.engines import build_engine, direct
 from app.engines.redacting import with_redaction
+from app.jobs import driver as job_driver
 from app.protocols import rest
 from app.supervisor import SUPERVISOR_PID
 from app.vocabulary import CacheControls, ClientError, EngineBusy, EngineError, EngineTimeout
@@ -203,6 +206,7 @@ def run(settings: Settings) -> int:
     threading.Thread(target=server.serve_forever, name="engine-http", daemon=True).start()
     retirement = Retirement(shared, settings, stop)
     threading.Thread(target=retirement.watch, name="engine-retire", daemon=True).start()
+    jobs = job_driver.start(settings, shared.jobs, shared.cache)  # document jobs' pages
     log.info(
         "engine process %d: %s on the miss queue, %d slot(s), port %d",
         os.getpid(), engine.kind, shared.cache.computer.runner.slots,
@@ -210,6 +214,8 @@ def run(settings: Settings) -> int:
     )  # fmt: skip
     while not stop.wait(1.0):
         pass
+    if jobs is not None:
+        jobs.stop()  # the job being driven is taken over by another engine's driver
     drain(shared, float(settings.engine.timeout_seconds))
     server.shutdown()
     tracing.shutdown()

@@ -20,6 +20,7 @@ from app.config import Settings
 from app.engine_state import EngineState
 from app.engines.base import Engine
 from app.imaging import DecodedImage, decode_image
+from app.jobs.store import JobStore
 from app.vocabulary import OcrParams
 
 log = logging.getLogger("app.web")  # the name its log lines have always carried
@@ -37,6 +38,7 @@ class OcrService:
     min_score: float  # OCR_REC_SCORE_THRESH: REST and the pipeline's default line filter
     admission: Admission  # who is asking (AUTH=keys), and the tenant's request rate
     grpc: Any = None  # the worker's gRPC server, when gunicorn started one
+    jobs: JobStore | None = None  # document jobs (None: off, or no Redis)
 
     def __getitem__(self, name: str) -> Any:
         """``extensions["ocr"]["cache"]``: the mapping form earlier callers and tests use."""
@@ -102,7 +104,20 @@ def build(
         default_task=settings.default_task(),
         min_score=settings.ocr.rec_score_thresh,
         admission=Admission(settings, book, cache.quotas),
+        jobs=job_store(settings),
     )
+
+
+def job_store(settings: Settings) -> JobStore | None:
+    """Where document jobs live: the cache's Redis, on a client of their own."""
+    redis = settings.redis
+    if not (settings.jobs.enabled and settings.cache.enabled and redis.url):
+        return None
+    return JobStore(
+        redis.url, settings.cache.key_prefix, settings.jobs.ttl_seconds,
+        username=redis.username, password=redis.password, tls_ca_file=redis.tls_ca_file,
+        tls_cert_file=redis.tls_cert_file, tls_key_file=redis.tls_key_file,
+    )  # fmt: skip
 
 
 def _warn_if_not_evicting(store: RedisStore) -> None:

@@ -268,6 +268,7 @@ class CacheControls:
     namespace: str = ""  # tenant namespace: its own keys, never shared
     trusted: bool = True  # may use shared-state controls (app/protocols/trust.py)
     similar: bool = True  # may be answered by the similarity tier (X-Cache-Similar: off)
+    background: bool = False  # a document job's page: queued in its tenant's job lane
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from app.vocabulary import (
 pytestmark = pytest.mark.unit
 
 # Control flow private to a process of its own (the CLI client, the trace receiver).
-OUTSIDE_THE_ROOT = {"app.cli.CliError", "app.trace_receiver.Refused"}
+OUTSIDE_THE_ROOT = {"app.cli.CliError", "app.cli_jobs.Transient", "app.trace_receiver.Refused"}
 
 
 def test_every_error_of_the_service_joins_the_root():

@@ -95,6 +95,7 @@ def for_settings(
         queue_size=settings.server.web_threads,
         wait_for_engine=wait_for_engine,
         on_engine_outcome=on_engine_outcome,
+        background_share=settings.jobs.share,
     )
 
 
@@ -116,6 +117,7 @@ def build(
     on_engine_outcome: Callable[[bool], None] = lambda ok: None,
     lines: LinesSettings | None = None,
     feed: bool = True,
+    background_share: float = 1.0,
 ) -> OcrCache:
     """``callers``: threads of a worker that may call the engine at once (HTTP and gRPC):
     a remote engine serves them concurrently, an in-process one says how many it takes;
@@ -172,6 +174,7 @@ def build(
             writer=codec.writer,
             fair=fair,
             share=book.share,
+            background_share=background_share,
             label=book.label,
         )  # fmt: skip
     if redis is not None and queue is not None and feed:

@@ -110,10 +110,10 @@ class MissPath:
         timeout = None  # the engine call's own (OCR_TIMEOUT_SECONDS)
         queue = self._queue
         if queue is not None and not controls.no_cache and not controls.no_store:
-            lane = queue.lane(controls.namespace)
+            lane = queue.lane(controls.namespace, controls.background)
             with tracing.TRACER.span("queue.wait", {"ocr.queue.lane": lane}) as span:
                 began = time.monotonic()
-                ticket, expires = self._ticket(probe, span.carrier()), [0.0]
+                ticket, expires = self._ticket(probe, span.carrier(), lane), [0.0]
                 read = self._reader(probe, expires)
                 log.debug("miss %s: queued on lane %s", probe.key, lane)
                 result, joined = queue.request(ticket, read, self._timeout)
@@ -127,7 +127,7 @@ class MissPath:
         with tracing.TRACER.span("engine.call"):
             return Outcome(self._computer.compute_and_store(probe, timeout), CacheStatus.MISS)
 
-    def _ticket(self, probe: Probe, trace: dict[str, str]) -> Ticket:
+    def _ticket(self, probe: Probe, trace: dict[str, str], lane: str) -> Ticket:
         """``trace``: the W3C context the engine's span continues (none: tracing off)."""
         controls = probe.controls
         return Ticket(
@@ -135,7 +135,7 @@ class MissPath:
             namespace=controls.namespace, ttl=controls.ttl or self._computer.ttl(),
             deadline=self._clock() + self._timeout, data=probe.data,
             archive=not controls.ttl, trace=trace.get(tracing.TRACEPARENT, ""),
-            tracestate=trace.get(tracing.TRACESTATE, ""),
+            tracestate=trace.get(tracing.TRACESTATE, ""), lane=lane,
         )  # fmt: skip
 
     def _reader(

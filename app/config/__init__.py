@@ -16,6 +16,7 @@ from app.config.doc import READ_ELSEWHERE, markdown
 from app.config.edge import EdgeSettings
 from app.config.engine import DispatchSettings, EngineSettings
 from app.config.engines import HunyuanSettings, PaddleSettings, ServingSettings
+from app.config.jobs import JobsSettings
 from app.config.l3 import L3Settings
 from app.config.ocr import OcrSettings
 from app.config.processes import ProcessSettings
@@ -42,6 +43,7 @@ __all__ = [
     "EngineSettings",
     "GrpcSettings",
     "HunyuanSettings",
+    "JobsSettings",
     "L3Settings",
     "LinesSettings",
     "OcrSettings",

@@ -13,6 +13,7 @@ from app.config.cache import CacheSettings, RedactionSettings
 from app.config.edge import EdgeSettings
 from app.config.engine import DispatchSettings, EngineSettings
 from app.config.engines import HunyuanSettings, PaddleSettings, ServingSettings
+from app.config.jobs import JobsSettings
 from app.config.l3 import L3Settings
 from app.config.ocr import OcrSettings
 from app.config.processes import ProcessSettings
@@ -44,6 +45,7 @@ SECTIONS: dict[str, type[Section]] = {
     "hunyuan": HunyuanSettings,
     "grpc": GrpcSettings,
     "protocols": ProtocolSettings,
+    "jobs": JobsSettings,
 }
 
 
@@ -70,6 +72,7 @@ class Settings:
     hunyuan: HunyuanSettings = field(default_factory=HunyuanSettings)
     grpc: GrpcSettings = field(default_factory=GrpcSettings)
     protocols: ProtocolSettings = field(default_factory=ProtocolSettings)
+    jobs: JobsSettings = field(default_factory=JobsSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -80,7 +80,7 @@ def parse(request: Request, default_min_score: float) -> RestRequest:
             fields = [f for raw in form.getlist("fields") for f in raw.split(",") if f.strip()]
         return RestRequest(
             data,
-            _min_score(form.get("min_score"), default_min_score),
+            parse_min_score(form.get("min_score"), default_min_score),
             _task(form.get("task")),
             fields,
             form.get("target_language"),
@@ -101,7 +101,7 @@ def parse(request: Request, default_min_score: float) -> RestRequest:
         raise BadRequest("fields must be a list of strings", "invalid_field")
     return RestRequest(
         decode_base64(body["image"]),
-        _min_score(body.get("min_score"), default_min_score),
+        parse_min_score(body.get("min_score"), default_min_score),
         _task(body.get("task")),
         fields,
         body.get("target_language"),
@@ -155,7 +155,7 @@ def _task(raw: Any) -> str | None:
     return raw.strip().lower()
 
 
-def _min_score(raw: Any, default: float) -> float:
+def parse_min_score(raw: Any, default: float) -> float:
     if raw is None:
         return default
     try:

@@ -29,14 +29,21 @@ resubmission or one local engine call, never a wait to the deadline.
 - **Redis down**, or no live engine: the caller computes with its own engine (``None``; a
   front's is the direct path to an engine process, ``app/engines/direct.py``).
 
+- **Withdrawn**: a caller waiting inside ``cancellable(event)`` (a document job's page)
+  stops once ``event`` is set: its ticket is deleted if no engine has started it, and it
+  raises ``Withdrawn`` (a ticket another request joined is then submitted again by that one).
+
 What a ticket carries, and its wire format: ``ticket.py``.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from app import metrics, tracing
@@ -44,10 +51,28 @@ from app.cache.keys import KeySpace
 from app.cache.notify import Notifier
 from app.cache.scripts import QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_SUBMIT
 from app.cache.store import RedisStore
-from app.queue.ticket import DEFAULT_LANE, GROUP, Ticket, as_text, failure
-from app.vocabulary import EngineBusy, EngineTimeout, OcrResult
+from app.queue.ticket import BACKGROUND, DEFAULT_LANE, GROUP, Ticket, as_text, failure
+from app.vocabulary import EngineBusy, EngineTimeout, OcrCacheError, OcrResult
 
 Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
+
+_CANCEL: ContextVar[threading.Event | None] = ContextVar("ticket_cancel", default=None)
+
+
+class Withdrawn(OcrCacheError):
+    """The caller stopped waiting for its ticket (``cancellable``): a cancelled job's page."""
+
+    code = "withdrawn"
+
+
+@contextmanager
+def cancellable(event: threading.Event) -> Iterator[None]:
+    """Tickets waited for in this context are withdrawn once ``event`` is set."""
+    token = _CANCEL.set(event)
+    try:
+        yield
+    finally:
+        _CANCEL.reset(token)
 
 
 class TicketQueue:
@@ -69,6 +94,7 @@ class TicketQueue:
         writer: str = "",
         fair: bool = True,
         share: Callable[[str], float] = lambda namespace: 1.0,
+        background_share: float = 1.0,
         label: Callable[[str], str] = lambda namespace: namespace or "default",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -82,15 +108,18 @@ class TicketQueue:
         self._mean_seconds = mean_seconds
         self._fair = fair
         self._share = share
+        self._background_share = background_share
         self._label = label
         self._clock = clock
 
-    def lane(self, namespace: str) -> str:
-        """The lane of a tenant's tickets."""
-        return namespace if self._fair and namespace else DEFAULT_LANE
+    def lane(self, namespace: str, background: bool = False) -> str:
+        """The lane of a tenant's tickets; ``background``: of its document jobs' pages, a
+        lane of their own with ``JOBS_SHARE`` of the tenant's share (one lane in FIFO)."""
+        lane = namespace if self._fair and namespace else DEFAULT_LANE
+        return lane + BACKGROUND if background and self._fair else lane
 
     def stream(self, ticket: Ticket) -> str:
-        return self.names.stream(self.lane(ticket.namespace))
+        return self.names.stream(ticket.lane)
 
     def marker(self, ticket: Ticket) -> str:
         return self.names.marker(ticket.key, ticket.sha256)
@@ -121,8 +150,9 @@ class TicketQueue:
         """(ticket id, created by us), or None: no queue to use."""
         marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
 
-        lane, names = self.lane(ticket.namespace), self.names
-        share = f"{self._share(ticket.namespace):g}"
+        lane, names = ticket.lane, self.names
+        weight = self._background_share if lane.endswith(BACKGROUND) else 1.0
+        share = f"{self._share(ticket.namespace) * weight:g}"
 
         def run(client: Any) -> Any:
             keys = (names.stream(lane), names.engines, self.marker(ticket), names.ring,
@@ -181,8 +211,11 @@ class TicketQueue:
     ) -> tuple[bool, OcrResult | None, bool]:
         """(submit again, the result, whether another ticket computed it); a result None:
         compute here."""
-        seen = 0
+        seen, cancel = 0, _CANCEL.get()
         while True:
+            if cancel is not None and cancel.is_set():
+                self._give_up(ticket_id, ticket, created, "withdrawn")
+                raise Withdrawn(f"ticket {ticket_id} withdrawn by its caller")
             messages = event.messages[seen:]  # one snapshot: nothing appended is skipped
             seen += len(messages)
             for message in messages:
@@ -233,7 +266,7 @@ class TicketQueue:
         return not created and error.startswith("timeout:") and self._clock() < deadline
 
     def _alive(self, ticket_id: str, ticket: Ticket) -> bool:
-        lane, names = self.lane(ticket.namespace), self.names
+        lane, names = ticket.lane, self.names
         keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes)
         ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, [ticket_id, lane]))
         return not ok or bool(alive)  # Redis unsure: the next read tells

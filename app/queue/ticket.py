@@ -51,6 +51,7 @@ INTERJECTOR = "-interject"  # an engine's interjector consumes as ``{engine}-int
 # waiters finds it, whether or not the announcement on the done channel reached it first
 # (each ticket's marker is its own: a later request of the image queues a new ticket).
 ERROR_TTL_S = 60
+BACKGROUND = "+jobs"  # the suffix of a lane of document jobs' pages (no tenant name has "+")
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every ticket's in FIFO
 
 

@@ -1,0 +1,1 @@
+"""Asynchronous document jobs: their store, the engines' driver, the callback."""

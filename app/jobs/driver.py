@@ -1,0 +1,304 @@
+"""The engines drive document jobs: a driver thread of an engine process takes a job from
+the jobs stream (a consumer group: each job has one driver; a driver silent for
+``JOBS_CLAIM_IDLE_SECONDS`` loses it to another, which resumes after the pages recorded),
+renders its pages one at a time, and puts each through the cache's front door like any
+request: a page already cached is a hit, a new one a ticket on the miss queue, in its
+tenant's *job lane* (``<tenant>+jobs``, ``JOBS_SHARE`` of the tenant's share), so a large job
+neither fills the lane of its tenant's synchronous requests nor starves another tenant.
+
+At most ``JOBS_PAGES_IN_FLIGHT`` pages of a job are rendered and waiting at once: memory per
+job stays that many page images, whatever the document's length. Engines render, not fronts
+(fronts stay light). A page's answer is copied into the job as it finishes; a page that
+fails for its own reason (too large, unreadable) is recorded with why and the job goes on,
+ending ``failed`` with the pages that did succeed still readable; a page the engines could not
+compute (timeouts, engine errors) is tried again, ``PAGE_ATTEMPTS`` times in all. A job
+cancelled while pages wait withdraws their tickets: those no engine started cost nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+
+from app import pdf
+from app.cache.region import OcrCache
+from app.config import Settings
+from app.imaging import InvalidImage
+from app.jobs.callback import CallbackSender, tenant_secret
+from app.jobs.store import Job, JobStore, JobsUnavailable
+from app.queue.requester import Withdrawn, cancellable
+from app.vocabulary import (
+    CacheControls,
+    ClientError,
+    EngineBusy,
+    EngineError,
+    OcrParams,
+    QuotaExceeded,
+)
+
+log = logging.getLogger(__name__)
+
+PAGE_ATTEMPTS = 3
+EVICTED = (
+    "the document was evicted from Redis before its pages were read (give jobs room: "
+    "maxmemory, JOBS_TTL_SECONDS; docs/ARCHITECTURE.md#document-jobs)"
+)
+
+# What the end of a job does besides recording it: (the job, its final status, its error).
+OnEnd = Callable[[Job, str, str], None]
+
+
+class JobDriver:
+    """``drivers`` threads of one engine process (``consumer``: its name on the stream)."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        cache: OcrCache,
+        *,
+        consumer: str,
+        drivers: int,
+        pages_in_flight: int,
+        render_scale: float,
+        max_pixels: int,
+        claim_idle_ms: int = 60_000,
+        on_end: OnEnd = lambda job, status, error: None,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._consumer = consumer
+        self._drivers = drivers
+        self._in_flight = pages_in_flight
+        self._scale = render_scale
+        self._max_pixels = max_pixels
+        self._on_end = on_end
+        self._claim_idle_ms = claim_idle_ms  # a driver silent this long loses its job
+        self._keep_every = claim_idle_ms / 4000  # seconds between its reports
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for n in range(self._drivers):
+            thread = threading.Thread(target=self._run, args=(n,), name=f"job-driver-{n}")
+            thread.daemon = True
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Take no more jobs; a job being driven is left to be taken over (pages recorded
+        so far are kept)."""
+        self._stopped.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _run(self, n: int) -> None:
+        consumer = f"{self._consumer}-{n}"
+        while not self._stopped.is_set():
+            try:
+                self._store.ensure_group()
+                taken = self._store.take(consumer, self._claim_idle_ms, 2000)
+                if taken is not None:
+                    self._drive(consumer, *taken)
+            except JobsUnavailable as exc:
+                log.warning("job driver: %s", exc)
+                self._stopped.wait(2.0)
+            except Exception:  # a bug: logged, the driver goes on with the next job
+                log.exception("job driver: unexpected error")
+                self._stopped.wait(2.0)
+
+    def _drive(self, consumer: str, entry: str, job_id: str) -> None:
+        job = self._store.get(job_id)
+        if job is None or job.ended:
+            self._store.done(entry)  # expired, or ended (cancelled before it started)
+            if job is not None and job.status == "cancelled" and not job.started:
+                self._on_end(job, "cancelled", "")
+            return
+        self._store.start(job.id)
+        log.info("job %s: driving %d page(s) for tenant %r", job.id, job.total, job.tenant or "-")
+        keeping = threading.Event()
+        keeper = threading.Thread(target=self._keep, args=(entry, consumer, keeping), daemon=True)
+        keeper.start()
+        try:
+            status, error = self._pages(job)
+        finally:
+            keeping.set()
+        if status == "stopped":  # this process is stopping: another driver takes it over
+            self._store.release(entry, consumer, self._claim_idle_ms)
+            return
+        self._store.finish(job, status, error)
+        log.info("job %s: %s%s", job.id, status, f" ({error})" if error else "")
+        self._on_end(job, status, error)
+        self._store.done(entry)
+
+    def _keep(self, entry: str, consumer: str, done: threading.Event) -> None:
+        while not done.wait(self._keep_every):
+            try:
+                self._store.keep(entry, consumer)
+            except JobsUnavailable:
+                pass
+
+    def _pages(self, job: Job) -> tuple[str, str]:
+        """(the job's end: succeeded, failed, cancelled or stopped; the error)."""
+        document = self._store.document(job.id)
+        if document is None:
+            return "failed", EVICTED
+        recorded = self._store.pages(job.id)
+        params = OcrParams.from_dict(job.params)
+        controls = CacheControls(namespace=job.tenant, background=True)
+        cancelled = threading.Event()
+        pool = ThreadPoolExecutor(self._in_flight, thread_name_prefix=f"job-{job.id[-6:]}")
+        running: set[Future[None]] = set()
+        try:
+            with _renderer(document, job.kind, self._scale, self._max_pixels) as render:
+                for number, index in enumerate(job.pages, 1):
+                    if number in recorded:
+                        continue
+                    if self._stopped.is_set() or self._store.status(job.id) != "running":
+                        cancelled.set()
+                        break
+                    while len(running) >= self._in_flight and not cancelled.is_set():
+                        _, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+                        if self._store.status(job.id) != "running":
+                            cancelled.set()  # its waiting pages withdraw their tickets
+                    if cancelled.is_set():
+                        break
+                    try:
+                        image = render(index)
+                    except InvalidImage as exc:
+                        self._record_error(job, number, exc)
+                        continue
+                    running.add(
+                        pool.submit(self._page, job, number, image, params, controls, cancelled)
+                    )
+                while running:
+                    if self._store.status(job.id) != "running" or self._stopped.is_set():
+                        cancelled.set()
+                    _, running = wait(running, timeout=1.0)
+        except InvalidImage as exc:  # checked at submit; a renderer that disagrees ends it
+            return "failed", f"the document cannot be read: {exc}"
+        finally:
+            cancelled.set()
+            pool.shutdown(wait=True)
+        if self._stopped.is_set():
+            return "stopped", ""
+        final = self._store.get(job.id)
+        if final is None:
+            return "failed", "the job's record was evicted from Redis while it ran"
+        if final.status == "cancelled":
+            return "cancelled", ""
+        if final.failed:
+            pages = self._store.pages(job.id)
+            first = next((p for p in pages.values() if "error" in p), None)
+            why = f"page {first['page']}: {first['error']['message']}" if first else "see its pages"
+            return "failed", f"{final.failed} of {job.total} page(s) failed (first: {why})"
+        return "succeeded", ""
+
+    def _page(
+        self,
+        job: Job,
+        number: int,
+        image: bytes,
+        params: OcrParams,
+        controls: CacheControls,
+        cancelled: threading.Event,
+    ) -> None:
+        """One page through the cache, tried again while the engines are busy or failed it
+        (``PAGE_ATTEMPTS`` failures in all); its answer or its error recorded."""
+        failures, delay = 0, 1.0
+        while not cancelled.is_set():
+            try:
+                with cancellable(cancelled):
+                    outcome = self._cache.get_or_compute(image, params, controls)
+            except Withdrawn:
+                return
+            except (EngineBusy, QuotaExceeded) as exc:  # load: wait and try again
+                cancelled.wait(max(delay, float(getattr(exc, "retry_after", 1))))
+                delay = min(delay * 2, 30.0)
+                continue
+            except ClientError as exc:  # the page itself: recorded, the job goes on
+                self._record_error(job, number, exc)
+                return
+            except EngineError as exc:
+                failures += 1
+                if failures >= PAGE_ATTEMPTS:
+                    self._record_error(job, number, exc)
+                    return
+                log.info("job %s page %d: %s; trying again", job.id, number, exc)
+                cancelled.wait(delay)
+                continue
+            answer = {
+                "page": number,
+                "result": outcome.result.to_dict(),
+                "cache": outcome.status.value,
+            }
+            if outcome.tier:
+                answer["cache_tier"] = outcome.tier
+            self._store.record_page(job, number, answer, failed=False)
+            return
+
+    def _record_error(self, job: Job, number: int, exc: Exception) -> None:
+        code = getattr(exc, "code", "error")
+        answer = {"page": number, "error": {"code": code, "message": str(exc)}}
+        self._store.record_page(job, number, answer, failed=True)
+
+
+@contextmanager
+def _renderer(
+    document: bytes, kind: str, scale: float, max_pixels: int
+) -> Iterator[Callable[[int], bytes]]:
+    """A document's pages: a PDF's one at a time (open once), or the one image."""
+    if kind != "pdf":
+        yield lambda index: document
+        return
+    with pdf.pages(document, scale, max_pixels) as (_, render):
+        yield render
+
+
+def callbacks(sender: CallbackSender, master_secret: str) -> OnEnd:
+    """What a job's end does: one signed POST to its ``callback_url`` (Standard Webhooks,
+    under its tenant's secret), sent from a thread of its own (retries wait there)."""
+
+    def on_end(job: Job, status: str, error: str) -> None:
+        if not job.callback_url or not master_secret:
+            return
+        payload = {
+            "type": f"job.{status}",
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "data": {
+                "id": job.id,
+                "status": status,
+                "error": error or None,
+                "pages_total": job.total,
+            },  # fmt: skip
+        }
+        secret = tenant_secret(master_secret, job.tenant)
+        threading.Thread(
+            target=sender.deliver, args=(job.callback_url, secret, payload),
+            name=f"callback-{job.id[-6:]}", daemon=True,
+        ).start()  # fmt: skip
+
+    return on_end
+
+
+def start(settings: Settings, store: JobStore | None, cache: OcrCache) -> JobDriver | None:
+    """This process's job drivers (an engine process, or a process that is both roles);
+    None when jobs are off or there is no Redis."""
+    jobs = settings.jobs
+    if store is None or not jobs.drivers:
+        return None
+    sender = CallbackSender(jobs.callback_hosts(), jobs.callback_attempts)
+    driver = JobDriver(
+        store, cache, consumer=f"{socket.gethostname()}-{os.getpid()}", drivers=jobs.drivers,
+        pages_in_flight=jobs.pages_in_flight, render_scale=settings.protocols.pdf_render_scale,
+        max_pixels=settings.server.max_image_pixels,
+        claim_idle_ms=jobs.claim_idle_seconds * 1000,
+        on_end=callbacks(sender, jobs.callback_secret),
+    )  # fmt: skip
+    driver.start()
+    return driver

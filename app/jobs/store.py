@@ -1,0 +1,320 @@
+"""Document jobs in Redis: the job's record, its document, its finished pages, the stream of
+jobs the engines' drivers take, and each tenant's open jobs.
+
+Every key of one job shares the hash tag of its id (``{prefix}:job:{<id>}``, ``...:doc``,
+``...:pages``), so on a Redis Cluster a job lives on one node; all of them expire
+``JOBS_TTL_SECONDS`` after the job's last change. They lie outside the cache's root
+(``{prefix}:v<schema>:``), so no purge reaches them. A page's answer is copied into the job
+(its canonical result, a few KB), not pointed at: a job stays readable after its pages'
+cache entries were evicted. Under ``allkeys-lru`` a job's keys may be evicted like any
+other: a job without its record answers 404, a job whose document was evicted before its
+driver read it ends ``failed`` saying so.
+
+Jobs are stored through a client of their own with generous timeouts (a document is up to
+``JOBS_MAX_BYTES``), not the cache's 50 ms one; Redis down is ``JobsUnavailable`` (503).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, BinaryIO
+
+import orjson
+
+from app.cache import redis_client
+from app.vocabulary import EngineBusy
+
+GROUP = "drivers"  # the consumer group of the jobs stream
+CHUNK = 1 << 20  # a document is written to Redis this much at a time
+ID = re.compile(r"job_[A-Za-z0-9_-]{22}")
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class JobsUnavailable(EngineBusy):
+    """Redis, where jobs live, cannot be reached: nothing was accepted or changed."""
+
+    code = "jobs_unavailable"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"document jobs are unavailable: {why}", retry_after=5)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's record (everything but its document and pages). Times are Unix seconds."""
+
+    id: str
+    tenant: str  # the namespace its pages are keyed in ("" the default)
+    kind: str  # "pdf" or "image"
+    pages: tuple[int, ...]  # the document's page indexes to read (0-based), in order
+    params: dict[str, Any]  # OcrParams.to_dict()
+    options: dict[str, Any] = field(default_factory=dict)  # min_score, PaddleX's options
+    status: str = "queued"
+    done: int = 0
+    failed: int = 0
+    created: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
+    error: str = ""
+    callback_url: str = ""
+    batch: str = ""  # PaddleOCR's batchId
+    model: str = ""
+    result_token: str = ""  # the secret part of the PaddleOCR result URL
+
+    @property
+    def total(self) -> int:
+        return len(self.pages)
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+    def record(self) -> dict[str, bytes]:
+        return {"job": orjson.dumps(asdict(self) | {"pages": list(self.pages)})}
+
+    @classmethod
+    def from_record(cls, raw: dict[bytes, bytes]) -> Job | None:
+        """The job, with its counters and state from their own fields; None if malformed."""
+        try:
+            data = orjson.loads(raw[b"job"])
+            data["pages"] = tuple(int(p) for p in data["pages"])
+            job = cls(**data)
+            changes: dict[str, Any] = {}
+            for name in ("done", "failed"):
+                if name.encode() in raw:
+                    changes[name] = int(raw[name.encode()])
+            for name in ("status", "error"):
+                if name.encode() in raw:
+                    changes[name] = raw[name.encode()].decode()
+            for name in ("started", "finished"):
+                if name.encode() in raw:
+                    changes[name] = float(raw[name.encode()])
+            return replace(job, **changes)
+        except (KeyError, TypeError, ValueError, orjson.JSONDecodeError):
+            return None
+
+
+def new_id() -> str:
+    return "job_" + secrets.token_urlsafe(16)[:22].ljust(22, "A")
+
+
+class JobStore:
+    """The jobs of one deployment (``prefix``: ``CACHE_KEY_PREFIX``)."""
+
+    def __init__(self, url: str, prefix: str, ttl_seconds: int, **options: Any) -> None:
+        self._url, self._options = url, options
+        self._prefix = prefix
+        self.ttl = ttl_seconds
+        self._client: Any = None
+        self.stream = f"{prefix}:jobs:queue"
+
+    # Keys ------------------------------------------------------------------------------
+
+    def _key(self, job_id: str, part: str = "") -> str:
+        return f"{self._prefix}:job:{{{job_id}}}" + (f":{part}" if part else "")
+
+    def _open(self, tenant: str) -> str:
+        return f"{self._prefix}:jobs:open:{{{tenant or '~'}}}"
+
+    def _batch(self, tenant: str, batch: str) -> str:
+        return f"{self._prefix}:jobs:batch:{{{tenant or '~'}}}:{batch}"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = redis_client.connect(self._url, 30.0, 5.0, **self._options)
+        return self._client
+
+    def _do(self, fn: Any) -> Any:
+        try:
+            return fn(self.client)
+        except redis_client.ERRORS as exc:
+            raise JobsUnavailable(exc.__class__.__name__) from None
+
+    # The fronts' side ------------------------------------------------------------------
+
+    def open_count(self, tenant: str) -> int:
+        """The tenant's jobs not yet ended (a job whose record expired counts no more)."""
+
+        def run(client: Any) -> int:
+            key = self._open(tenant)
+            client.zremrangebyscore(key, "-inf", time.time())
+            return int(client.zcard(key))
+
+        return int(self._do(run))
+
+    def create(self, job: Job, document: BinaryIO) -> Job:
+        """Store the job and its document (read from the file in chunks: a front holds one
+        chunk of it at a time), then announce it to the drivers."""
+        job = replace(job, created=time.time(), result_token=secrets.token_urlsafe(24))
+
+        def run(client: Any) -> None:
+            key, ttl, doc = self._key(job.id), self.ttl, self._key(job.id, "doc")
+            document.seek(0)
+            client.set(doc, document.read(CHUNK), ex=ttl)
+            while chunk := document.read(CHUNK):
+                client.append(doc, chunk)
+            client.hset(key, mapping=job.record())
+            client.expire(key, ttl)
+            client.zadd(self._open(job.tenant), {job.id: time.time() + ttl})
+            client.expire(self._open(job.tenant), ttl)
+            if job.batch:
+                client.sadd(self._batch(job.tenant, job.batch), job.id)
+                client.expire(self._batch(job.tenant, job.batch), ttl)
+            client.xadd(self.stream, {"id": job.id})
+
+        self._do(run)
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        if not ID.fullmatch(job_id):
+            return None
+        raw = self._do(lambda c: c.hgetall(self._key(job_id)))
+        return Job.from_record(raw) if raw else None
+
+    def batch(self, tenant: str, batch: str) -> list[Job]:
+        ids = self._do(lambda c: c.smembers(self._batch(tenant, batch)))
+        jobs = [self.get(raw.decode()) for raw in sorted(ids)]
+        return [job for job in jobs if job is not None]
+
+    def pages(self, job_id: str, numbers: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
+        """Finished pages by number (1-based): each page's answer or its error."""
+        key = self._key(job_id, "pages")
+        if numbers is None:
+            raw = self._do(lambda c: c.hgetall(key))
+        else:
+            values = self._do(lambda c: c.hmget(key, [str(n) for n in numbers]))
+            raw = {str(n).encode(): v for n, v in zip(numbers, values, strict=True) if v}
+        out = {}
+        for name, value in raw.items():
+            try:
+                out[int(name)] = orjson.loads(value)
+            except (ValueError, orjson.JSONDecodeError):
+                continue
+        return dict(sorted(out.items()))
+
+    def cancel(self, job: Job) -> Job:
+        """Mark the job cancelled (its driver stops at its next page); an ended job stays."""
+        if job.ended:
+            return job
+        now = time.time()
+
+        def run(client: Any) -> None:
+            client.hset(self._key(job.id), mapping={"status": "cancelled", "finished": repr(now)})
+            client.zrem(self._open(job.tenant), job.id)
+
+        self._do(run)
+        return replace(job, status="cancelled", finished=now)
+
+    # The drivers' side -----------------------------------------------------------------
+
+    def document(self, job_id: str) -> bytes | None:
+        return self._do(lambda c: c.get(self._key(job_id, "doc")))
+
+    def status(self, job_id: str) -> str | None:
+        """The job's status now (None: its record is gone)."""
+        raw = self._do(lambda c: c.hget(self._key(job_id), "status"))
+        if raw is not None:
+            return str(raw.decode())
+        exists = self._do(lambda c: c.exists(self._key(job_id)))
+        return "queued" if exists else None
+
+    def start(self, job_id: str) -> None:
+        def run(client: Any) -> None:
+            key = self._key(job_id)
+            if client.hget(key, "status") in (None, b"queued"):
+                client.hset(key, mapping={"status": "running", "started": repr(time.time())})
+
+        self._do(run)
+
+    def record_page(self, job: Job, number: int, answer: dict[str, Any], failed: bool) -> None:
+        """A finished page (1-based ``number``): its answer and the job's progress."""
+
+        def run(client: Any) -> None:
+            pipe = client.pipeline(transaction=False)
+            pages, key = self._key(job.id, "pages"), self._key(job.id)
+            if not client.hsetnx(pages, str(number), orjson.dumps(answer)):
+                return  # recorded already (a driver that took over)
+            pipe.hincrby(key, "failed" if failed else "done", 1)
+            for name in (pages, key, self._key(job.id, "doc")):
+                pipe.expire(name, self.ttl)
+            pipe.execute()
+
+        self._do(run)
+
+    def finish(self, job: Job, status: str, error: str = "") -> None:
+        """The job's end (unless it was cancelled meanwhile); its document is dropped."""
+
+        def run(client: Any) -> None:
+            key = self._key(job.id)
+            if client.hget(key, "status") == b"cancelled":
+                status_now = "cancelled"
+            else:
+                status_now = status
+            client.hset(key, mapping={"status": status_now, "error": error,
+                                      "finished": repr(time.time())})  # fmt: skip
+            client.delete(self._key(job.id, "doc"))
+            client.zrem(self._open(job.tenant), job.id)
+
+        self._do(run)
+
+    def ensure_group(self) -> None:
+        def run(client: Any) -> None:
+            try:
+                client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+            except redis_client.ERRORS as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        self._do(run)
+
+    def take(self, consumer: str, idle_ms: int, block_ms: int) -> tuple[str, str] | None:
+        """(stream entry, job id): a job whose driver stopped reporting for ``idle_ms``
+        first (taken over), else a new one, waiting up to ``block_ms``."""
+
+        def run(client: Any) -> Any:
+            claimed = client.xautoclaim(self.stream, GROUP, consumer, idle_ms, "0-0", count=1)
+            if claimed and claimed[1]:
+                return claimed[1][0]
+            got = client.xreadgroup(GROUP, consumer, {self.stream: ">"}, count=1, block=block_ms)
+            return got[0][1][0] if got and got[0][1] else None
+
+        entry = self._do(run)
+        if entry is None:
+            return None
+        entry_id, fields = entry
+        if not fields:  # deleted meanwhile
+            self.done(entry_id)
+            return None
+        return _text(entry_id), _text(fields.get(b"id", b""))
+
+    def keep(self, entry: str, consumer: str) -> None:
+        """Still driving this job: its entry's idle time starts again (no takeover)."""
+        self._do(lambda c: c.xclaim(self.stream, GROUP, consumer, 0, [entry], justid=True))
+
+    def release(self, entry: str, consumer: str, idle_ms: int) -> None:
+        """Stop driving this job now (the process stops): its entry reads as idle for
+        ``idle_ms``, so the next driver takes it over at once rather than after a wait."""
+        self._do(
+            lambda c: c.xclaim(self.stream, GROUP, consumer, 0, [entry], idle=idle_ms, justid=True)
+        )
+
+    def done(self, entry: str | bytes) -> None:
+        def run(client: Any) -> None:
+            client.xack(self.stream, GROUP, entry)
+            client.xdel(self.stream, entry)
+
+        self._do(run)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
