@@ -27,7 +27,9 @@ def pages(
     data: bytes | BinaryIO, scale: float, max_pixels: int
 ) -> Iterator[tuple[int, Callable[[int], bytes]]]:
     """(the page count, ``render(index)``: one page's PNG bytes), the document open once:
-    pages are rendered one at a time, as they are needed (a 500-page job holds one).
+    pages are rendered one at a time, as they are needed, and each page and its bitmap are
+    closed once rendered, so a long job holds one page whatever its length
+    (``bench/job_memory.py``).
 
     Each page's PNG is what gets hashed and cached, so the same PDF page is a hit whether it
     arrives alone, inside another document or in a job (for the same renderer and scale).
@@ -40,16 +42,26 @@ def pages(
         raise InvalidImage(f"not a readable PDF: {exc}") from None
 
     def render(index: int) -> bytes:
+        """One page's PNG."""
         try:
             page = pdf[index]
+        except pdfium.PdfiumError as exc:
+            raise InvalidImage(f"not a readable PDF page: {exc}") from None
+        try:
             width, height = page.get_size()
             # Sides and aspect ratio too, before rendering (see ``imaging.check_size``).
             check_size(max(1, round(width * scale)), max(1, round(height * scale)), max_pixels)
-            image = page.render(scale=scale).to_pil()
+            bitmap = page.render(scale=scale)
+            try:
+                image = bitmap.to_pil()
+                buf = io.BytesIO()
+                image.save(buf, format="PNG", compress_level=1)
+            finally:
+                bitmap.close()
         except pdfium.PdfiumError as exc:
             raise InvalidImage(f"not a readable PDF page: {exc}") from None
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=1)
+        finally:
+            page.close()
         metrics.PDF_PAGES_RENDERED.inc()
         return buf.getvalue()
 

@@ -338,3 +338,25 @@ def test_limits_pages_and_open_jobs(make_app: Callable[..., Any]) -> None:
         assert running.client.get("/v1/jobs/nope").status_code == 404
     finally:
         running.stop()
+
+
+def test_a_job_whose_document_was_evicted_fails_saying_so(
+    make_app: Callable[..., Any], redis_client: Any
+) -> None:
+    """Under ``allkeys-lru`` a job's document may go before a driver reads it: the job ends
+    ``failed`` with the reason, never a hang; a job whose record went answers 404."""
+    running = Service(make_app, jobs_drivers=0)  # nothing takes it yet
+    job = running.submit(make_pdf(WORD_EN)).get_json()
+    running.stop()
+    [document] = [k for k in redis_client.keys("*") if k.endswith(b":doc")]
+    redis_client.delete(document)  # what the LRU would do
+    settings = running.shared.settings.with_overrides(jobs_drivers=1)
+    running.driver = job_driver.start(settings, running.shared.jobs, running.shared.cache)
+    try:
+        final = running.wait(job["id"], timeout=60)
+    finally:
+        running.stop()
+    assert final["status"] == "failed" and "evicted" in final["error"]["message"]
+    [record] = [k for k in redis_client.keys("*") if k.endswith(b"}") and b":job:" in k]
+    redis_client.delete(record)
+    assert running.client.get(f"/v1/jobs/{job['id']}").status_code == 404
