@@ -3,10 +3,12 @@
 ``ocr`` sends files and folders (images and PDFs) with bounded concurrency and a live progress
 bar, prints a summary and optionally JSON Lines; ``warm`` pre-populates the cache; ``stats``
 shows the service's figures (``GET /v1/stats``); ``purge`` drops entries through the admin API;
-``queue`` shows the global miss queue (lanes, engines, the oldest wait) through the admin API.
-Exit codes: 0 all went well, 1 some files failed (reasons on stderr) or a purge is not
-confirmed on every Redis replica (run it again), 2 the run could not start (bad arguments,
-unreachable service, refused token).
+``queue`` shows the global miss queue (lanes, engines, the oldest wait) through the admin API;
+``submit`` sends a document job and may follow it (``app/cli_jobs.py``).
+Exit codes: 0 all went well, 1 some files failed (reasons on stderr), a purge is not
+confirmed on every Redis replica (run it again) or a followed job did not succeed, 2 the run
+could not start (bad arguments, unreachable service, refused token or document), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ class Client:
     @classmethod
     def of(cls, args: argparse.Namespace) -> Client:
         return cls(args.server, args.timeout, api_key(args.api_key_file))
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self._api_key)
 
     @property
     def session(self) -> requests.Session:
@@ -581,6 +587,9 @@ def parser() -> argparse.ArgumentParser:
     queue.add_argument(
         "--token-file", help=f"file holding the admin token (else env {' or '.join(TOKEN_ENV)})"
     )
+    from app import cli_jobs  # it builds on this module's client
+
+    cli_jobs.add_parser(sub, common)
     return top
 
 
@@ -602,6 +611,10 @@ def main(argv: list[str] | None = None) -> int:
             return command_stats(args)
         if args.command == "queue":
             return command_queue(args)
+        if args.command == "submit":
+            from app import cli_jobs
+
+            return cli_jobs.command_submit(args)
         return command_purge(args)
     except CliError as exc:
         print(f"ocr-cache: error: {exc}", file=sys.stderr)
@@ -611,5 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # as app.cli, whose classes app/cli_jobs.py shares (CliError)
+    from app.cli import main as cli_main
+
+    sys.exit(cli_main())

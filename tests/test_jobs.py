@@ -131,6 +131,10 @@ def test_page_ranges_select_pages(service: Service) -> None:
     expected = paddlex_pages(service.client, PDF)
     texts = [[line["text"] for line in page["lines"]] for page in done["pages"]]
     assert texts == [expected[2]["rec_texts"], expected[0]["rec_texts"]]
+    assert [page["page"] for page in done["pages"]] == [3, 1]  # the document's numbers
+    one = service.client.get(f"/v1/jobs/{answer['id']}/pages/3").get_json()
+    assert one == done["pages"][0]
+    assert service.client.get(f"/v1/jobs/{answer['id']}/pages/2").status_code == 404
 
 
 def test_the_stock_paddleocr_client_runs_a_job_unchanged(

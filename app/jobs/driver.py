@@ -233,7 +233,7 @@ class JobDriver:
                 cancelled.wait(delay)
                 continue
             answer = {
-                "page": number,
+                "page": job.pages[number - 1] + 1,  # the document's page number
                 "result": outcome.result.to_dict(),
                 "cache": outcome.status.value,
             }
@@ -244,7 +244,8 @@ class JobDriver:
 
     def _record_error(self, job: Job, number: int, exc: Exception) -> None:
         code = getattr(exc, "code", "error")
-        answer = {"page": number, "error": {"code": code, "message": str(exc)}}
+        page = job.pages[number - 1] + 1  # the document's page number
+        answer = {"page": page, "error": {"code": code, "message": str(exc)}}
         self._store.record_page(job, number, answer, failed=True)
 
 

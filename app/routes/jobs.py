@@ -257,18 +257,20 @@ def rest_status(job_id: str) -> Response:
 
 @blueprint.get("/v1/jobs/<job_id>/pages/<int:number>")
 def rest_page(job_id: str, number: int) -> Response:
+    """One page by its number in the document (with ``pages`` chosen, a page the job reads)."""
     service = current()
     try:
         _admit(service)
         job = _job(service, job_id)
-        if not 1 <= number <= job.total:
-            raise NotFound(f"job {job_id} has pages 1-{job.total}")
-        found = service.jobs.pages(job.id, [number]) if service.jobs else {}
-        if number not in found:
+        if number - 1 not in job.pages:
+            raise NotFound(f"job {job_id} does not read page {number} of its document")
+        position = job.pages.index(number - 1) + 1  # pages are kept in the job's order
+        found = service.jobs.pages(job.id, [position]) if service.jobs else {}
+        if position not in found:
             raise NotFound(f"page {number} of job {job_id} is not done yet ({job.status})")
     except OcrCacheError as exc:
         return _rest_error(exc)
-    return _json(_rest_page(service, job, found[number]))
+    return _json(_rest_page(service, job, found[position]))
 
 
 @blueprint.delete("/v1/jobs/<job_id>")

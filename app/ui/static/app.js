@@ -1,5 +1,6 @@
 // The OCR cache page: send one image (POST /v1/ocr) or PDF (POST /ocr, PaddleX, fileType 0),
 // draw the boxes over it, list the lines, and show the service's figures (GET /v1/stats).
+// A long document goes as a job instead (POST /v1/jobs), polled until it ends.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -237,6 +238,184 @@ async function refreshStats() {
   } catch (_) { /* the next refresh will try again */ }
 }
 
+// Document jobs: POST /v1/jobs, then GET /v1/jobs/{id} every second until the job ends,
+// each finished page shown as it comes, in page order. One job is followed at a time.
+const JOB_ENDED = new Set(["succeeded", "failed", "cancelled"]);
+const JOB_POLL_MS = 1000;
+let jobFile = null;
+let job = null; // { id, headers, ended, shown: Map(page number -> its element) }
+
+function chooseJobFile(file) {
+  if (!file) return;
+  jobFile = file;
+  $("job-chosen").textContent = `${file.name} (${Math.ceil(file.size / 1024)} KiB)`;
+  $("job-submit").disabled = Boolean(job && !job.ended);
+}
+
+function showJobError(message) {
+  $("job-error").textContent = message;
+  $("job-error").hidden = !message;
+}
+
+async function submitJob() {
+  if (!jobFile || (job && !job.ended)) return;
+  const form = new FormData();
+  form.append("file", jobFile);
+  const pages = $("job-page-ranges").value.trim();
+  if (pages) form.append("pages", pages);
+  const minScore = $("min-score").value.trim();
+  if (minScore) form.append("min_score", minScore);
+  const key = $("api-key").value.trim();
+  const headers = key ? { Authorization: `Bearer ${key}` } : {};
+  showJobError("");
+  $("job-submit").disabled = true;
+  $("job-submit").textContent = "Submitting…";
+  try {
+    const response = await fetch("/v1/jobs", { method: "POST", body: form, headers });
+    if (!response.ok) throw new Error(await errorMessage(response));
+    const body = await response.json();
+    job = { id: body.id, headers, ended: false, shown: new Map() };
+    $("job-pages").replaceChildren();
+    $("job-view").hidden = false;
+    showJob(body);
+    setTimeout(pollJob, JOB_POLL_MS);
+  } catch (err) {
+    showJobError(`Could not submit ${jobFile.name}: ${err.message}`);
+  } finally {
+    $("job-submit").textContent = "Submit job";
+    $("job-submit").disabled = Boolean(job && !job.ended);
+  }
+}
+
+async function pollJob() {
+  const followed = job;
+  let body = null;
+  try {
+    const response = await fetch(`/v1/jobs/${encodeURIComponent(followed.id)}`, {
+      headers: followed.headers,
+    });
+    if (response.ok) {
+      body = await response.json();
+    } else if (response.status === 429 || response.status >= 500) {
+      showJobError(`Could not read job ${followed.id} (${await errorMessage(response)}); retrying`);
+    } else { // gone (expired, another tenant's) or refused: nothing more to follow
+      showJobError(`Job ${followed.id}: ${await errorMessage(response)}`);
+      endJob(followed);
+      return;
+    }
+  } catch (err) {
+    showJobError(`Could not reach the service (${err.message}); retrying`);
+  }
+  if (followed !== job) return;
+  if (body) {
+    showJobError("");
+    showJob(body);
+    if (JOB_ENDED.has(body.status)) {
+      endJob(followed);
+      return;
+    }
+  }
+  setTimeout(pollJob, JOB_POLL_MS);
+}
+
+function endJob(followed) {
+  followed.ended = true;
+  $("job-cancel").hidden = true;
+  $("job-submit").disabled = !jobFile;
+  refreshStats();
+}
+
+function jobState(body) {
+  const took = Date.parse(body.finished_at) - Date.parse(body.created_at);
+  const after = Number.isFinite(took) ? ` after ${(took / 1000).toFixed(1)} s` : "";
+  switch (body.status) {
+    case "queued": return `Job ${body.id} is queued`;
+    case "running": return `Job ${body.id} is running`;
+    case "succeeded": return `Job ${body.id} succeeded${after}`;
+    case "cancelled": return `Job ${body.id} was cancelled${after}`;
+    case "failed": {
+      const why = body.error ? `: ${body.error.message}` : "";
+      return `Job ${body.id} failed${after}${why}`;
+    }
+    default: return `Job ${body.id}: ${body.status}`;
+  }
+}
+
+function showJob(body) {
+  const { pages_done: done, pages_failed: failed, pages_total: total } = body.progress;
+  const bar = $("job-progress");
+  bar.max = Math.max(total, 1);
+  bar.value = done + failed;
+  $("job-counts").textContent = `${done} of ${total} pages done · ${failed} failed`;
+  const state = $("job-state");
+  state.className = body.status;
+  state.textContent = jobState(body);
+  $("job-cancel").hidden = JOB_ENDED.has(body.status);
+  let added = false;
+  for (const page of body.pages || []) {
+    if (!job.shown.has(page.page)) {
+      job.shown.set(page.page, jobPage(page));
+      added = true;
+    }
+  }
+  if (added) { // pages may finish out of order: (re)place them all in page order
+    const ordered = [...job.shown.entries()].sort((a, b) => a[0] - b[0]).map(([, el]) => el);
+    $("job-pages").append(...ordered);
+  }
+}
+
+function jobPage(page) {
+  const item = document.createElement("li");
+  item.className = "job-page";
+  item.dataset.page = String(page.page);
+  const heading = document.createElement("h3");
+  heading.append(`Page ${page.page}`);
+  const badge = document.createElement("span");
+  if (page.error) {
+    badge.className = "badge";
+    badge.textContent = "error";
+    const error = document.createElement("p");
+    error.className = "page-error";
+    error.textContent = `${page.error.code}: ${page.error.message}`;
+    heading.append(badge);
+    item.append(heading, error);
+    return item;
+  }
+  const cache = page.cache || "";
+  badge.className = `badge ${cache.split(",")[0]}`;
+  badge.textContent = cache || "no cache status";
+  const count = document.createElement("span");
+  count.className = "hint";
+  count.textContent = `${page.lines.length} line${page.lines.length === 1 ? "" : "s"}`;
+  heading.append(badge, count);
+  const text = document.createElement("pre");
+  text.textContent = page.lines.map((line) => line.text).join("\n");
+  item.append(heading, text);
+  return item;
+}
+
+async function cancelJob() {
+  if (!job || job.ended) return;
+  const followed = job;
+  $("job-cancel").disabled = true;
+  try {
+    const response = await fetch(`/v1/jobs/${encodeURIComponent(followed.id)}`, {
+      method: "DELETE",
+      headers: followed.headers,
+    });
+    // 409 job_ended: it ended meanwhile. Either way the next poll shows the end and its pages.
+    if (!response.ok && response.status !== 409) throw new Error(await errorMessage(response));
+    if (response.ok && followed === job) {
+      showJobError("");
+      showJob(await response.json());
+    }
+  } catch (err) {
+    showJobError(`Could not cancel job ${followed.id}: ${err.message}`);
+  } finally {
+    $("job-cancel").disabled = false;
+  }
+}
+
 function init() {
   const drop = $("drop");
   $("file").addEventListener("change", (e) => choose(e.target.files[0]));
@@ -254,6 +433,9 @@ function init() {
       el.hidden = el.dataset.forTask !== $("task").value;
     });
   });
+  $("job-file").addEventListener("change", (e) => chooseJobFile(e.target.files[0]));
+  $("job-form").addEventListener("submit", (e) => { e.preventDefault(); submitJob(); });
+  $("job-cancel").addEventListener("click", cancelJob);
   refreshStats();
   setInterval(() => { if (!document.hidden) refreshStats(); }, 5000);
 }
