@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,39 @@ def test_upload_a_pdf_and_a_bad_file(live_service, browser_context, tmp_path):  
     page.set_input_files("#file", str(bad))
     page.wait_for_selector("#error:not([hidden])")
     assert page.locator("#error").inner_text().startswith("Could not recognise broken.png: ")
+
+
+def test_a_document_job_shows_its_pages_as_they_come(make_app, browser_context, tmp_path):  # type: ignore[no-untyped-def]
+    """The page's document job: a two-page PDF submitted, its pages listed with their lines
+    as the job's REST answer has them, the job's end shown."""
+    from werkzeug.serving import make_server
+
+    from app.jobs import driver as job_driver
+
+    app = make_app(pdf_render_scale=1.0)
+    shared = app.extensions["ocr"]
+    driver = job_driver.start(shared.settings, shared.jobs, shared.cache)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    pdf = tmp_path / "two.pdf"
+    pictures = [Image.open(p).convert("RGB") for p in (PHOTOTEST, WORD_EN)]
+    pictures[0].save(pdf, "PDF", resolution=72, save_all=True, append_images=pictures[1:])
+    try:
+        page = browser_context.pages[0] if browser_context.pages else browser_context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+        page.goto(f"{base}/")
+        page.set_input_files("#job-file", str(pdf))
+        page.click("#job-submit")
+        page.wait_for_selector("#job-state.succeeded", timeout=120_000)
+        job_id = page.locator("#job-state").inner_text().split()[1]
+        answer = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
+        shown = page.locator("#job-pages pre").all_inner_texts()
+        assert shown == ["\n".join(line["text"] for line in p["lines"]) for p in answer["pages"]]
+        assert page.locator("#job-counts").inner_text().startswith("2 of 2 pages done")
+        assert not problems, problems
+    finally:
+        server.shutdown()
+        if driver is not None:
+            driver.stop()
