@@ -24,16 +24,12 @@ import hmac
 import logging
 import re
 import secrets
-import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
 from http.client import HTTPException
 from typing import Any
 
-import certifi
 import orjson
-from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError
 
 from app.protocols import fetch
@@ -226,30 +222,6 @@ class CallbackSender:
             address = fetch.resolve(target, self.allowed_hosts, self.timeout_s)
         except BadRequest as exc:
             raise _Failure(str(exc), retry=True) from None  # DNS may answer differently later
-        remaining = max(0.1, deadline - time.monotonic())
-        name = target.host.strip("[]")
-        if target.scheme == "https":
-            conn: HTTPConnection = HTTPSConnection(
-                address, target.port, timeout=remaining, server_hostname=name,
-                assert_hostname=name, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
-            )  # fmt: skip
-        else:
-            conn = HTTPConnection(address, target.port, timeout=remaining)
-        # One deadline for the attempt: at expiry the socket is shut down, ending any read.
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-        timer = threading.Timer(remaining, expire)
-        timer.daemon = True
-        timer.start()
         timestamp = int(time.time())
         headers = {
             "Host": target.host_header,
@@ -262,19 +234,18 @@ class CallbackSender:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(secret, message_id, timestamp, body),
         }
-        try:
-            # The body is never read: the status is the answer, and a huge body costs nothing.
-            conn.request(
-                "POST", target.request_uri, body=body, headers=headers, preload_content=False
-            )
-            status = conn.getresponse().status
-        except (HTTPError, HTTPException, OSError, ValueError) as exc:
-            if expired.is_set():
-                raise _Failure(f"no answer within {self.timeout_s:g} s", retry=True) from None
-            raise _Failure(exc.__class__.__name__, retry=True) from None
-        finally:
-            timer.cancel()
-            conn.close()
+        remaining = max(0.1, deadline - time.monotonic())
+        with fetch.pinned(target, address, remaining) as (conn, expired):
+            try:
+                # The body is never read: the status is the answer, and a huge one costs nothing.
+                conn.request(
+                    "POST", target.request_uri, body=body, headers=headers, preload_content=False
+                )
+                status = conn.getresponse().status
+            except (HTTPError, HTTPException, OSError, ValueError) as exc:
+                if expired.is_set():
+                    raise _Failure(f"no answer within {self.timeout_s:g} s", retry=True) from None
+                raise _Failure(exc.__class__.__name__, retry=True) from None
         if 200 <= status < 300:
             return
         retry = status >= 500 or status in _RETRY_4XX

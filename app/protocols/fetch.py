@@ -23,8 +23,10 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.client import HTTPException
 
@@ -132,17 +134,33 @@ def fetch(url: str, allowed_hosts: frozenset[str], max_bytes: int, timeout: floa
     target = parse(url, allowed_hosts)
     deadline = time.monotonic() + timeout
     address = resolve(target, allowed_hosts, timeout)
-    remaining = max(0.1, deadline - time.monotonic())
+    with pinned(target, address, max(0.1, deadline - time.monotonic())) as (conn, expired):
+        try:
+            return _download(conn, target, max_bytes)
+        except BadRequest:
+            raise
+        except (HTTPError, HTTPException, OSError, ValueError) as exc:
+            if expired.is_set():
+                raise BadRequest(f"fetching the URL took longer than {timeout:g} s") from None
+            raise BadRequest(f"could not fetch the URL: {exc.__class__.__name__}") from None
+
+
+@contextmanager
+def pinned(
+    target: Target, address: str, seconds: float
+) -> Iterator[tuple[HTTPConnection, threading.Event]]:
+    """A connection for ``target`` to its checked ``address`` (HTTPS still verifies the
+    certificate for the name), and the event set when ``seconds`` ran out: one deadline for
+    everything, at which the socket is shut down, ending any read (per-read timeouts alone
+    let a host send a byte every few seconds forever). Also the job callbacks' way out."""
+    name = target.host.strip("[]")
     if target.scheme == "https":
         conn: HTTPConnection = HTTPSConnection(
-            address, target.port, timeout=remaining, server_hostname=target.host.strip("[]"),
-            assert_hostname=target.host.strip("[]"), cert_reqs="CERT_REQUIRED",
-            ca_certs=certifi.where(),
+            address, target.port, timeout=seconds, server_hostname=name, assert_hostname=name,
+            cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
         )  # fmt: skip
     else:
-        conn = HTTPConnection(address, target.port, timeout=remaining)
-    # One deadline for everything: at expiry the socket is shut down, which ends any read
-    # (per-read timeouts alone let a host send a byte every few seconds forever).
+        conn = HTTPConnection(address, target.port, timeout=seconds)
     expired = threading.Event()
 
     def expire() -> None:
@@ -154,17 +172,11 @@ def fetch(url: str, allowed_hosts: frozenset[str], max_bytes: int, timeout: floa
             except OSError:
                 pass
 
-    timer = threading.Timer(remaining, expire)
+    timer = threading.Timer(seconds, expire)
     timer.daemon = True
     timer.start()
     try:
-        return _download(conn, target, max_bytes)
-    except BadRequest:
-        raise
-    except (HTTPError, HTTPException, OSError, ValueError) as exc:
-        if expired.is_set():
-            raise BadRequest(f"fetching the URL took longer than {timeout:g} s") from None
-        raise BadRequest(f"could not fetch the URL: {exc.__class__.__name__}") from None
+        yield conn, expired
     finally:
         timer.cancel()
         conn.close()
