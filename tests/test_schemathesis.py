@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from collections import Counter
 from typing import Any
 
@@ -147,10 +148,10 @@ def test_openapi_document_is_served_and_names_every_route(make_app: Any) -> None
         ("/readyz", "GET"),
     } <= documented
     routes = {
-        (rule.rule, method)
+        (re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method)  # /v1/jobs/<job_id> -> {job_id}
         for rule in app.url_map.iter_rules()
         for method in rule.methods or ()
-        if method in ("GET", "POST")
+        if method in ("GET", "POST", "DELETE")
     }
     for path, method in documented:
         # The protocol endpoints are served in front of Flask (app/routes/endpoints.py).
