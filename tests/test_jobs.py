@@ -10,6 +10,8 @@ import base64
 import hashlib
 import io
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -164,6 +166,32 @@ def test_the_stock_paddleocr_client_runs_a_job_unchanged(
         service.stop()
     assert [page.pruned_result for page in result.pages] == paddlex_pages(service.client, PDF)
     assert result.data_info["numPages"] == 3 and result.data_info["type"] == "pdf"
+
+
+def test_the_paddleocr_cli_api_mode_runs_a_job_unchanged(
+    make_app: Callable[..., Any], tmp_path: Path
+) -> None:
+    """``paddleocr api --model_type ocr ...``, the installed package's own CLI, in a process of
+    its own against the app served over HTTP: its pages are the PaddleX ``/ocr`` pages."""
+    service = Service(make_app, jobs_api_models="PP-OCRv5")
+    server = make_server("127.0.0.1", 0, service.app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = tmp_path / "doc.pdf"
+    path.write_bytes(PDF)
+    command = [
+        str(Path(sys.executable).parent / "paddleocr"), "api", "--model_type", "ocr",
+        "--model", "PP-OCRv5", "--file_path", str(path), "--page_ranges", "1-2",
+        "--base_url", f"http://127.0.0.1:{server.port}", "--token", "any-token",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+        service.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    output = json.loads(done.stdout[done.stdout.index("{") :])
+    expected = paddlex_pages(service.client, PDF)[:2]
+    assert [page["prunedResult"] for page in output["pages"]] == expected
 
 
 def job_driver_model(service: Service) -> str:
