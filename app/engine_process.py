@@ -214,8 +214,8 @@ def run(settings: Settings) -> int:
     )  # fmt: skip
     while not stop.wait(1.0):
         pass
-    if jobs is not None:
-        jobs.stop()  # the job being driven is taken over by another engine's driver
+    if jobs is not None:  # the page in progress ends; another engine's driver goes on
+        jobs.stop(float(settings.engine.timeout_seconds))
     drain(shared, float(settings.engine.timeout_seconds))
     server.shutdown()
     tracing.shutdown()

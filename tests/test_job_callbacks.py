@@ -115,13 +115,16 @@ def test_tenant_secrets_differ_and_do_not_verify_for_one_another() -> None:
     assert tenant_secret("whsec_" + "QUJD" * 8, "acme") != a
 
 
-def test_no_tenants_sign_with_the_master() -> None:
-    assert tenant_secret(MASTER, "") == MASTER
-    raw = tenant_secret("a plain master string", "")
-    assert raw == "whsec_YSBwbGFpbiBtYXN0ZXIgc3RyaW5n"  # base64 of its UTF-8 bytes
-    assert verify(raw, _headers(raw), BODY, now=NOW)
-    # A raw master is its UTF-8 bytes for tenants too: the same key as its whsec_ form.
-    assert tenant_secret("a plain master string", "acme") == tenant_secret(raw, "acme")
+def test_the_default_tenant_has_a_derived_secret_too() -> None:
+    """Not the master: whoever holds the default tenant's secret cannot derive another's."""
+    default = tenant_secret(MASTER, "")
+    assert default != MASTER and default.startswith("whsec_")
+    assert verify(default, _headers(default), BODY, now=NOW)
+    assert not verify(tenant_secret(MASTER, "acme"), _headers(default), BODY, now=NOW)
+    # A raw master is its UTF-8 bytes: the same keys as its whsec_ form.
+    raw = "whsec_YSBwbGFpbiBtYXN0ZXIgc3RyaW5n"  # base64 of "a plain master string"
+    for tenant in ("", "acme"):
+        assert tenant_secret("a plain master string", tenant) == tenant_secret(raw, tenant)
 
 
 def test_empty_or_malformed_secret_is_refused() -> None:

@@ -136,6 +136,13 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     assert text(entry_id) == ticket and fields == {b"key": b"e1", b"data": b"\x00\xff"}
     joined = submit(client, names, "a", "e1")
     assert text(joined[0]) == ticket and int(joined[1]) == -1  # the same entry: joined
+    assert text(joined[3]) == "a"
+    # The same image from another lane (a document job's page) joins that ticket too, and
+    # is told its lane; no second ticket, the marker left as it was.
+    across = submit(client, names, "a+jobs", "e1")
+    assert text(across[0]) == ticket and int(across[1]) == -1 and text(across[3]) == "a"
+    assert client.xlen(names.stream("a+jobs")) == 0
+    assert text(client.get(names.marker("e1", "sha"))) == ticket
     answer = submit(client, names, "b", "e2", per_engine=1)
     assert [int(v) for v in answer[1:]] == [1, 1, 2]  # every lane's waiting tickets
     full = submit(client, names, "a", "e3", per_engine=1)
@@ -286,6 +293,46 @@ def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any)
     assert client.xpending(names.stream("a"), GROUP)["pending"] == 0
     assert float(client.hget(names.deficits, "a")) == pytest.approx(deficit - 2.0)
     assert float(client.hget(names.costs, "a")) == pytest.approx(2.5)  # its first sample
+
+
+# Document jobs -----------------------------------------------------------------------
+
+JOB = "ocr:job:{job_abc}"
+
+
+def transition(client: Any, status: str, *leaving: str) -> str:
+    keys = [JOB, f"{JOB}:doc"]
+    return text(scripts.JOB_TRANSITION(client, keys, [status, "12.5", "", *leaving]))
+
+
+def test_a_job_changes_status_only_from_the_statuses_it_may_leave(client: Any) -> None:
+    _expect(client, JOB)
+    assert transition(client, "running", "queued") == ""  # no record: nothing written
+    assert not client.exists(JOB)
+    client.hset(JOB, "job", "{}")
+    client.set(f"{JOB}:doc", b"%PDF-")
+    assert transition(client, "running", "queued") == "running"
+    assert client.hget(JOB, "started") == b"12.5"
+    assert transition(client, "cancelled", "queued", "running") == "cancelled"
+    assert not client.exists(f"{JOB}:doc")  # a cancelled job's document goes at once
+    # The end that comes after the cancel does not overwrite it, nor a second cancel.
+    assert transition(client, "succeeded", "queued", "running") == "cancelled"
+    assert transition(client, "cancelled", "queued", "running") == "cancelled"
+    assert client.hget(JOB, "status") == b"cancelled"
+
+
+def test_a_jobs_page_is_recorded_once_with_its_count(client: Any) -> None:
+    _expect(client, JOB)
+    keys = [f"{JOB}:pages", JOB, f"{JOB}:doc"]
+    assert scripts.JOB_PAGE(client, keys, ["1", b'{"page": 1}', "done", 60]) == -1  # no job
+    assert not client.exists(f"{JOB}:pages")
+    client.hset(JOB, "job", "{}")
+    assert scripts.JOB_PAGE(client, keys, ["1", b'{"page": 1}', "done", 60]) == 1
+    assert scripts.JOB_PAGE(client, keys, ["1", b'{"page": 9}', "done", 60]) == 0  # first stays
+    assert scripts.JOB_PAGE(client, keys, ["2", b'{"error": 1}', "failed", 60]) == 1
+    assert client.hgetall(f"{JOB}:pages") == {b"1": b'{"page": 1}', b"2": b'{"error": 1}'}
+    assert client.hmget(JOB, "done", "failed") == [b"1", b"1"]
+    assert 0 < client.ttl(JOB) <= 60 and 0 < client.ttl(f"{JOB}:pages") <= 60
 
 
 def test_release_frees_the_key_only_for_its_own_ticket(client: Any) -> None:

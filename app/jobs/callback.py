@@ -67,14 +67,13 @@ def _whsec(key: bytes) -> str:
 def tenant_secret(master: str, tenant: str) -> str:
     """The ``whsec_`` secret that signs ``tenant``'s callbacks: HMAC-SHA256 of the tenant's
     name under the master key, so a tenant who knows its own secret learns nothing of
-    another's. Tenant ``""`` (no tenants configured) signs with the master itself. A master
-    written ``whsec_...`` is its decoded bytes; any other string, its UTF-8 bytes. An empty
-    master is refused: a key anyone knows would sign nothing."""
+    another's, nor of the master. The default tenant (``""``, and every caller when no
+    tenants are configured) has one derived the same way. A master written ``whsec_...`` is
+    its decoded bytes; any other string, its UTF-8 bytes. An empty master is refused: a key
+    anyone knows would sign nothing."""
     if not master:
         raise ValueError("no callback secret: set JOBS_CALLBACK_SECRET")
     key = _key(master) if master.startswith(_PREFIX) else master.encode()
-    if not tenant:
-        return master if master.startswith(_PREFIX) else _whsec(key)
     return _whsec(hmac.new(key, _TENANT_CONTEXT + tenant.encode(), hashlib.sha256).digest())
 
 

@@ -45,6 +45,7 @@ from app.vocabulary import (
 log = logging.getLogger(__name__)
 
 PAGE_ATTEMPTS = 3
+MAX_DELIVERIES = 3  # a job whose drivers died on it this often is failed, not retaken forever
 EVICTED = (
     "the document was evicted from Redis before its pages were read (give jobs room: "
     "maxmemory, JOBS_TTL_SECONDS; docs/ARCHITECTURE.md#document-jobs)"
@@ -112,64 +113,116 @@ class JobDriver:
                 log.exception("job driver: unexpected error")
                 self._stopped.wait(2.0)
 
-    def _drive(self, consumer: str, entry: str, job_id: str) -> None:
+    def _drive(self, consumer: str, entry: str, job_id: str, deliveries: int) -> None:
         job = self._store.get(job_id)
-        if job is None or job.ended:
-            self._store.done(entry)  # expired, or ended (cancelled before it started)
-            if job is not None and job.status == "cancelled" and not job.started:
-                self._on_end(job, "cancelled", "")
+        if job is None:
+            self._store.done(entry)  # its record expired or was evicted: nothing to do
             return
-        self._store.start(job.id)
+        if not job.ended and deliveries > MAX_DELIVERIES:
+            error = (
+                f"its driver stopped {deliveries - 1} times while driving it (an engine that "
+                "died on it, or was stopped): given up"
+            )
+            self._end(job, self._store.finish(job, "failed", error), error)
+        if job.ended or self._store.start(job) != "running":
+            job = self._store.get(job_id) or job  # cancelled, or ended by a driver before
+            self._store.drop_document(job)
+            self._end(job, job.status, job.error)
+            self._store.done(entry)
+            return
         log.info("job %s: driving %d page(s) for tenant %r", job.id, job.total, job.tenant or "-")
-        keeping = threading.Event()
-        keeper = threading.Thread(target=self._keep, args=(entry, consumer, keeping), daemon=True)
+        keeping, lost = threading.Event(), threading.Event()
+        keeper = threading.Thread(
+            target=self._keep, args=(entry, consumer, keeping, lost), daemon=True
+        )
         keeper.start()
         try:
-            status, error = self._pages(job)
+            status, error = self._pages(job, lost)
         finally:
             keeping.set()
-        if status == "stopped":  # this process is stopping: another driver takes it over
-            self._store.release(entry, consumer, self._claim_idle_ms)
+        if status == "stopped":  # this process stops: another driver takes it over at once
+            if not lost.is_set():
+                self._store.release(entry, consumer, self._claim_idle_ms)
             return
-        self._store.finish(job, status, error)
-        log.info("job %s: %s%s", job.id, status, f" ({error})" if error else "")
-        self._on_end(job, status, error)
+        now = self._store.finish(job, status, error)  # "cancelled" if it was meanwhile
+        log.info("job %s: %s%s", job.id, now, f" ({error})" if error else "")
+        self._end(job, now, error if now == status else "")
         self._store.done(entry)
 
-    def _keep(self, entry: str, consumer: str, done: threading.Event) -> None:
+    def _end(self, job: Job, status: str, error: str) -> None:
+        """The job's end is told once, by whichever driver ends it or finds it ended."""
+        if status in ("succeeded", "failed", "cancelled") and self._store.claim_callback(job):
+            self._on_end(job, status, error)
+
+    def _keep(
+        self, entry: str, consumer: str, done: threading.Event, lost: threading.Event
+    ) -> None:
+        """Report while driving; ``lost`` once another driver took the job over."""
         while not done.wait(self._keep_every):
             try:
-                self._store.keep(entry, consumer)
+                if not self._store.keep(entry, consumer):
+                    log.warning("job entry %s: taken over by another driver", entry)
+                    lost.set()
+                    return
             except JobsUnavailable:
                 pass
 
-    def _pages(self, job: Job) -> tuple[str, str]:
-        """(the job's end: succeeded, failed, cancelled or stopped; the error)."""
+    def _pages(self, job: Job, lost: threading.Event) -> tuple[str, str]:
+        """(the job's end: succeeded, failed, cancelled or stopped; the error). Pages not
+        recorded after a pass (a Redis failure as one was recorded, a bug) get a second."""
         document = self._store.document(job.id)
         if document is None:
             return "failed", EVICTED
-        recorded = self._store.pages(job.id)
+        for _ in range(2):
+            missing = [n for n in range(1, job.total + 1) if n not in self._store.pages(job.id)]
+            if not missing:
+                break
+            try:
+                ended = self._pass(job, document, missing, lost)
+            except InvalidImage as exc:  # checked at submit; a renderer that disagrees ends it
+                return "failed", f"the document cannot be read: {exc}"
+            if ended:
+                return ended
+        final = self._store.get(job.id)
+        if final is None:
+            return "failed", "the job's record was evicted from Redis while it ran"
+        if final.status == "cancelled":
+            return "cancelled", ""
+        pages = self._store.pages(job.id)
+        if len(pages) < job.total:
+            return "failed", f"{job.total - len(pages)} page(s) could not be recorded"
+        failed = [p for p in pages.values() if "error" in p]
+        if failed:
+            why = f"page {failed[0]['page']}: {failed[0]['error']['message']}"
+            return "failed", f"{len(failed)} of {job.total} page(s) failed (first: {why})"
+        return "succeeded", ""
+
+    def _pass(
+        self, job: Job, document: bytes, numbers: list[int], lost: threading.Event
+    ) -> tuple[str, str] | None:
+        """Render and compute the pages at these places of the job, at most
+        ``JOBS_PAGES_IN_FLIGHT`` at once; their end if the job ends meanwhile (stopped,
+        taken over, cancelled), else None."""
         params = OcrParams.from_dict(job.params)
         controls = CacheControls(namespace=job.tenant, background=True)
         cancelled = threading.Event()
+
+        def going() -> bool:
+            if self._stopped.is_set() or lost.is_set() or self._store.status(job.id) != "running":
+                cancelled.set()  # its waiting pages withdraw their tickets
+            return not cancelled.is_set()
+
         pool = ThreadPoolExecutor(self._in_flight, thread_name_prefix=f"job-{job.id[-6:]}")
         running: set[Future[None]] = set()
         try:
             with _renderer(document, job.kind, self._scale, self._max_pixels) as render:
-                for number, index in enumerate(job.pages, 1):
-                    if number in recorded:
-                        continue
-                    if self._stopped.is_set() or self._store.status(job.id) != "running":
-                        cancelled.set()
-                        break
-                    while len(running) >= self._in_flight and not cancelled.is_set():
+                for number in numbers:
+                    while len(running) >= self._in_flight and going():
                         _, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-                        if self._store.status(job.id) != "running":
-                            cancelled.set()  # its waiting pages withdraw their tickets
-                    if cancelled.is_set():
+                    if not going():
                         break
                     try:
-                        image = render(index)
+                        image = render(job.pages[number - 1])
                     except InvalidImage as exc:
                         self._record_error(job, number, exc)
                         continue
@@ -177,27 +230,14 @@ class JobDriver:
                         pool.submit(self._page, job, number, image, params, controls, cancelled)
                     )
                 while running:
-                    if self._store.status(job.id) != "running" or self._stopped.is_set():
-                        cancelled.set()
+                    going()
                     _, running = wait(running, timeout=1.0)
-        except InvalidImage as exc:  # checked at submit; a renderer that disagrees ends it
-            return "failed", f"the document cannot be read: {exc}"
         finally:
             cancelled.set()
             pool.shutdown(wait=True)
-        if self._stopped.is_set():
+        if self._stopped.is_set() or lost.is_set():
             return "stopped", ""
-        final = self._store.get(job.id)
-        if final is None:
-            return "failed", "the job's record was evicted from Redis while it ran"
-        if final.status == "cancelled":
-            return "cancelled", ""
-        if final.failed:
-            pages = self._store.pages(job.id)
-            first = next((p for p in pages.values() if "error" in p), None)
-            why = f"page {first['page']}: {first['error']['message']}" if first else "see its pages"
-            return "failed", f"{final.failed} of {job.total} page(s) failed (first: {why})"
-        return "succeeded", ""
+        return None
 
     def _page(
         self,
@@ -210,6 +250,20 @@ class JobDriver:
     ) -> None:
         """One page through the cache, tried again while the engines are busy or failed it
         (``PAGE_ATTEMPTS`` failures in all); its answer or its error recorded."""
+        try:
+            self._compute(job, number, image, params, controls, cancelled)
+        except Exception:  # left unrecorded: the job's next pass computes it again
+            log.exception("job %s page %d: unexpected error", job.id, number)
+
+    def _compute(
+        self,
+        job: Job,
+        number: int,
+        image: bytes,
+        params: OcrParams,
+        controls: CacheControls,
+        cancelled: threading.Event,
+    ) -> None:
         failures, delay = 0, 1.0
         while not cancelled.is_set():
             try:

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from app.cache import redis_client
+from app.cache.scripts import JOB_PAGE, JOB_TRANSITION
 from app.vocabulary import EngineBusy
 
 GROUP = "drivers"  # the consumer group of the jobs stream
@@ -198,18 +199,19 @@ class JobStore:
                 continue
         return dict(sorted(out.items()))
 
-    def cancel(self, job: Job) -> Job:
-        """Mark the job cancelled (its driver stops at its next page); an ended job stays."""
-        if job.ended:
-            return job
-        now = time.time()
+    def cancel(self, job: Job) -> str:
+        """Cancel the job unless it ended (its driver stops at its next page, its waiting
+        pages' tickets withdrawn); the status it has now (cancelled, or how it ended)."""
+        return self._transition(job, "cancelled", "", ("queued", "running"))
 
-        def run(client: Any) -> None:
-            client.hset(self._key(job.id), mapping={"status": "cancelled", "finished": repr(now)})
-            client.zrem(self._open(job.tenant), job.id)
-
-        self._do(run)
-        return replace(job, status="cancelled", finished=now)
+    def _transition(self, job: Job, status: str, error: str, leaving: tuple[str, ...]) -> str:
+        """``JOB_TRANSITION``: the status after; an ended job leaves its tenant's open jobs."""
+        keys = [self._key(job.id), self._key(job.id, "doc")]
+        args = [status, repr(time.time()), error, *leaving]
+        now = _text(self._do(lambda c: JOB_TRANSITION(c, keys, args)))
+        if now in ENDED:
+            self._do(lambda c: c.zrem(self._open(job.tenant), job.id))
+        return now
 
     # The drivers' side -----------------------------------------------------------------
 
@@ -224,44 +226,30 @@ class JobStore:
         exists = self._do(lambda c: c.exists(self._key(job_id)))
         return "queued" if exists else None
 
-    def start(self, job_id: str) -> None:
-        def run(client: Any) -> None:
-            key = self._key(job_id)
-            if client.hget(key, "status") in (None, b"queued"):
-                client.hset(key, mapping={"status": "running", "started": repr(time.time())})
-
-        self._do(run)
+    def start(self, job: Job) -> str:
+        """The job runs (unless it was cancelled meanwhile): its status after."""
+        return self._transition(job, "running", "", ("queued", "running"))
 
     def record_page(self, job: Job, number: int, answer: dict[str, Any], failed: bool) -> None:
-        """A finished page (1-based ``number``): its answer and the job's progress."""
+        """A finished page (its place in the job, 1-based): its answer and the job's progress,
+        in one step (``JOB_PAGE``)."""
+        keys = [self._key(job.id, "pages"), self._key(job.id), self._key(job.id, "doc")]
+        args: list[str | bytes | int] = [
+            str(number), orjson.dumps(answer), "failed" if failed else "done", self.ttl,
+        ]  # fmt: skip
+        self._do(lambda c: JOB_PAGE(c, keys, args))
 
-        def run(client: Any) -> None:
-            pipe = client.pipeline(transaction=False)
-            pages, key = self._key(job.id, "pages"), self._key(job.id)
-            if not client.hsetnx(pages, str(number), orjson.dumps(answer)):
-                return  # recorded already (a driver that took over)
-            pipe.hincrby(key, "failed" if failed else "done", 1)
-            for name in (pages, key, self._key(job.id, "doc")):
-                pipe.expire(name, self.ttl)
-            pipe.execute()
+    def finish(self, job: Job, status: str, error: str = "") -> str:
+        """The job's end (unless it was cancelled meanwhile): its status after."""
+        return self._transition(job, status, error, ("queued", "running"))
 
-        self._do(run)
+    def claim_callback(self, job: Job) -> bool:
+        """Whether this caller is the one to send the job's end (once per job, whichever
+        driver ends it or finds it ended)."""
+        return bool(self._do(lambda c: c.hsetnx(self._key(job.id), "callback", "1")))
 
-    def finish(self, job: Job, status: str, error: str = "") -> None:
-        """The job's end (unless it was cancelled meanwhile); its document is dropped."""
-
-        def run(client: Any) -> None:
-            key = self._key(job.id)
-            if client.hget(key, "status") == b"cancelled":
-                status_now = "cancelled"
-            else:
-                status_now = status
-            client.hset(key, mapping={"status": status_now, "error": error,
-                                      "finished": repr(time.time())})  # fmt: skip
-            client.delete(self._key(job.id, "doc"))
-            client.zrem(self._open(job.tenant), job.id)
-
-        self._do(run)
+    def drop_document(self, job: Job) -> None:
+        self._do(lambda c: c.delete(self._key(job.id, "doc")))
 
     def ensure_group(self) -> None:
         def run(client: Any) -> None:
@@ -273,29 +261,43 @@ class JobStore:
 
         self._do(run)
 
-    def take(self, consumer: str, idle_ms: int, block_ms: int) -> tuple[str, str] | None:
-        """(stream entry, job id): a job whose driver stopped reporting for ``idle_ms``
-        first (taken over), else a new one, waiting up to ``block_ms``."""
+    def take(self, consumer: str, idle_ms: int, block_ms: int) -> tuple[str, str, int] | None:
+        """(stream entry, job id, how many times it was taken): the oldest job whose driver
+        has not reported for ``idle_ms`` first (taken over), else a new one, waiting up to
+        ``block_ms``."""
 
-        def run(client: Any) -> Any:
-            claimed = client.xautoclaim(self.stream, GROUP, consumer, idle_ms, "0-0", count=1)
-            if claimed and claimed[1]:
-                return claimed[1][0]
+        def run(client: Any) -> tuple[Any, int] | None:
+            idle = client.xpending_range(self.stream, GROUP, "-", "+", 1, idle=idle_ms)
+            if idle:
+                taken = client.xclaim(
+                    self.stream, GROUP, consumer, idle_ms, [idle[0]["message_id"]]
+                )
+                if taken:
+                    return taken[0], int(idle[0]["times_delivered"]) + 1
             got = client.xreadgroup(GROUP, consumer, {self.stream: ">"}, count=1, block=block_ms)
-            return got[0][1][0] if got and got[0][1] else None
+            return (got[0][1][0], 1) if got and got[0][1] else None
 
-        entry = self._do(run)
-        if entry is None:
+        found = self._do(run)
+        if found is None:
             return None
-        entry_id, fields = entry
+        (entry_id, fields), deliveries = found
         if not fields:  # deleted meanwhile
             self.done(entry_id)
             return None
-        return _text(entry_id), _text(fields.get(b"id", b""))
+        return _text(entry_id), _text(fields.get(b"id", b"")), deliveries
 
-    def keep(self, entry: str, consumer: str) -> None:
-        """Still driving this job: its entry's idle time starts again (no takeover)."""
-        self._do(lambda c: c.xclaim(self.stream, GROUP, consumer, 0, [entry], justid=True))
+    def keep(self, entry: str, consumer: str) -> bool:
+        """Still driving this job: its entry's idle time starts again (no takeover). False:
+        another driver took it over meanwhile (this one was silent too long), and keeps it."""
+
+        def run(client: Any) -> bool:
+            held = client.xpending_range(self.stream, GROUP, entry, entry, 1)
+            if not held or _text(held[0]["consumer"]) != consumer:
+                return False
+            client.xclaim(self.stream, GROUP, consumer, 0, [entry], justid=True)
+            return True
+
+        return bool(self._do(run))
 
     def release(self, entry: str, consumer: str, idle_ms: int) -> None:
         """Stop driving this job now (the process stops): its entry reads as idle for

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any
 
 from app import metrics, tracing
@@ -137,17 +138,18 @@ class TicketQueue:
                 submitted = self._submit(ticket, deadline)
                 if submitted is None:
                     return None, False
-                ticket_id, created = submitted
+                ticket_id, created, lane = submitted
                 again, result, joined = self._wait(
-                    ticket, ticket_id, created, event, read, deadline
+                    replace(ticket, lane=lane), ticket_id, created, event, read, deadline
                 )
                 if not again:
                     return result, joined
         finally:
             self._notifier.unregister(channel, event)
 
-    def _submit(self, ticket: Ticket, deadline: float) -> tuple[str, bool] | None:
-        """(ticket id, created by us), or None: no queue to use."""
+    def _submit(self, ticket: Ticket, deadline: float) -> tuple[str, bool, str] | None:
+        """(ticket id, created by us, the lane it waits in: another's when it joined a ticket
+        queued in another lane), or None: no queue to use."""
         marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
 
         lane, names = ticket.lane, self.names
@@ -165,8 +167,10 @@ class TicketQueue:
         if not ok:
             return None
         raw_id, waiting, engines = answer[:3]
-        if len(answer) > 3:
+        created = int(waiting) >= 0
+        if len(answer) > 3 and created:
             metrics.DISPATCH_QUEUE_DEPTH.set(int(answer[3]))
+        held_in = as_text(answer[3]) if len(answer) > 3 and not created else lane
         ticket_id = as_text(raw_id)
         if ticket_id == "none":
             return None  # no engine reported in: this process computes (or waits to load)
@@ -180,7 +184,6 @@ class TicketQueue:
             raise EngineBusy(
                 f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
             )
-        created = int(waiting) >= 0
         span = tracing.TRACER.current()  # the request's ``queue.wait`` span, when traced
         if created:  # its place in its lane when queued
             span.set("ocr.queue.position", int(waiting))
@@ -188,7 +191,7 @@ class TicketQueue:
                 self._leave_trace(ticket, ticket_id, int(marker_ttl))
         elif span.recording:
             self._link_to_queuer(span, ticket_id)
-        return ticket_id, created
+        return ticket_id, created, held_in
 
     def _leave_trace(self, ticket: Ticket, ticket_id: str, ttl_ms: int) -> None:
         """A traced request that queued a ticket leaves its context beside it, for the

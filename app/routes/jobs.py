@@ -35,7 +35,7 @@ blueprint = Blueprint("jobs", __name__)
 
 # Models the PaddleOCR job API names that parse documents rather than read lines.
 PARSING_MODELS = ("PP-StructureV3", "PaddleOCR-VL")
-_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+_RANGE = re.compile(r"\s*(\d{1,7})\s*(?:-\s*(\d{1,7})\s*)?")
 PADDLEOCR_STATE = {
     "queued": "pending",
     "running": "running",
@@ -134,10 +134,10 @@ def _pages(service: OcrService, document: BinaryIO, ranges: Any) -> tuple[str, t
             count = pdf.page_count(document)
         except InvalidImage as exc:
             raise BadRequest(f"the PDF cannot be read: {exc}", "invalid_document") from None
-        pages = _ranges(ranges, count)
+        pages = _ranges(ranges, count, max_pages)
         if len(pages) > max_pages:
             raise BadRequest(
-                f"{len(pages)} pages to read; at most JOBS_MAX_PAGES ({max_pages}) per job",
+                f"more pages to read than JOBS_MAX_PAGES ({max_pages}) allows a job",
                 "too_many_pages",
             )
         return "pdf", pages
@@ -150,16 +150,17 @@ def _pages(service: OcrService, document: BinaryIO, ranges: Any) -> tuple[str, t
         decode_image(data, service.settings.server.max_image_pixels)
     except InvalidImage as exc:
         raise BadRequest(f"neither a PDF nor an image: {exc}", "invalid_document") from None
-    return "image", _ranges(ranges, 1)
+    return "image", _ranges(ranges, 1, max_pages)
 
 
-def _ranges(raw: Any, count: int) -> tuple[int, ...]:
-    """``"1-3,5"`` (1-based, PaddleOCR's ``pageRanges``) as 0-based indexes; none: all."""
+def _ranges(raw: Any, count: int, most: int) -> tuple[int, ...]:
+    """``"1-3,5"`` (1-based, PaddleOCR's ``pageRanges``) as 0-based indexes, each once, in the
+    order given; none: all. More than ``most`` pages is refused before any list is built."""
     if raw is None or raw == "":
-        return tuple(range(count))
-    if not isinstance(raw, str):
+        return tuple(range(min(count, most + 1)))
+    if not isinstance(raw, str) or len(raw) > 4096:
         raise BadRequest("page ranges must be a string such as '1-3,5'", "invalid_field")
-    chosen: list[int] = []
+    spans = []
     for part in raw.split(","):
         match = _RANGE.fullmatch(part)
         if not match:
@@ -169,7 +170,12 @@ def _ranges(raw: Any, count: int) -> tuple[int, ...]:
             raise BadRequest(
                 f"page range {part.strip()!r} is outside the document's 1-{count}", "invalid_field"
             )
-        chosen.extend(n - 1 for n in range(first, last + 1) if n - 1 not in chosen)
+        spans.append((first, last))
+    if sum(last - first + 1 for first, last in spans) > most:
+        return tuple(range(most + 1))  # over the limit whatever repeats: refused by the caller
+    chosen: dict[int, None] = {}
+    for first, last in spans:
+        chosen.update(dict.fromkeys(range(first - 1, last)))
     return tuple(chosen)
 
 
@@ -278,10 +284,13 @@ def rest_cancel(job_id: str) -> Response:
     service = current()
     try:
         _admit(service)
-        job = _job(service, job_id)
-        if job.ended:
-            return _rest_error_body(409, "job_ended", f"job {job_id} has ended ({job.status})")
-        job = service.jobs.cancel(job) if service.jobs else job
+        job = _job(service, job_id)  # a job exists only where jobs are stored
+        store = service.jobs
+        assert store is not None
+        now = job.status if job.ended else store.cancel(job)
+        if now != "cancelled" or job.ended:
+            return _rest_error_body(409, "job_ended", f"job {job_id} has ended ({now})")
+        job = store.get(job.id) or job  # its record now
     except OcrCacheError as exc:
         return _rest_error(exc)
     return _json(_rest_job(service, job, []))

@@ -65,9 +65,12 @@ QUOTA_ENGINE_TIME = Script("quota_engine_time")
 RATE_LIMIT_GCRA = Script("rate_limit_gcra")
 # The pixel tier's index (app/cache/pixel_index.py).
 PIXEL_RECORD = Script("pixel_record")
+# Document jobs (app/jobs/store.py).
+JOB_TRANSITION = Script("job_transition")
+JOB_PAGE = Script("job_page")
 
 ALL = (
     QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_HEARTBEAT, QUEUE_TAKE, QUEUE_STALE,
     QUEUE_FINISH, QUEUE_RELEASE, QUEUE_VIEW, QUOTA_SLOTS, QUOTA_ENGINE_TIME, RATE_LIMIT_GCRA,
-    PIXEL_RECORD,
+    PIXEL_RECORD, JOB_TRANSITION, JOB_PAGE,
 )  # fmt: skip

@@ -13,11 +13,20 @@
 -- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7...] the ticket's fields
 -- Other keys: every lane's stream, KEYS[9] .. lane for each lane in KEYS[5] (same hash tag).
 --
--- Returns {id, waiting, engines, every lane's waiting}: waiting -1 when it joined; id ""
--- when the lane is full, "none" without a live engine (then only three values).
+-- Returns {id, waiting, engines, every lane's waiting}: waiting -1 when it joined (then the
+-- fourth value is the lane that holds the ticket joined: a document job's page and a request
+-- for the same image share one ticket whichever lane it waits in); id "" when the lane is
+-- full, "none" without a live engine (then only three values).
 local current = redis.call('GET', KEYS[3])
-if current and #redis.call('XRANGE', KEYS[1], current, current) > 0 then
-  return {current, -1, 0}
+if current then
+  if #redis.call('XRANGE', KEYS[1], current, current) > 0 then
+    return {current, -1, 0, ARGV[5]}
+  end
+  for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+    if other ~= ARGV[5] and #redis.call('XRANGE', KEYS[9] .. other, current, current) > 0 then
+      return {current, -1, 0, other}
+    end
+  end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

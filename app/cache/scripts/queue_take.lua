@@ -9,7 +9,8 @@
 -- lane alone, ARGV[6], while another lane has a ticket running). A lane that may not (it
 -- runs elsewhere) is passed over, not waited for: it holds engines already, and its banked
 -- credit would otherwise keep a lane with credit and nothing running waiting for a whole
--- call. A lane in debt still waits its turn. Else nothing, and the ring is left as it was.
+-- call. A lane in debt still waits its turn, and a document job's lane never interjects.
+-- Else nothing, and the ring is left as it was.
 --
 -- KEYS[1] the ring  KEYS[2] the deficits (hash)  KEYS[3] the shares (hash)
 -- KEYS[4] the mean costs (hash)  KEYS[5] the live-engine register  KEYS[6] the lanes
@@ -115,8 +116,10 @@ if interject then
     return {}
   end
   for i = 1, #lanes do
-    may[i] = running[i] == 0 or (paused ~= '' and lanes[i] == paused
-      and mine[i] == running[i] and others_running(held, lanes[i]))
+    -- A document job's lane ("<tenant>+jobs") waits for an engine: it never pauses a call.
+    local background = string.sub(lanes[i], -5) == '+jobs'
+    may[i] = not background and (running[i] == 0 or (paused ~= '' and lanes[i] == paused
+      and mine[i] == running[i] and others_running(held, lanes[i])))
   end
 end
 local function servable(i) return not interject or may[i] end
