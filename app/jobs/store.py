@@ -246,7 +246,15 @@ class JobStore:
     def claim_callback(self, job: Job) -> bool:
         """Whether this caller is the one to send the job's end (once per job, whichever
         driver ends it or finds it ended)."""
-        return bool(self._do(lambda c: c.hsetnx(self._key(job.id), "callback", "1")))
+        def run(client: Any) -> bool:
+            key = self._key(job.id)
+            if not client.exists(key):  # expired or evicted: not written again (no TTL)
+                return False
+            claimed = bool(client.hsetnx(key, "callback", "1"))
+            client.expire(key, self.ttl)
+            return claimed
+
+        return bool(self._do(run))
 
     def drop_document(self, job: Job) -> None:
         self._do(lambda c: c.delete(self._key(job.id, "doc")))
