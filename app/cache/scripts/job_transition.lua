@@ -20,7 +20,7 @@ if not may then return current end
 local new = ARGV[1]
 redis.call('HSET', KEYS[1], 'status', new)
 if new == 'running' then
-  redis.call('HSET', KEYS[1], 'started', ARGV[2])
+  redis.call('HSETNX', KEYS[1], 'started', ARGV[2])  -- a driver taking over keeps the first
 else
   redis.call('HSET', KEYS[1], 'finished', ARGV[2], 'error', ARGV[3])
   redis.call('DEL', KEYS[2])
