@@ -18,6 +18,7 @@ collected by `make test` (file name).
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -25,7 +26,9 @@ from typing import Any
 
 import pytest
 import requests
+from PIL import Image
 
+from tests.conftest import PHOTOTEST, WORD_EN
 from tests.helpers import metric_sum
 from tests.images.check_images import (  # noqa: F401 (cpu_image: a fixture, used by name)
     Compose,
@@ -208,3 +211,25 @@ def test_the_direct_endpoint_wants_the_token(roles: dict[str, Any]) -> None:
         assert status in ("401", "403"), (authorization[:10], status)
     ready = python_in(compose, "front", GET, f"http://engine:{ENGINE_PORT}/readyz")
     assert ready.partition("\n")[0].strip() == "200", ready
+
+
+def test_a_document_job_through_the_front_driven_by_the_engine(roles: dict[str, Any]) -> None:
+    """A two-page PDF submitted to the front container's ``/v1/jobs``, driven by the engine
+    container (its pages rendered there, through the queue), polled from the front."""
+    pictures = [Image.open(path).convert("RGB") for path in (PHOTOTEST, WORD_EN)]
+    pdf = io.BytesIO()
+    pictures[0].save(pdf, "PDF", resolution=72, save_all=True, append_images=pictures[1:])
+    front = roles["front"]
+    answer = requests.post(f"{front}/v1/jobs", files={"file": ("doc.pdf", pdf.getvalue())},
+                           timeout=60)  # fmt: skip
+    assert answer.status_code == 202, answer.text
+    url = f"{front}{answer.headers['Location']}"
+
+    def ended() -> dict[str, Any] | None:
+        job = requests.get(url, timeout=10).json()
+        return job if job["status"] not in ("queued", "running") else None
+
+    job = wait_for("the job's end", ended, timeout=240, dump=roles["compose"].logs)
+    assert job["status"] == "succeeded", job
+    assert [page["page"] for page in job["pages"]] == [1, 2]
+    assert phototest_like([line["text"] for line in job["pages"][0]["lines"]])
