@@ -269,6 +269,36 @@ def test_pdf_page_lists(make_app, topo: Topology) -> None:  # type: ignore[no-un
     assert second.get_json()["result"] == first.get_json()["result"]
 
 
+def test_document_jobs(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
+    """A job on every topology: its record, document, pages, the jobs stream and the
+    tenant's open jobs (their own hash tags), driven to its end; a second one all hits."""
+    from app.jobs import driver as job_driver
+
+    app = on(make_app, topo, pdf_render_scale=1.0)
+    shared = app.extensions["ocr"]
+    driver = job_driver.start(shared.settings, shared.jobs, shared.cache)
+    client = app.test_client()
+    try:
+        answers = []
+        for _ in range(2):
+            data = {"file": (io.BytesIO(pdf(WORD_EN, SHORT)), "doc.pdf")}
+            submitted = client.post("/v1/jobs", data=data)
+            assert submitted.status_code == 202, submitted.get_data(as_text=True)
+            url = submitted.headers["Location"]
+            deadline = time.monotonic() + 120
+            while (job := client.get(url).get_json())["status"] in ("queued", "running"):
+                assert time.monotonic() < deadline, job
+                time.sleep(0.2)
+            answers.append(job)
+    finally:
+        if driver is not None:
+            driver.stop()
+    assert [job["status"] for job in answers] == ["succeeded", "succeeded"]
+    assert [p["cache"] for p in answers[1]["pages"]] == ["HIT", "HIT"]
+    assert [p["lines"] for p in answers[1]["pages"]] == [p["lines"] for p in answers[0]["pages"]]
+    assert len(topo.keys("ocr:job:*")) == 4  # two records and their pages; documents gone
+
+
 # Extraction field sets ------------------------------------------------------------------------
 
 
