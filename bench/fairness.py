@@ -336,6 +336,21 @@ def page_by_page(alone: list[float], sent: list[float], n: int, allowed: float) 
     }
 
 
+def save(results: dict[str, Any], name: str, note: str, **run: Any) -> None:
+    """``results`` to ``bench/results/<name>``, stamped (date, commit, ``note``) and carrying
+    the runs recorded there before."""
+    results["run"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "commit": _commit(),
+        **run,
+        "note": note,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / name
+    results["earlier_runs"] = earlier_runs(out)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+
+
 def earlier_runs(path: Path) -> list[dict[str, Any]]:
     """The runs already recorded in ``path``: its own run first, then those it carried (a
     new run keeps them: one outcome is not enough on a shared machine)."""
@@ -358,16 +373,7 @@ def main() -> None:
     parser.add_argument("--note", default="", help="what the run says of itself (its machine)")
     args = parser.parse_args()
     results = run(args.pages, args.solo)
-    results["run"] = {
-        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "commit": _commit(),
-        "pages": args.pages,
-        "note": args.note,
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "fairness.json"
-    results["earlier_runs"] = earlier_runs(out)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    save(results, "fairness.json", args.note, pages=args.pages)
     print(json.dumps({k: results[k] for k in ("b_alone", "target")}, indent=2))
     for fairness, _, _ in PHASES:
         b, a = results[fairness]["b"], results[fairness]["a"]

@@ -35,7 +35,7 @@ from PIL import Image
 
 from app.embedded_redis import EmbeddedRedis
 from bench import fairness
-from bench.fairness import A_KEY, B_KEY, RESULTS, WORKERS, Service, b_sends, fresh, spent
+from bench.fairness import A_KEY, B_KEY, WORKERS, Service, b_sends, fresh, spent
 
 A_SYNC_EVERY_S = 5.0
 
@@ -178,15 +178,7 @@ def main() -> None:
     parser.add_argument("--note", default="", help="what the run says of itself (its machine)")
     args = parser.parse_args()
     results = run(args.pages, args.solo)
-    results["run"] = {
-        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "commit": fairness._commit(),
-        "note": args.note,
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "fairness_jobs.json"
-    results["earlier_runs"] = fairness.earlier_runs(out)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    fairness.save(results, "fairness_jobs.json", args.note, pages=args.pages)
     print(json.dumps({k: results[k] for k in ("b_alone", "job", "target")}, indent=2))
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from typing import Any
 
 from app import pdf
 from app.cache.region import OcrCache
@@ -227,7 +228,9 @@ class JobDriver:
                         self._record_error(job, number, exc)
                         continue
                     running.add(
-                        pool.submit(self._page, job, number, image, params, controls, cancelled)
+                        pool.submit(
+                            _logged, self._compute, job, number, image, params, controls, cancelled
+                        )  # fmt: skip
                     )
                 while running:
                     going()
@@ -239,7 +242,7 @@ class JobDriver:
             return "stopped", ""
         return None
 
-    def _page(
+    def _compute(
         self,
         job: Job,
         number: int,
@@ -250,20 +253,6 @@ class JobDriver:
     ) -> None:
         """One page through the cache, tried again while the engines are busy or failed it
         (``PAGE_ATTEMPTS`` failures in all); its answer or its error recorded."""
-        try:
-            self._compute(job, number, image, params, controls, cancelled)
-        except Exception:  # left unrecorded: the job's next pass computes it again
-            log.exception("job %s page %d: unexpected error", job.id, number)
-
-    def _compute(
-        self,
-        job: Job,
-        number: int,
-        image: bytes,
-        params: OcrParams,
-        controls: CacheControls,
-        cancelled: threading.Event,
-    ) -> None:
         failures, delay = 0, 1.0
         while not cancelled.is_set():
             try:
@@ -301,6 +290,15 @@ class JobDriver:
         page = job.pages[number - 1] + 1  # the document's page number
         answer = {"page": page, "error": {"code": code, "message": str(exc)}}
         self._store.record_page(job, number, answer, failed=True)
+
+
+def _logged(compute: Callable[..., None], job: Job, number: int, *args: Any) -> None:
+    """A page's computation on a pool thread: an unexpected error is logged, and the page
+    left unrecorded for the job's next pass."""
+    try:
+        compute(job, number, *args)
+    except Exception:
+        log.exception("job %s page %d: unexpected error", job.id, number)
 
 
 @contextmanager

@@ -246,6 +246,7 @@ class JobStore:
     def claim_callback(self, job: Job) -> bool:
         """Whether this caller is the one to send the job's end (once per job, whichever
         driver ends it or finds it ended)."""
+
         def run(client: Any) -> bool:
             key = self._key(job.id)
             if not client.exists(key):  # expired or evicted: not written again (no TTL)
