@@ -251,11 +251,7 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
         "b_pages": len(b_pages),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        keys = Path(tmp) / "tenants.json"
-        keys.write_text(json.dumps({"tenants": [
-            {"name": "a", "key_sha256": hashlib.sha256(A_KEY.encode()).hexdigest()},
-            {"name": "b", "key_sha256": hashlib.sha256(B_KEY.encode()).hexdigest()},
-        ]}))  # fmt: skip
+        keys = tenants_file(Path(tmp))
         with EmbeddedRedis() as redis_server:
             offsets = itertools.count(0, 100_000)
             for name, fairness, interject in PHASES:
@@ -263,15 +259,9 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
                 try:
                     service.wait_ready()
                     if name == "drr":  # B alone first (the order does not matter to it)
-                        for n in range(2):  # warm-up: each worker's first call is slower
-                            service.ocr_as(B_KEY, fresh(pages, "w", n))
-                        before = service.metrics()
-                        offset = next(offsets)
-                        sent = b_sends(service, b_pages, offset, lambda s: len(s) >= solo_count)
-                        b_seconds = spent(
-                            before, service.metrics(), "ocr_tenant_engine_seconds_total", tenant="b"
+                        results["b_alone"] = b_alone(
+                            service, pages, b_pages, next(offsets), solo_count
                         )
-                        results["b_alone"] = summarize_b(sent, b_seconds, len(b_pages))
                     print(f"{name}: A floods {pages_count} pages", flush=True)
                     results[name] = phase(service, pages, b_pages, pages_count, next(offsets))
                     b = results[name]["b"]
@@ -294,6 +284,32 @@ def run(pages_count: int, solo_count: int) -> dict[str, Any]:
     }
     results["target"]["per_page"] = per_page(results)
     return results
+
+
+def tenants_file(folder: Path) -> Path:
+    """The two tenants' keys file (``AUTH=keys``), in ``folder``."""
+    keys = folder / "tenants.json"
+    keys.write_text(json.dumps({"tenants": [
+        {"name": "a", "key_sha256": hashlib.sha256(A_KEY.encode()).hexdigest()},
+        {"name": "b", "key_sha256": hashlib.sha256(B_KEY.encode()).hexdigest()},
+    ]}))  # fmt: skip
+    return keys
+
+
+def b_alone(
+    service: Service,
+    pages: list[Image.Image],
+    b_pages: list[Image.Image],
+    offset: int,
+    count: int,
+) -> dict[str, Any]:
+    """B's figures alone, after a warm-up (each engine's first call is slower)."""
+    for n in range(2):
+        service.ocr_as(B_KEY, fresh(pages, "w", n))
+    before = service.metrics()
+    sent = b_sends(service, b_pages, offset, lambda s: len(s) >= count)
+    b_seconds = spent(before, service.metrics(), "ocr_tenant_engine_seconds_total", tenant="b")
+    return summarize_b(sent, b_seconds, len(b_pages))
 
 
 def engine_call(phase: dict[str, Any]) -> float:

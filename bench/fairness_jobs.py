@@ -21,7 +21,6 @@ Results: bench/results/fairness_jobs.json. About 15 minutes on 2 cores with 80 p
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import tempfile
@@ -35,7 +34,7 @@ from PIL import Image
 
 from app.embedded_redis import EmbeddedRedis
 from bench import fairness
-from bench.fairness import A_KEY, B_KEY, WORKERS, Service, b_sends, fresh, spent
+from bench.fairness import A_KEY, WORKERS, Service, b_sends, fresh, spent
 
 A_SYNC_EVERY_S = 5.0
 
@@ -130,23 +129,12 @@ def run(count: int, solo_count: int) -> dict[str, Any]:
     b_pages = pages[::2]
     results: dict[str, Any] = {"workers": WORKERS, "job_pages": count}
     with tempfile.TemporaryDirectory() as tmp:
-        keys = Path(tmp) / "tenants.json"
-        keys.write_text(json.dumps({"tenants": [
-            {"name": "a", "key_sha256": hashlib.sha256(A_KEY.encode()).hexdigest()},
-            {"name": "b", "key_sha256": hashlib.sha256(B_KEY.encode()).hexdigest()},
-        ]}))  # fmt: skip
+        keys = fairness.tenants_file(Path(tmp))
         with EmbeddedRedis() as redis_server:
             service = Service(redis_server.url, str(keys), "drr", True)
             try:
                 service.wait_ready()
-                for n in range(2):  # warm-up: each engine's first call is slower
-                    service.ocr_as(B_KEY, fresh(pages, "w", n))
-                before = service.metrics()
-                sent = b_sends(service, b_pages, 800_000, lambda s: len(s) >= solo_count)
-                b_seconds = spent(
-                    before, service.metrics(), "ocr_tenant_engine_seconds_total", tenant="b"
-                )
-                results["b_alone"] = fairness.summarize_b(sent, b_seconds, len(b_pages))
+                results["b_alone"] = fairness.b_alone(service, pages, b_pages, 800_000, solo_count)
                 print(f"job: A submits a job of {count} pages", flush=True)
                 results["job"] = phase(service, pages, b_pages, count)
             finally:
