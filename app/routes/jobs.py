@@ -26,10 +26,10 @@ from app.jobs import callback
 from app.jobs.store import Job, JobsUnavailable, new_id
 from app.protocols import fetch, paddlex, rest, trust
 from app.protocols.b64 import decode_base64
-from app.protocols.errors import BadRequest
+from app.protocols.errors import BadRequest, lookup
 from app.routes import common
 from app.service import OcrService, current
-from app.vocabulary import ClientError, OcrCacheError, OcrParams, OcrResult, Refused
+from app.vocabulary import ClientError, OcrCacheError, OcrParams, OcrResult
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -57,24 +57,18 @@ class DocumentTooLarge(ClientError):
     code = "too_large"
 
 
-# Statuses by error class, nearest first (``status``); the rest are the REST table's.
-_STATUS: tuple[tuple[type[OcrCacheError], int], ...] = (
-    (TooManyJobs, 429),
-    (NotFound, 404),
-    (DocumentTooLarge, 413),
-    (JobsUnavailable, 503),
-)
+# The jobs' own error classes beside the REST table (``lookup``: the nearest class wins).
+ERRORS: dict[type[OcrCacheError], int] = {
+    **rest.ERRORS,
+    TooManyJobs: 429,
+    NotFound: 404,
+    DocumentTooLarge: 413,
+    JobsUnavailable: 503,
+}
 
 
 def status(exc: OcrCacheError) -> int:
-    for cls, code in _STATUS:
-        if isinstance(exc, cls):
-            return code
-    if isinstance(exc, Refused):
-        return exc.status
-    return rest.ERRORS.get(type(exc)) or next(
-        (code for cls, code in rest.ERRORS.items() if isinstance(exc, cls)), 500
-    )
+    return lookup(ERRORS, exc) or 500
 
 
 # Submission ---------------------------------------------------------------------------
