@@ -175,7 +175,8 @@ class JobDriver:
         if document is None:
             return "failed", EVICTED
         for _ in range(2):
-            missing = [n for n in range(1, job.total + 1) if n not in self._store.pages(job.id)]
+            recorded = self._store.pages(job.id)
+            missing = [n for n in range(1, job.total + 1) if n not in recorded]
             if not missing:
                 break
             try:
