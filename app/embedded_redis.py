@@ -44,15 +44,20 @@ def free_ports_to_keep(count: int) -> list[int]:
     """``count`` consecutive free ports below the kernel's ephemeral range, for servers that
     bind them much later (a retiring engine's replacement): a port from ``free_port()`` lies in
     that range, where any outgoing connection may take it in the meantime."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    low = ephemeral_range_start()
     for _ in range(200):
         base = random.randrange(10000, max(10001, low - count))
         if all(_bindable(port) for port in range(base, base + count)):
             return list(range(base, base + count))
     return [free_port() for _ in range(count)]
+
+
+def ephemeral_range_start() -> int:
+    """The kernel's first ephemeral port: ports below it are never handed out implicitly."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _bindable(port: int) -> bool:
@@ -116,19 +121,26 @@ class EmbeddedRedis:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, **self.client_kwargs)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
+        try:
+            while not self._answering(client):
                 if self.proc.poll() is not None:
                     err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                    raise RuntimeError(f"redis server exited: {err.strip()}") from None
+                    raise RuntimeError(f"redis server exited: {err.strip()}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError("redis server did not start in time") from None
+                    raise RuntimeError("redis server did not start in time")
                 time.sleep(0.05)
-        client.close()
+        finally:
+            client.close()
         return self
+
+    def _answering(self, client: redis.Redis) -> bool:
+        """Our own process answers on the port: a ping alone could reach another server that
+        took the port between ``free_port()`` and our bind (ours then exits, unable to bind)."""
+        try:
+            info = client.info("server")
+        except redis.ConnectionError:
+            return False
+        return self.proc is not None and int(info["process_id"]) == self.proc.pid
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

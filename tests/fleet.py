@@ -25,7 +25,12 @@ from typing import Any
 import redis
 import requests
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import (
+    EmbeddedRedis,
+    ephemeral_range_start,
+    free_port,
+    free_ports_to_keep,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "fleet-engine-token-0123456789"
@@ -33,10 +38,15 @@ SLOTS = 16384
 
 
 def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    """A free port whose cluster bus port (port + 10000) is free too, both below the kernel's
+    ephemeral range: a node restarted on its own port (``LoopbackCluster.restart``) must find
+    it still free, and a port from that range may be taken meanwhile by any outgoing
+    connection, or handed by ``free_port()`` to another test's server."""
+    below = ephemeral_range_start() > 20000  # room for both below the range
     while True:
-        port = free_port()
-        if port + 10000 <= 65535 and _is_free(port + 10000):
+        port = free_ports_to_keep(1)[0] if below else free_port()
+        bus = port + 10000
+        if (bus < ephemeral_range_start() or not below) and bus <= 65535 and _is_free(bus):
             return port
 
 
@@ -82,6 +92,15 @@ class LoopbackCluster:
         return redis.Redis(port=node.port, socket_timeout=2, socket_connect_timeout=1)
 
     def start(self) -> LoopbackCluster:
+        """Start, join and wait; a failure says what each node saw (``describe``)."""
+        try:
+            return self._start()
+        except Exception as exc:
+            views = self.describe()
+            self.stop()
+            raise AssertionError(f"the cluster did not come up: {exc}\n{views}") from exc
+
+    def _start(self) -> LoopbackCluster:
         for node in self.nodes:
             node.start()
         clients = [self.client(n) for n in self.nodes]
@@ -93,7 +112,7 @@ class LoopbackCluster:
         for node in self.nodes[1:]:
             first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
         wait_for(lambda: all(len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients)
-                             for c in clients), what="every node knows every other")  # fmt: skip
+                             for c in clients), 60, "every node knows every other")  # fmt: skip
         for j, replica in enumerate(clients[self.masters :]):
             master = clients[j % self.masters]
             master_id = master.execute_command("CLUSTER", "MYID")
@@ -101,8 +120,22 @@ class LoopbackCluster:
         self.wait_ok()
         wait_for(lambda: all(self.client(n).info("replication").get("master_link_status") == "up"
                              for n in self.nodes if self.role(n) == "slave"),
-                 what="replicas in sync")  # fmt: skip
+                 60, "replicas in sync")  # fmt: skip
         return self
+
+    def describe(self) -> str:
+        """Each node's own view (``CLUSTER INFO``'s state and ``CLUSTER NODES``), for a report."""
+        lines = []
+        for node in self.nodes:
+            try:
+                client = self.client(node)
+                state = client.execute_command("CLUSTER", "INFO").split(b"\r\n")[0].decode()
+                nodes = client.execute_command("CLUSTER", "NODES").decode().strip()
+                lines.append(f":{node.port} pid {client.info('server')['process_id']} {state}")
+                lines.extend(f"    {line}" for line in nodes.splitlines())
+            except (redis.RedisError, OSError) as exc:
+                lines.append(f":{node.port} unreachable: {exc}")
+        return "\n".join(lines)
 
     def alive(self) -> list[EmbeddedRedis]:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -370,6 +371,27 @@ def test_limits_pages_and_open_jobs(make_app: Callable[..., Any]) -> None:
         assert running.client.get("/v1/jobs/nope").status_code == 404
     finally:
         running.stop()
+
+
+def test_concurrent_submissions_never_pass_the_open_jobs_limit(
+    make_app: Callable[..., Any],
+) -> None:
+    """Six submissions at once against a limit of two: exactly two are taken (the count and
+    the place are one step in Redis; a count read before storing let all six in)."""
+    running = Service(make_app, jobs_max_open_per_tenant=2, jobs_drivers=0)
+    together = threading.Barrier(6)
+    document = make_pdf(WORD_EN)
+
+    def submit(_: int) -> int:
+        together.wait()
+        return int(running.submit(document).status_code)
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            codes = sorted(pool.map(submit, range(6)))
+    finally:
+        running.stop()
+    assert codes == [202, 202, 429, 429, 429, 429]
 
 
 def test_a_job_whose_document_was_evicted_fails_saying_so(

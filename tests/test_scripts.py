@@ -18,7 +18,7 @@ from app.cache import scripts
 from app.cache.keys import KeySpace, QueueKeys
 from app.embedded_redis import EmbeddedRedis
 from app.queue import inspect
-from tests.fleet import cluster_port
+from tests.fleet import LoopbackCluster
 
 pytestmark = pytest.mark.integration
 
@@ -33,27 +33,11 @@ def single() -> Iterator[EmbeddedRedis]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[list[EmbeddedRedis]]:
-    args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-            "--cluster-config-file", "nodes.conf"]  # fmt: skip
-    nodes = [EmbeddedRedis(extra_args=args, port=cluster_port()) for _ in range(3)]
+    nodes = LoopbackCluster(masters=3, replicas=0).start()
     try:
-        for node in nodes:
-            node.start()
-        clients = [redis.Redis(port=n.port) for n in nodes]
-        bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
-        for client, (lo, hi) in zip(clients, bounds, strict=True):
-            client.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-        for node in nodes[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
-        _wait(lambda: all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
-                          and len(c.execute_command("CLUSTER", "NODES").splitlines()) == 3
-                          for c in clients))  # fmt: skip
-        for client in clients:
-            client.close()
-        yield nodes
+        yield nodes.nodes
     finally:
-        for node in nodes:
-            node.cleanup()
+        nodes.stop()
 
 
 @pytest.fixture(params=["single", "cluster"])
@@ -449,15 +433,3 @@ def test_every_script_file_is_registered_with_its_header() -> None:
 def _exists(client: Any, sha: str) -> bool:
     found = client.script_exists(sha)
     return bool(found[0] if isinstance(found, list) else found)
-
-
-def _wait(check: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except redis.RedisError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("the cluster did not come up in time")

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.embedded_redis import EmbeddedRedis
 from tests.conftest import CORPUS
-from tests.fleet import cluster_port, loopback_sentinel
+from tests.fleet import LoopbackCluster, loopback_sentinel
 from tests.helpers import b64
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -81,26 +80,9 @@ def test_sentinel_failover(make_app, sentinel_setup):
 
 @pytest.fixture()
 def cluster_nodes():  # type: ignore[no-untyped-def]
-    args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-            "--cluster-config-file", "nodes.conf"]  # fmt: skip
-    nodes = [EmbeddedRedis(extra_args=args, port=cluster_port()).start() for _ in range(6)]
-    clients = [redis.Redis(port=n.port) for n in nodes]
-    masters, replicas = clients[:3], clients[3:]
-    bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
-    for client, (lo, hi) in zip(masters, bounds, strict=True):
-        client.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-    for node in nodes[1:]:
-        clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
-    _wait(lambda: all(len(c.execute_command("CLUSTER", "NODES").splitlines()) == 6
-                      for c in clients))  # fmt: skip
-    for master, replica in zip(masters, replicas, strict=True):
-        replica.execute_command("CLUSTER", "REPLICATE", master.execute_command("CLUSTER", "MYID"))
-    _wait(lambda: all(c.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
-                      for c in clients))  # fmt: skip
-    _wait(lambda: all(r.info("replication").get("master_link_status") == "up" for r in replicas))
-    yield nodes
-    for node in nodes:
-        node.cleanup()
+    cluster = LoopbackCluster(masters=3, replicas=1).start()
+    yield cluster.nodes
+    cluster.stop()
 
 
 def test_cluster_failover(make_app, cluster_nodes):

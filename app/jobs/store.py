@@ -16,6 +16,7 @@ Jobs are stored through a client of their own with generous timeouts (a document
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import time
@@ -26,7 +27,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from app.cache import redis_client
-from app.cache.scripts import JOB_PAGE, JOB_TRANSITION
+from app.cache.scripts import JOB_PAGE, JOB_TRANSITION, QUOTA_SLOTS
 from app.vocabulary import EngineBusy
 
 GROUP = "drivers"  # the consumer group of the jobs stream
@@ -139,15 +140,17 @@ class JobStore:
 
     # The fronts' side ------------------------------------------------------------------
 
-    def open_count(self, tenant: str) -> int:
-        """The tenant's jobs not yet ended (a job whose record expired counts no more)."""
+    def reserve(self, job: Job, limit: int) -> bool:
+        """A place among its tenant's open jobs for ``job``, unless ``limit`` are taken: the
+        count and the place in one step (``QUOTA_SLOTS``, the in-flight quota's script), so
+        two fronts' concurrent submissions never both take the last place. A place lasts the
+        job's TTL at most (a job whose record expired counts no more)."""
+        keys, args = [self._open(job.tenant)], [str(limit), str(self.ttl * 1000), job.id]
+        return bool(self._do(lambda c: QUOTA_SLOTS(c, keys, args)))
 
-        def run(client: Any) -> int:
-            key = self._open(tenant)
-            client.zremrangebyscore(key, "-inf", time.time())
-            return int(client.zcard(key))
-
-        return int(self._do(run))
+    def leave_open(self, job: Job) -> None:
+        """Give back the job's place among its tenant's open jobs (it ended, or never was)."""
+        self._do(lambda c: c.zrem(self._open(job.tenant), job.id))
 
     def create(self, job: Job, document: BinaryIO) -> Job:
         """Store the job and its document (read from the file in chunks: a front holds one
@@ -162,14 +165,17 @@ class JobStore:
                 client.append(doc, chunk)
             client.hset(key, mapping=job.record())
             client.expire(key, ttl)
-            client.zadd(self._open(job.tenant), {job.id: time.time() + ttl})
-            client.expire(self._open(job.tenant), ttl)
             if job.batch:
                 client.sadd(self._batch(job.tenant, job.batch), job.id)
                 client.expire(self._batch(job.tenant, job.batch), ttl)
             client.xadd(self.stream, {"id": job.id})
 
-        self._do(run)
+        try:
+            self._do(run)
+        except JobsUnavailable:
+            with contextlib.suppress(JobsUnavailable):
+                self.leave_open(job)
+            raise
         return job
 
     def get(self, job_id: str) -> Job | None:
@@ -210,7 +216,7 @@ class JobStore:
         args = [status, repr(time.time()), error, *leaving]
         now = _text(self._do(lambda c: JOB_TRANSITION(c, keys, args)))
         if now in ENDED:
-            self._do(lambda c: c.zrem(self._open(job.tenant), job.id))
+            self.leave_open(job)
         return now
 
     # The drivers' side -----------------------------------------------------------------

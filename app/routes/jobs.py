@@ -198,16 +198,16 @@ def _submit(
     batch = fields.get("batchId") or ""
     if not isinstance(batch, str) or len(batch) > 128:
         raise BadRequest("batchId must be a string of at most 128 characters", "invalid_field")
-    tenant = common.controls(g.call).namespace
-    if store.open_count(tenant) >= settings.max_open_per_tenant:
+    job = Job(
+        id=new_id(), tenant=common.controls(g.call).namespace, kind=kind, pages=pages,
+        params=params.to_dict(), options=options, callback_url=callback_url, batch=batch,
+        model=model,
+    )  # fmt: skip
+    if not store.reserve(job, settings.max_open_per_tenant):
         raise TooManyJobs(
             f"{settings.max_open_per_tenant} jobs of this tenant are not yet ended "
             "(JOBS_MAX_OPEN_PER_TENANT); retry once one has"
         )
-    job = Job(
-        id=new_id(), tenant=tenant, kind=kind, pages=pages, params=params.to_dict(),
-        options=options, callback_url=callback_url, batch=batch, model=model,
-    )  # fmt: skip
     return store.create(job, document)
 
 
