@@ -26,6 +26,7 @@ from werkzeug.serving import make_server
 
 from app.jobs import callback
 from app.jobs import driver as job_driver
+from app.jobs.store import GROUP
 from tests.conftest import CORPUS, PHOTOTEST, WORD_CH, WORD_EN
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -392,6 +393,30 @@ def test_concurrent_submissions_never_pass_the_open_jobs_limit(
     finally:
         running.stop()
     assert codes == [202, 202, 429, 429, 429, 429]
+
+
+def test_a_job_its_drivers_died_on_three_times_fails_saying_so(
+    make_app: Callable[..., Any], redis_client: Any
+) -> None:
+    """A document that kills whichever engine drives it must not go round the fleet for
+    ever: taken a fourth time, the job fails with the reason, computing nothing more."""
+    running = Service(make_app, jobs_drivers=0)
+    job = running.submit(make_pdf(WORD_EN)).get_json()
+    store = running.shared.jobs
+    store.ensure_group()
+    # Three drivers took it in turn and died on it (each one silent from then on).
+    [[_, [(entry, _)]]] = redis_client.xreadgroup(GROUP, "dead-1", {store.stream: ">"}, count=1)
+    for dead in ("dead-2", "dead-3"):
+        redis_client.xclaim(store.stream, GROUP, dead, 0, [entry])
+    settings = running.shared.settings.with_overrides(jobs_drivers=1, jobs_claim_idle_seconds=2)
+    running.driver = job_driver.start(settings, store, running.shared.cache)
+    try:
+        final = running.wait(job["id"], timeout=60)
+    finally:
+        running.stop()
+    assert final["status"] == "failed", final
+    assert "stopped 3 times" in final["error"]["message"] and not final["pages"]
+    assert not redis_client.xpending(store.stream, GROUP)["pending"]  # acknowledged
 
 
 def test_a_job_whose_document_was_evicted_fails_saying_so(

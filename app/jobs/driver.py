@@ -124,7 +124,7 @@ class JobDriver:
                 f"its driver stopped {deliveries - 1} times while driving it (an engine that "
                 "died on it, or was stopped): given up"
             )
-            self._end(job, self._store.finish(job, "failed", error), error)
+            self._store.finish(job, "failed", error)  # told below, as a job found ended
         if job.ended or self._store.start(job) != "running":
             job = self._store.get(job_id) or job  # cancelled, or ended by a driver before
             self._store.drop_document(job)
