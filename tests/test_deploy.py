@@ -5,6 +5,7 @@ compose file with each profile, `kubectl kustomize` of every overlay through
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import importlib.util
@@ -1235,7 +1236,8 @@ class _Health(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        with contextlib.suppress(BrokenPipeError):  # a probe that timed out and left
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass  # a unix socket's client address is "", which the default log cannot print
