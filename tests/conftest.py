@@ -3,6 +3,7 @@ session, and apps built with the factory against them. Nothing here is a fake.""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -92,6 +93,16 @@ def _stop_dispatch_feeders() -> Iterator[None]:
     yield
     for started in feeders._live - before:
         started.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_log_record_factory() -> Iterator[None]:
+    """A test that installs a process-wide record factory (log redaction, an engine built
+    with a redaction policy) leaves the next test the logging it found: under pytest-xdist
+    the files a process runs after it are not the ones a serial run would."""
+    before = logging.getLogRecordFactory()
+    yield
+    logging.setLogRecordFactory(before)
 
 
 @pytest.fixture(scope="session")

@@ -361,15 +361,19 @@ def test_bad_input_is_a_4xx_and_nothing_is_stored(
     assert not redis_client.exists("ocr:jobs:queue") or not redis_client.xlen("ocr:jobs:queue")
 
 
-def test_limits_pages_and_open_jobs(make_app: Callable[..., Any]) -> None:
+def test_limits_pages_and_open_jobs(make_app: Callable[..., Any], redis_client: Any) -> None:
     running = Service(make_app, jobs_max_pages=2, jobs_max_open_per_tenant=1, jobs_drivers=0)
     try:
         over = running.submit()
         assert over.status_code == 400 and over.get_json()["error"]["code"] == "too_many_pages"
-        assert running.submit(make_pdf(WORD_EN)).status_code == 202
+        first = running.submit(make_pdf(WORD_EN))
+        assert first.status_code == 202
         full = running.submit(make_pdf(WORD_EN))  # no driver: the first is still open
         assert full.status_code == 429 and full.headers["Retry-After"]
         assert running.client.get("/v1/jobs/nope").status_code == 404
+        # The first job's record evicted (what allkeys-lru may do): its place is given back.
+        redis_client.delete(f"ocr:job:{{{first.get_json()['id']}}}")
+        assert running.submit(make_pdf(WORD_EN)).status_code == 202
     finally:
         running.stop()
 

@@ -52,13 +52,6 @@ CARD_LINES = [
 SECRETS = (RAW_ID, RAW_MOBILE, RAW_CARD, RAW_CARD.replace(" ", ""), RAW_EMAIL, "zhang.san")
 
 
-@pytest.fixture(autouse=True)
-def _restore_log_records():
-    before = logging.getLogRecordFactory()
-    yield
-    logging.setLogRecordFactory(before)
-
-
 def _id_number(rng: random.Random) -> str:
     body = "".join(rng.choice("0123456789") for _ in range(17))
     for check in "0123456789X":

@@ -144,9 +144,26 @@ class JobStore:
         """A place among its tenant's open jobs for ``job``, unless ``limit`` are taken: the
         count and the place in one step (``QUOTA_SLOTS``, the in-flight quota's script), so
         two fronts' concurrent submissions never both take the last place. A place lasts the
-        job's TTL at most (a job whose record expired counts no more)."""
+        job's TTL at most (a job whose record expired counts no more); when they are all
+        taken, those whose record is gone (evicted under ``allkeys-lru``) are given back
+        first, so eviction never holds a tenant's places for the TTL."""
         keys, args = [self._open(job.tenant)], [str(limit), str(self.ttl * 1000), job.id]
-        return bool(self._do(lambda c: QUOTA_SLOTS(c, keys, args)))
+        if self._do(lambda c: QUOTA_SLOTS(c, keys, args)):
+            return True
+        return self._prune_open(job.tenant) and bool(self._do(lambda c: QUOTA_SLOTS(c, keys, args)))
+
+    def _prune_open(self, tenant: str) -> bool:
+        """Give back the places of jobs whose record is gone; whether there were any (each
+        record is read apart: it lies under its own hash tag)."""
+
+        def run(client: Any) -> bool:
+            held = [_text(raw) for raw in client.zrange(self._open(tenant), 0, -1)]
+            gone = [job_id for job_id in held if not client.exists(self._key(job_id))]
+            if gone:
+                client.zrem(self._open(tenant), *gone)
+            return bool(gone)
+
+        return bool(self._do(run))
 
     def leave_open(self, job: Job) -> None:
         """Give back the job's place among its tenant's open jobs (it ended, or never was)."""
