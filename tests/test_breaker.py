@@ -20,11 +20,12 @@ def test_opens_after_threshold_and_probes_after_cooldown():
     changes: list[bool] = []
     b = CircuitBreaker(failure_threshold=2, cooldown_seconds=5, on_change=changes.append,
                        clock=clock)  # fmt: skip
+    assert changes == [False]  # the gauge reads this new breaker: closed
     assert b.allow()
     b.failure()
     assert b.allow() and b.state == "closed"
     b.failure()
-    assert b.state == "open" and not b.allow() and changes == [True]
+    assert b.state == "open" and not b.allow() and changes == [False, True]
     clock.now += 4.9
     assert not b.allow()  # still cooling down
     clock.now += 0.2
@@ -35,4 +36,4 @@ def test_opens_after_threshold_and_probes_after_cooldown():
     clock.now += 5.1
     assert b.allow()
     b.success()
-    assert b.state == "closed" and b.allow() and b.allow() and changes == [True, False]
+    assert b.state == "closed" and b.allow() and b.allow() and changes == [False, True, False]

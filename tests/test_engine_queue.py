@@ -70,7 +70,8 @@ def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
     dropped = metric_sum(after, "ocr_engine_queue_dropped_total", reason="caller_gone")
     dropped -= metric_sum(before, "ocr_engine_queue_dropped_total", reason="caller_gone")
     assert dropped >= 4, outcomes  # never started: the engine did not run them for nobody
-    assert metric_sum(after, "ocr_engine_queue_depth") == 0
+    depth = "ocr_engine_queue_depth"  # per process: other tests' engines count too
+    assert metric_sum(after, depth) <= metric_sum(before, depth)  # none of ours waits
     # Only the call that had started still runs (one that a free moment let start as well
     # may run too: about 12 s each here); then the engine is free again. A liveness bound,
     # not a speed target: generous for a shared machine.

@@ -616,8 +616,12 @@ def test_configuration_is_validated():
 
 
 def test_check_config_hides_the_api_key(monkeypatch, capsys):
+    from app import logformat
     from app.__main__ import main
 
+    # Left alone, it would bind the root logger to this test's captured stderr, closed after
+    # it, for every later test of this process.
+    monkeypatch.setattr(logformat, "configure", lambda *args, **kwargs: None)
     for key, value in {
         "OCR_ENGINE": "hunyuan",
         "HUNYUAN_BASE_URL": "http://vllm:8000",

@@ -119,8 +119,9 @@ def calls(outcome: str) -> float:
 
 
 def engine_idle(cache: OcrCache) -> bool:
-    running = REGISTRY.get_sample_value("ocr_engine_calls_running") or 0.0
-    return running == 0 and cache._computer.runner.waiting == 0
+    """This cache's engine (the process-wide gauges count other tests' engines too)."""
+    runner = cache._computer.runner
+    return runner.running == 0 and runner.waiting == 0
 
 
 def assert_load_not_failure(front: Front) -> None:

@@ -20,9 +20,12 @@ class CircuitBreaker:
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``on_change(is_open)`` is called on each transition (a gauge for alerting), not on
-        every call, so the hot path pays nothing for it."""
+        """``on_change(is_open)`` is called once at the start (closed: a gauge reads this
+        breaker, not an earlier one of the process) and on each transition (a gauge for
+        alerting), not on every call, so the hot path pays nothing for it."""
         self._on_change = on_change
+        if on_change is not None:
+            on_change(False)
         self._clock = clock
         self._threshold = failure_threshold
         self._cooldown = cooldown_seconds
