@@ -26,7 +26,7 @@ from werkzeug.serving import make_server
 
 from app.jobs import callback
 from app.jobs import driver as job_driver
-from app.jobs.store import GROUP
+from app.jobs.store import GROUP, SETTLE_SECONDS
 from tests.conftest import CORPUS, PHOTOTEST, WORD_CH, WORD_EN
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -371,8 +371,13 @@ def test_limits_pages_and_open_jobs(make_app: Callable[..., Any], redis_client: 
         full = running.submit(make_pdf(WORD_EN))  # no driver: the first is still open
         assert full.status_code == 429 and full.headers["Retry-After"]
         assert running.client.get("/v1/jobs/nope").status_code == 404
-        # The first job's record evicted (what allkeys-lru may do): its place is given back.
-        redis_client.delete(f"ocr:job:{{{first.get_json()['id']}}}")
+        # The first job's record evicted (what allkeys-lru may do): its place is given back
+        # once it is older than a submission could still be storing its job.
+        job_id = first.get_json()["id"]
+        redis_client.delete(f"ocr:job:{{{job_id}}}")
+        assert running.submit(make_pdf(WORD_EN)).status_code == 429  # too young to tell
+        settled_ms = (SETTLE_SECONDS + 1) * 1000
+        redis_client.zincrby("ocr:jobs:open:{~}", -settled_ms, job_id)  # taken a minute ago
         assert running.submit(make_pdf(WORD_EN)).status_code == 202
     finally:
         running.stop()

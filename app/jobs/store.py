@@ -31,6 +31,7 @@ from app.cache.scripts import JOB_PAGE, JOB_TRANSITION, QUOTA_SLOTS
 from app.vocabulary import EngineBusy
 
 GROUP = "drivers"  # the consumer group of the jobs stream
+SETTLE_SECONDS = 60  # an open-job place younger than this is never taken for an evicted one
 CHUNK = 1 << 20  # a document is written to Redis this much at a time
 ID = re.compile(r"job_[A-Za-z0-9_-]{22}")
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -154,10 +155,14 @@ class JobStore:
 
     def _prune_open(self, tenant: str) -> bool:
         """Give back the places of jobs whose record is gone; whether there were any (each
-        record is read apart: it lies under its own hash tag)."""
+        record is read apart: it lies under its own hash tag). Only places older than
+        ``SETTLE_SECONDS``: a newer one may belong to a job still being stored, whose record
+        is not written yet. A place is scored by when it expires, a TTL after it was taken."""
+        settled = (time.time() - SETTLE_SECONDS + self.ttl) * 1000
 
         def run(client: Any) -> bool:
-            held = [_text(raw) for raw in client.zrange(self._open(tenant), 0, -1)]
+            places = client.zrangebyscore(self._open(tenant), "-inf", settled)
+            held = [_text(raw) for raw in places]
             gone = [job_id for job_id in held if not client.exists(self._key(job_id))]
             if gone:
                 client.zrem(self._open(tenant), *gone)
