@@ -33,11 +33,11 @@ def single() -> Iterator[EmbeddedRedis]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[list[EmbeddedRedis]]:
-    nodes = LoopbackCluster(masters=3, replicas=0).start()
+    three = LoopbackCluster(masters=3, replicas=0).start()
     try:
-        yield nodes.nodes
+        yield three.nodes
     finally:
-        nodes.stop()
+        three.stop()
 
 
 @pytest.fixture(params=["single", "cluster"])
