@@ -54,11 +54,11 @@ run: install
 # (and the edge tests likewise without nginx, from `make install`).
 # Two pytest-xdist workers (TEST_WORKERS), a test file whole in one of them (--dist loadfile:
 # module fixtures built once, tests in their order); most tests wait on processes they
-# started, so two share the 2 cores well (about 13 minutes against 17 one at a time). Beside
-# them, one more process runs the files that cannot be split that way, its report printed
-# after theirs: the fleet's fault tests on a real Redis Cluster (mostly waiting for
-# fail-overs) and the two schemathesis files (their generated tests share one node id,
-# which pytest-xdist cannot schedule: some would run twice and others never).
+# started, so two share the 2 cores well (about 12.5 minutes against 17 one at a time).
+# Then, in one process, the files that cannot be split that way: the fleet's fault tests on
+# a real Redis Cluster (timed fail-overs: run beside two workers they met a loaded machine)
+# and the two schemathesis files (their generated tests share one node id, which
+# pytest-xdist cannot schedule: some would run twice and others never). About 2 minutes.
 SERIAL_TESTS := tests/test_fleet_cluster.py tests/test_schemathesis.py tests/test_openapi_jobs.py
 TEST_WORKERS ?= 2
 test: install install-tools install-redis
@@ -66,11 +66,10 @@ test: install install-tools install-redis
 		(apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 || \
 		echo "chromium not installed: the web page test will be skipped"
 	@if [ -z "$(PYTEST_ARGS)" ]; then \
-		log=$$(mktemp); $(BIN)/python -m pytest $(SERIAL_TESTS) >$$log 2>&1 & serial=$$!; \
 		$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 			$(addprefix --ignore=,$(SERIAL_TESTS)); rest=$$?; \
-		wait $$serial; serial_rc=$$?; echo "== $(SERIAL_TESTS) (ran beside the rest)"; \
-		cat $$log; rm -f $$log; [ $$rest -eq 0 ] && [ $$serial_rc -eq 0 ]; \
+		$(BIN)/python -m pytest $(SERIAL_TESTS); serial=$$?; \
+		[ $$rest -eq 0 ] && [ $$serial -eq 0 ]; \
 	else $(BIN)/python -m pytest $(PYTEST_ARGS); fi
 
 # The unit layer (no engine, no processes, no deployment checks): about 25 s on 2 quiet cores

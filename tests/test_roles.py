@@ -224,7 +224,7 @@ def test_engine_retires_and_is_replaced_without_a_gap(tmp_path):
         while first in fleet.engines():
             assert time.monotonic() < deadline, "the engine never retired"
             statuses.append(fleet.ocr(SHORT, **{"Cache-Control": "no-cache"}).status_code)
-        assert set(statuses) == {200}
+        assert set(statuses) == {200}, "".join(fleet.output)[-6000:]  # what the fleet logged
         while len(fleet.engines()) != 1:  # a replacement that retired in turn, leaving
             assert time.monotonic() < deadline, fleet.engines()
             time.sleep(0.5)
