@@ -127,8 +127,8 @@ parity: install
 	PARITY_CORPUS=all $(BIN)/python -m pytest tests/test_parity.py -k corpus $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check app tests bench gunicorn.conf.py
-	$(BIN)/ruff format --check app tests bench gunicorn.conf.py
+	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff format --check app tests bench
 	$(BIN)/mypy
 
 # wrk (Debian) drives the throughput runs when present; else Python client processes.

@@ -1,6 +1,6 @@
 """``python -m app``: the service's roles and tools. ``serve`` runs the whole service on one
 machine (``app.supervisor``: private Redis, engine processes, the front); ``front`` the edge
-and the gunicorn front workers (no engine); ``engine`` one engine process
+and the front's server and workers (no engine); ``engine`` one engine process
 (``app.engine_process``)."""
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ if TYPE_CHECKING:
 
 
 def front(settings: Settings) -> int:
-    """nginx on HOST:HTTP_PORT and gunicorn behind it on a private unix socket (``EDGE=nginx``),
-    gunicorn alone on EDGE_SOCKET (``external``) or on HOST:HTTP_PORT (``none``). gunicorn's
-    master supervises nginx (app/gunicorn_app.py): it starts it once its socket is bound, stops
-    it gracefully before its own workers, and stops the service should nginx die. Its workers
-    hold no engine: misses go to the engine processes (the queue, else ``ENGINE_URLS``)."""
+    """nginx on HOST:HTTP_PORT and the front's server (granian, ``app.front_server``) behind it
+    on a private unix socket (``EDGE=nginx``), the server alone on EDGE_SOCKET (``external``)
+    or on HOST:HTTP_PORT (``none``). The server's main process supervises nginx: it starts it
+    once its socket is bound, stops it gracefully before its own workers, and stops the
+    service should nginx die. Its workers hold no engine: misses go to the engine processes
+    (the queue, else ``ENGINE_URLS``)."""
     from app.edge import find_nginx
-    from app.gunicorn_app import GunicornApp, prepare_metrics_dir
+    from app.front_server import FrontServer, prepare_metrics_dir
 
-    memory.keep_large_buffers()  # before gunicorn forks: the workers inherit it
+    memory.keep_large_buffers()  # before the workers fork: they inherit it
     log = logging.getLogger("app")
     refusal = edge_refusal(settings)
     if refusal:
@@ -38,12 +39,12 @@ def front(settings: Settings) -> int:
     binary = find_nginx(settings.edge.nginx) if settings.edge.mode == "nginx" else None
     if settings.edge.mode == "nginx" and binary is None:
         _without_edge(settings, log)
-    owner = os.getpid()  # gunicorn's workers are forks that unwind through this function
-    socket_dir = ""  # gunicorn's private socket folder, when EDGE_SOCKET does not name one
+    owner = os.getpid()  # the workers are forks: one that unwinds must leave what is ours
+    socket_dir = ""  # the server's private socket folder, when EDGE_SOCKET does not name one
     socket = settings.edge.socket if binary or settings.edge.mode == "external" else ""
     if binary and not socket:
-        socket_dir = tempfile.mkdtemp(prefix="ocr-gunicorn-")
-        socket = os.path.join(socket_dir, "gunicorn.sock")
+        socket_dir = tempfile.mkdtemp(prefix="ocr-front-")
+        socket = os.path.join(socket_dir, "front.sock")
     edge = _checked_edge(settings, socket, binary) if binary else None
     if binary and edge is None:
         return 2
@@ -51,15 +52,13 @@ def front(settings: Settings) -> int:
         log.warning("RATE_LIMIT applies to gRPC only with EDGE=none: limit HTTP in your proxy")
     metrics_dir = prepare_metrics_dir()
     try:
-        GunicornApp(settings, bind=f"unix:{socket}" if socket else None, edge=edge).run()
+        FrontServer(settings, socket, edge).run()
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
-        # A worker that exits unwinds here too (gunicorn forks inside run()): it must leave
-        # the edge, the private Redis and the metrics folder to the serving process.
         if os.getpid() == owner:
             if edge is not None:
-                edge.quit()  # normally done already, before gunicorn's workers stopped
+                edge.quit()  # normally done already, before the workers stopped
             if socket_dir:
                 shutil.rmtree(socket_dir, ignore_errors=True)
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -87,9 +86,10 @@ def edge_refusal(settings: Settings) -> str:
 
 
 def _without_edge(settings: Settings, log: logging.Logger) -> None:
-    """``EDGE=nginx`` and no nginx here: gunicorn serves the port itself, said in one line."""
+    """``EDGE=nginx`` and no nginx here: the front's server serves the port itself, said in
+    one line."""
     log.warning(
-        "EDGE=nginx but no nginx on PATH: gunicorn serves %s:%d itself; off: slow-client "
+        "EDGE=nginx but no nginx on PATH: the front's server serves %s:%d itself; off: slow-client "
         "buffering, edge request ids and JSON access log, RATE_LIMIT, TLS "
         "(install Debian's nginx-light, or set EDGE=none behind your own buffering proxy)",
         settings.server.host,
@@ -98,7 +98,7 @@ def _without_edge(settings: Settings, log: logging.Logger) -> None:
 
 
 def edge(settings: Settings) -> int:
-    """``python -m app edge``: nginx alone in front of the gunicorn on EDGE_SOCKET (the
+    """``python -m app edge``: nginx alone in front of the front's server on EDGE_SOCKET (the
     Kubernetes pod's edge container; the app container runs ``serve`` with EDGE=external)."""
     from app.edge import find_nginx
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "edge-config":
         from app.edge import render
 
-        socket = settings.edge.socket or "/tmp/ocr-gunicorn-XXXXXX/gunicorn.sock"
+        socket = settings.edge.socket or "/tmp/ocr-front-XXXXXX/front.sock"
         print(render(settings, socket, "/tmp/ocr-edge-XXXXXX", ()), end="")
         return 0
     if args.command == "trace-receiver":  # HOST, TRACE_RECEIVER_PORT (app/trace_receiver.py)

@@ -1,13 +1,14 @@
-"""nginx at the edge: gunicorn's deployment guide puts a buffering proxy in front of its
-workers, and names nginx. nginx reads every request whole (a slow client costs it a
-connection, never a worker thread), limits bodies and request rates, speaks TLS and HTTP/2 to
-clients, writes the JSON access log and hands each request to gunicorn over a unix socket.
+"""nginx at the edge: the buffering proxy that Python servers' deployment guides put in front
+of their workers (gunicorn's names nginx), here in front of the front's server (granian).
+nginx reads every request whole (a slow client costs it a connection, never a worker thread),
+limits bodies and request rates, speaks TLS and HTTP/2 to clients, writes the JSON access log
+and hands each request to the front's server over a unix socket.
 
 This module renders nginx's configuration from the service's settings (``nginx.conf.j2``)
 and runs nginx as a supervised child: ``Edge.quit`` stops it gracefully (SIGQUIT: in-flight
-requests finish; SIGTERM would drop them). ``python -m app serve`` starts it beside gunicorn
-(``EDGE=nginx``); ``python -m app edge`` runs it alone, in front of a gunicorn elsewhere that
-shares the socket's folder (the Kubernetes pod's edge container, ``EDGE=external``).
+requests finish; SIGTERM would drop them). ``python -m app serve`` starts it beside the front's
+server (``EDGE=nginx``); ``python -m app edge`` runs it alone, in front of a front server
+elsewhere that shares the socket's folder (the Kubernetes pod's edge container, ``EDGE=external``).
 
 The answers nginx makes itself (413, 429, 502, 504, and those to a request it cannot parse:
 400, 414, 494, 501, 505) are rendered by each protocol's own error code into the
@@ -40,9 +41,10 @@ log = logging.getLogger("app.edge")
 TEMPLATE = Path(__file__).with_name("nginx.conf.j2")
 # Bodies up to this size stay in nginx's memory (a 312 KB image is a 416 KB JSON body).
 BODY_BUFFER_BYTES = 512 * 1024
-# gunicorn keeps idle connections from nginx longer than nginx does (see the template).
-UPSTREAM_KEEPALIVE_SECONDS = 60
-GUNICORN_KEEPALIVE_SECONDS = 65
+# The front's server keeps idle connections from nginx longer than nginx does (see the
+# template): granian closes one idle for its header read timeout, at most 60 s.
+UPSTREAM_KEEPALIVE_SECONDS = 45
+SERVER_KEEPALIVE_SECONDS = 60
 # The answers nginx makes itself, in each protocol's form.
 STATUSES = (413, 429, 502, 504)
 # ... and its answers to a request it cannot parse, mostly before it picks a location: in the
@@ -187,7 +189,8 @@ def _listen(settings: Settings) -> list[str]:
 
 
 def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ...]) -> str:
-    """nginx.conf for these settings, gunicorn on ``socket``, temp files under ``run_dir``."""
+    """nginx.conf for these settings, the front's server on ``socket``, temp files under
+    ``run_dir``."""
     del version  # every directive used is in nginx 1.18 (Ubuntu 22.04) and later
     limit = settings.edge.rate_limit
     name = settings.protocols.pipeline_service_name
@@ -294,7 +297,7 @@ class Edge:
         return self._proc.pid if self._proc else None
 
     def _watch(self, on_exit: Callable[[], None] | None) -> None:
-        # gunicorn's reaper may collect nginx first: wait() then returns without a status.
+        # the server's reaper may collect nginx first: wait() then returns without a status.
         assert self._proc is not None
         self._proc.wait()
         if not self._stopping:

@@ -6,7 +6,7 @@ also drives document jobs (``JOBS_DRIVERS``, ``app.jobs.driver``): their pages g
 the cache and the miss queue like any request.
 
 It retires itself past ``ENGINE_MAX_CALLS`` calls or ``ENGINE_MAX_RSS_MB`` of memory, as
-gunicorn's ``max_requests`` does for a worker: under ``serve`` it asks the supervisor for
+a server's ``max_requests`` does for a worker: under ``serve`` it asks the supervisor for
 its replacement first (``SIGUSR1``) and keeps taking misses until that one reports in, then
 stops taking, finishes what it holds and exits 0; under Kubernetes the kubelet restarts it
 while the other replicas take the queue. ``SIGTERM`` stops it the same way, without waiting

@@ -146,7 +146,7 @@ def prefix(name: str, raw: str) -> str:
     return value
 
 
-@accepts("a path (made absolute: nginx and gunicorn run in different folders)")
+@accepts("a path (made absolute: nginx and the front's server run in different folders)")
 def absolute_path(name: str, raw: str) -> str:
     value = raw.strip()
     return os.path.abspath(value) if value else ""

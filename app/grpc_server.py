@@ -1,6 +1,6 @@
 """gRPC ``baidu.paddle_serving.pipeline_serving.PipelineService/inference``.
 
-Runs inside each gunicorn worker, beside HTTP, on the same cache and engine: every worker
+Runs inside each front worker, beside HTTP, on the same cache and engine: every worker
 binds GRPC_PORT with SO_REUSEPORT (grpcio's default on Linux) and the kernel spreads
 connections over them, so gRPC costs no extra engine memory. Stubs: app/protocols/pipeline_stubs.py.
 Each call is parse (``pipeline.build_request``) -> the pipeline call shared with HTTP
@@ -189,11 +189,8 @@ def start(cache: OcrCache, settings: Settings, port: int | None = None) -> tuple
     """Start serving; returns the server and the bound port (``port=0`` picks a free one)."""
     size = settings.grpc_message_limit()
     server = grpc.server(
-        futures.ThreadPoolExecutor(
-            max_workers=settings.server.web_threads, thread_name_prefix="grpc"
-        ),
-        maximum_concurrent_rpcs=settings.grpc.max_concurrent_rpcs
-        or 4 * settings.server.web_threads,
+        futures.ThreadPoolExecutor(max_workers=settings.grpc.threads, thread_name_prefix="grpc"),
+        maximum_concurrent_rpcs=settings.grpc.max_concurrent_rpcs or 4 * settings.grpc.threads,
         options=[*message_size_options(size), ("grpc.so_reuseport", 1)],
     )
     _add_servicer(server, PipelineServicer(cache, settings))

@@ -1,5 +1,5 @@
-"""Prometheus metrics. Under gunicorn, ``PROMETHEUS_MULTIPROC_DIR`` is set by the entry point
-before any worker imports this module, so counters are summed over all workers."""
+"""Prometheus metrics. Under the front's server, ``PROMETHEUS_MULTIPROC_DIR`` is set by the
+entry point before any worker imports this module, so counters are summed over all workers."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 REQUESTS = Counter("ocr_requests_total", "Requests by protocol and status", ["protocol", "status"])
-# State gauges for alerting. Under gunicorn each worker writes its own value; the modes say how
-# /metrics folds them: one worker whose breaker is open makes the service's value 1, one worker
-# whose engine is unready makes it 0. Dead workers' values are dropped ("live").
+# State gauges for alerting. Under the front's server each worker writes its own value; the
+# modes say how /metrics folds them: one worker whose breaker is open makes the service's
+# value 1, one worker whose engine is unready makes it 0. Dead workers' values are dropped ("live").
 REDIS_BREAKER_OPEN = Gauge(
     "ocr_redis_breaker_open",
     "1 while the Redis circuit breaker skips Redis (open or probing), else 0",

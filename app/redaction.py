@@ -183,7 +183,7 @@ _FORMATTER = logging.Formatter()
 
 def install_log_redaction(policy: RedactionPolicy) -> None:
     """Every log record of this process is masked when it is made, whoever logs it (our code,
-    gunicorn, Paddle, libraries): a raw ID in a message, an argument or a traceback never
+    granian, Paddle, libraries): a raw ID in a message, an argument or a traceback never
     reaches a log line. Wraps the current record factory; a second call only swaps the policy.
 
     String arguments are masked *before* the inner factory sees them: ``app.logsafe`` escapes

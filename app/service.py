@@ -1,6 +1,6 @@
 """The service's shared objects, built once per app from ``Settings`` and kept in
 ``app.extensions["ocr"]`` (the Flask tutorial's extension pattern): the blueprints read them
-through ``current()``; gRPC and the gunicorn hooks take the same object."""
+through ``current()``; gRPC and the front server's worker hooks take the same object."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class OcrService:
     default_task: str
     min_score: float  # OCR_REC_SCORE_THRESH: REST and the pipeline's default line filter
     admission: Admission  # who is asking (AUTH=keys), and the tenant's request rate
-    grpc: Any = None  # the worker's gRPC server, when gunicorn started one
+    grpc: Any = None  # the worker's gRPC server, when the front server started one
     jobs: JobStore | None = None  # document jobs (None: off, or no Redis)
 
     def __getitem__(self, name: str) -> Any:

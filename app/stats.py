@@ -1,6 +1,6 @@
 """``GET /v1/stats``: the figures people ask for first (hit ratio, engine calls and time,
 latency, cache size), derived from the service's own Prometheus metrics so they agree with
-``/metrics`` and are summed over every gunicorn worker. Served by ``app.routes.ops``, read by
+``/metrics`` and are summed over every front worker. Served by ``app.routes.ops``, read by
 ``ocr-cache stats`` and the web page's status panel; no secrets, so public like ``/metrics``."""
 
 from __future__ import annotations

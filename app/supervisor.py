@@ -1,7 +1,7 @@
 """``python -m app serve``: the whole service on one machine, one command. It starts the
 private Redis when ``REDIS_URL`` is unset, the engine processes (``python -m app engine``,
 ``ENGINE_PROCESSES``, sized to the machine by default), and, once one engine is ready, the
-front (``python -m app front``: nginx and the gunicorn front workers, gRPC). It restarts an
+front (``python -m app front``: nginx and the granian front workers, gRPC). It restarts an
 engine that dies; an engine that retires itself asks first (``SIGUSR1``), so its replacement
 starts before it stops taking misses. The front exiting stops everything: a supervisor above
 (docker, systemd, Kubernetes) sees it."""

@@ -8,7 +8,7 @@ OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDP
 exporter (``OTEL_TRACES_EXPORTER``) is set and ``OTEL_SDK_DISABLED`` is not ``true``; unset,
 it is off, where the SDK's own default would export to localhost.
 
-``setup`` runs once per process after it forked (a gunicorn worker's ``post_fork``, an
+``setup`` runs once per process after it forked (a front worker's loader, ``app.front_server``, an
 engine process at start): the SDK's batch processor owns a thread, which a fork does not
 copy. The SDK itself reads the rest (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
 ``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*``, ``OTEL_EXPORTER_OTLP_HEADERS``, ...). A span's
@@ -192,5 +192,5 @@ def instance_id(role: str) -> str:
 
 
 def shutdown() -> None:
-    """Flush and stop this process's tracer (a gunicorn worker's exit)."""
+    """Flush and stop this process's tracer (a front worker's exit)."""
     TRACER.shutdown()

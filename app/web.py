@@ -57,5 +57,6 @@ def create_app(
 
 def create_front(settings: Settings | None = None) -> Flask:
     """A front worker's app: no engine is loaded here (``python -m app front``; with
-    gunicorn's own CLI: ``gunicorn -c gunicorn.conf.py "app.web:create_front()"``)."""
+    granian's own CLI: ``granian --interface wsgi --factory app.front_server:load_worker``,
+    which also starts the worker's gRPC server)."""
     return create_app(settings, role="front")

@@ -1,28 +1,37 @@
-"""`python -m bench.edge` (issues 23, 36): the service's hits against the seed and echo.
+"""`python -m bench.edge` (issues 23, 36, 45): the service's hits against the seed, echo
+apps, and the candidate servers for the front, behind one nginx.
 
-Three servers in one run, on one private Redis (docker/redis.conf: maxmemory, allkeys-lru),
-behind the same nginx template (``app.edge``), the same gunicorn options (the front's:
-app/gunicorn_app.py, 2 workers x WEB_THREADS threads) and the same malloc thresholds
-(``bench.run.MALLOC``):
+Every server in one run, on one private Redis (docker/redis.conf: maxmemory, allkeys-lru),
+behind the same nginx template (``app.edge``) on a unix socket, 2 worker processes each, the
+same malloc thresholds (``bench.run.MALLOC``):
 
-- ``service``: ``python -m app serve`` as users run it (EDGE=nginx, access log on, gRPC on;
-  2 engine processes, one per core, and the front's 2 workers), L1 off (CACHE_L1_BYTES=0:
-  every hit is an L2 hit);
-- ``seed``: the seed design (bench/naive_app.py: Flask + Redis GET + json.loads) on a unix
-  socket behind the same nginx;
-- ``echo``: bench/echo_app.py (reads the body, answers a constant) behind the same nginx.
+- ``service``: ``python -m app serve`` as users run it (the front under granian WSGI,
+  EDGE=nginx, access log on, gRPC on; 2 engine processes and the front's 2 workers), L1 off
+  (CACHE_L1_BYTES=0: every hit is an L2 hit);
+- ``front_gthread``: the same front app (``app.front_server:load_worker``, gRPC on) under
+  gunicorn gthread, 2 x WEB_THREADS, as it shipped before granian;
+- ``seed``: the seed design (bench/naive_app.py: Flask + Redis GET + json.loads) under
+  gunicorn sync, 2 workers;
+- echo (bench/echo_app.py: reads the body, answers a constant) under each candidate server:
+  ``echo_gthread`` (gunicorn gthread 2 x 8), ``echo_granian`` (granian WSGI),
+  ``echo_granian_asgi``, ``echo_granian_rsgi``, ``echo_uvicorn`` (uvicorn, uvloop +
+  httptools, ASGI).
 
-For the 5 / 100 / 312 KB images (bench/hitpath.py's) and wrk -t2 -c8: hits/s, p50, p99, the
-servers alternating (the order rotating) over ROUNDS rounds; medians; the floor the design
-sets where bodies are large (MD5 for the key + SHA-256 for the check), and the share of echo
-that floor alone allows. Then, on the service alone (5 KB hits, quiet and loaded rounds
-alternating): the hit p99 while 8 clients send distinct misses; hits/s while every engine
-process is stopped (SIGSTOP) and 12 misses wait; the front workers' resident memory; and 128
-slow clients while 20 hits are timed. Results: bench/results/edge.json; a table on stdout.
+For the 5 / 100 / 312 KB images (bench/hitpath.py's) and wrk -t2 -c8: hits/s, p50, p99 and
+the CPU each server's processes spent per request (read from /proc around every wrk run:
+the server's, nginx's, Redis's), the servers alternating (the order rotating) over ROUNDS
+rounds; medians; the floor the design sets where bodies are large (MD5 for the key + SHA-256
+for the check). The in-process figure beside it: the front's WSGI app called directly, one
+thread (bench/hitsplit.py's ``in_process``). Then, on the service alone (5 KB hits, quiet and
+loaded rounds alternating): the hit p99 while 8 clients send distinct misses; hits/s while
+every engine process is stopped (SIGSTOP) and 12 misses wait; the front workers' resident
+memory after those large misses; and 128 slow clients while 20 hits are timed. Results:
+bench/results/edge.json; a table on stdout.
 
 Environment: BENCH_EDGE_ROUNDS (3), BENCH_EDGE_SECONDS (6 per wrk run),
 BENCH_EDGE_WARMUP_SECONDS (2), BENCH_EDGE_FLOOR_SECONDS (0.5 of hashing per size and step),
-BENCH_EDGE_LOAD_ROUNDS (2: quiet/loaded pairs in each of the two load phases).
+BENCH_EDGE_LOAD_ROUNDS (2: quiet/loaded pairs in each of the two load phases),
+BENCH_EDGE_SERVERS (comma-separated names: a subset; service and the references always).
 """
 
 from __future__ import annotations
@@ -55,13 +64,17 @@ import requests
 from app.config import Settings
 from app.edge import Edge, find_nginx, nginx_version
 from app.embedded_redis import EmbeddedRedis, free_port
-from app.gunicorn_app import gunicorn_options
-from bench import load, run
+from bench import cpu, load, run
 from bench.hitpath import CORPUS, SIZES
+from bench.reference import gunicorn_args
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SERVERS = ("service", "seed", "echo")
+# name -> (app, the server's command for it on a unix socket, its request path)
+ECHO = "bench.echo_app"
+REFERENCES = ("seed", "echo_gthread", "echo_granian")
+SERVERS = ("service", "front_gthread", *REFERENCES, "echo_granian_asgi", "echo_granian_rsgi",
+           "echo_uvicorn")  # fmt: skip
 CONCURRENCIES = (8,)
 ROUNDS = int(os.environ.get("BENCH_EDGE_ROUNDS", "3"))
 SECONDS = max(1, round(float(os.environ.get("BENCH_EDGE_SECONDS", "6"))))  # wrk: whole s
@@ -71,11 +84,14 @@ WRK_THREADS = 2  # as bench/load.run_wrk
 WRK_TIMEOUT = "10s"  # a slow answer is a latency, not a dropped request (wrk's default: 2 s)
 LOAD_ROUNDS = int(os.environ.get("BENCH_EDGE_LOAD_ROUNDS", "2"))
 READY_SECONDS = 600  # three servers load their engines at once on a small machine
-# The front's gunicorn options, for the seed and echo too (WEB_THREADS as users get it).
+# The front's threads per worker as users get them (the gthread front and echo: 8 threads).
 THREADS = Settings.from_env({}).server.web_threads
-# Issue 36's targets.
-VS_SEED = 2.0  # L2 hits/s >= 2x the seed design behind the same nginx, at every size
-VS_ECHO = {"5KB": 0.8, "100KB": 0.54, "312KB": 0.42}  # ... and these shares of echo
+ECHO_THREADS = 8
+# Issue 45's targets.
+VS_SEED = {"5KB": 3.0, "100KB": 2.5, "312KB": 2.5}  # L2 hits/s over the seed's, same nginx
+VS_ECHO_GTHREAD = {"5KB": 1.0, "100KB": 1.0}  # ... over echo under gunicorn gthread
+VS_ECHO_GRANIAN = {"5KB": 0.35}  # ... over echo under granian WSGI
+CPU_VS_IN_PROCESS = 2.0  # the server's CPU per 5 KB hit <= 2x the app's in-process CPU
 MISS_TAIL = 3.0  # hit p99 while 8 clients send distinct misses <= 3x the quiet p99
 STOPPED_SHARE = 0.8  # hits/s with every engine stopped and 12 misses waiting >= 0.8x quiet
 RSS_MB = 250  # each front worker's resident memory
@@ -162,25 +178,58 @@ def start_service(server: Server, redis_url: str, cwd: Path, **extra: str) -> No
     server.procs.append(_spawn([sys.executable, "-m", "app", "serve"], server.log, cwd, env))
 
 
-def start_behind_edge(server: Server, app: str, redis_url: str, tmp: Path, nginx: str) -> None:
-    """``app`` under gunicorn on a unix socket, the service's own nginx edge in front (its
-    configuration checked here, started by ``start_edge``)."""
+def server_command(name: str, socket_path: Path) -> list[str]:
+    """The command that serves ``name``'s app on ``socket_path``, 2 worker processes."""
+    workers = str(run.WORKERS)
+    granian = [sys.executable, "-m", "granian", "--uds", str(socket_path), "--workers", workers,
+               "--http", "1", "--no-ws", "--log-level", "warning"]  # fmt: skip
+    bind = f"unix:{socket_path}"
+    if name == "seed":
+        return gunicorn_args("bench.naive_app:app", bind, run.WORKERS, 1, "sync")
+    if name == "front_gthread":
+        return gunicorn_args("app.front_server:load_worker()", bind, run.WORKERS, THREADS)
+    if name == "echo_gthread":
+        return gunicorn_args(f"{ECHO}:app", bind, run.WORKERS, ECHO_THREADS)
+    if name == "echo_granian":
+        return [*granian, "--interface", "wsgi", "--blocking-threads", str(ECHO_THREADS),
+                f"{ECHO}:app"]  # fmt: skip
+    if name == "echo_granian_asgi":
+        return [*granian, "--interface", "asginl", f"{ECHO}:asgi_app"]
+    if name == "echo_granian_rsgi":
+        return [*granian, "--interface", "rsgi", f"{ECHO}:rsgi_app"]
+    if name == "echo_uvicorn":
+        return [sys.executable, "-m", "uvicorn", "--uds", str(socket_path), "--workers", workers,
+                "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                "--log-level", "warning", f"{ECHO}:asgi_app"]  # fmt: skip
+    raise ValueError(name)
+
+
+def start_behind_edge(server: Server, redis_url: str, tmp: Path, nginx: str) -> None:
+    """``server``'s app under its server on a unix socket, the service's own nginx edge in
+    front (its configuration checked here, started by ``start_edge``)."""
     socket_path = tmp / f"{server.name}.sock"
-    # The settings the service reads (the same environment): the same gunicorn, the same edge.
+    # The settings the service reads (the same environment): the same edge.
     settings = Settings.from_env(run._env(HOST="127.0.0.1", HTTP_PORT=str(server.port)))
-    opts = gunicorn_options(settings, bind=f"unix:{socket_path}")
-    args = [
-        sys.executable, "-m", "gunicorn", app,
-        "--bind", opts["bind"], "--workers", str(run.WORKERS),
-        "--worker-class", opts["worker_class"], "--threads", str(THREADS),
-        "--timeout", str(opts["timeout"]), "--graceful-timeout", str(opts["graceful_timeout"]),
-        "--keep-alive", str(opts["keepalive"]), "--log-level", "warning",
-    ]  # fmt: skip
-    env = run._env(REDIS_URL=redis_url)
+    env = run._env(REDIS_URL=redis_url, CACHE_L1_BYTES="0", GRPC_PORT=str(free_port()),
+                   PROMETHEUS_MULTIPROC_DIR=str(tmp / f"{server.name}-metrics"))  # fmt: skip
     env["WEB_THREADS"] = str(THREADS)
-    server.procs.append(_spawn(args, server.log, ROOT, env))
+    os.makedirs(env["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+    server.procs.append(_spawn(server_command(server.name, socket_path), server.log, ROOT, env))
     server.edge = Edge(settings, str(socket_path), nginx)
     server.edge.check()
+
+
+def cpu_roots(server: Server) -> list[int]:
+    """The processes whose trees are ``server``'s for CPU accounting: the front under
+    ``serve`` (not the engines), else the server's main process; and its nginx."""
+    roots = [server.procs[0].pid]
+    if server.name == "service":
+        children, commands = _children()
+        roots = [p for p in children.get(roots[0], [])
+                 if commands[p][-3:] == ["-m", "app", "front"]]  # fmt: skip
+    if server.edge is not None and server.edge.pid is not None:
+        roots.append(server.edge.pid)
+    return roots
 
 
 def start_edge(server: Server) -> None:
@@ -243,29 +292,49 @@ def cache_status(body: bytes) -> str:
     return f"{status}/{answer['cache_tier']}" if answer.get("cache_tier") else status
 
 
-def measure_size(servers: dict[str, Server], requests_: dict[str, load.Request]) -> dict:
-    """One size: wrk at each concurrency, ROUNDS rounds, the servers alternating."""
+def measure_size(
+    servers: dict[str, Server], requests_: dict[str, load.Request], redis_pid: int
+) -> dict:
+    """One size: wrk at each concurrency, ROUNDS rounds, the servers alternating (the order
+    rotating); around each run, the CPU its server's processes, nginx and Redis spent."""
     for s in servers.values():  # warm-up, at the higher concurrency
         wrk(s.port, requests_[s.name], max(CONCURRENCIES), WARMUP_SECONDS)
+    names = list(servers)
     out: dict[str, Any] = {}
     for concurrency in CONCURRENCIES:
         runs: dict[str, list[dict]] = {name: [] for name in servers}
         for round_ in range(ROUNDS):
-            order = SERVERS[round_ % len(SERVERS) :] + SERVERS[: round_ % len(SERVERS)]
-            for name in order:
+            k = round_ % len(names)
+            for name in names[k:] + names[:k]:
                 s = servers[name]
-                runs[name].append(wrk(s.port, requests_[name], concurrency, SECONDS))
+                before = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
+                r = wrk(s.port, requests_[name], concurrency, SECONDS)
+                after = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
+                n = max(1, r["requests"])
+                b, a = before["servers"][name], after["servers"][name]
+                r["cpu_us_per_request"] = {
+                    "server": (a["workers"] - b["workers"]) / n * 1e6,
+                    "nginx": (a["nginx"] - b["nginx"]) / n * 1e6,
+                    "redis": (after["redis"] - before["redis"]) / n * 1e6,
+                    "wrk": (after["wrk"] - before["wrk"]) / n * 1e6,
+                }
+                runs[name].append(r)
 
         hits = _medians(runs, "per_second")
         p50, p99 = _medians(runs, "p50_ms"), _medians(runs, "p99_ms")
+        cpu_us = {
+            name: {part: statistics.median(r["cpu_us_per_request"][part] for r in rs)
+                   for part in ("server", "nginx", "redis", "wrk")}
+            for name, rs in runs.items()
+        }  # fmt: skip
         out[f"c{concurrency}"] = {
             "concurrency": concurrency,
             "hits_per_s": hits,
             "p50_ms": p50,
             "p99_ms": p99,
+            "cpu_us_per_request": cpu_us,
             "errors": {n: sum(r["errors"] for r in rs) for n, rs in runs.items()},
-            "service_vs_seed": _ratio(hits["service"], hits["seed"]),
-            "service_vs_echo": _ratio(hits["service"], hits["echo"]),
+            "service_vs": {n: _ratio(hits["service"], hits[n]) for n in names if n != "service"},
             "service_p99_over_p50": _ratio(p99["service"], p50["service"]),
             "runs": runs,
         }
@@ -579,22 +648,27 @@ def floor_share(echo_hits_per_s: float, floor: dict) -> float:
 
 def targets(report: dict) -> list[dict]:
     rows = []
+    bounds = (("seed", VS_SEED), ("echo_gthread", VS_ECHO_GTHREAD),
+              ("echo_granian", VS_ECHO_GRANIAN))  # fmt: skip
     for size in SIZES:
         r = report["sizes"][size]
         c = r["c8"]
-        rows.append({"target": f"L2 hits/s >= {VS_SEED}x seed behind nginx", "size": size,
-                     "value": c["service_vs_seed"],
-                     "met": c["service_vs_seed"] >= VS_SEED})  # fmt: skip
-        share = VS_ECHO[size]
-        floor = r["echo_share_digest_floor"]
-        bound = share if size == "5KB" else min(share, floor)
-        rows.append({"target": f"L2 hits/s >= {share}x echo"
-                     + ("" if size == "5KB" else f" (or the digest floor's share, {floor:.2f})"),
-                     "size": size, "value": c["service_vs_echo"],
-                     "met": c["service_vs_echo"] >= bound})  # fmt: skip
-        errors = {n: r[f"c{cc}"]["errors"][n] for cc in CONCURRENCIES for n in SERVERS}
+        for reference, shares in bounds:
+            if size in shares:
+                value = c["service_vs"][reference]
+                rows.append({"target": f"L2 hits/s >= {shares[size]}x {reference}, same nginx",
+                             "size": size, "value": value,
+                             "met": value >= shares[size]})  # fmt: skip
+        errors = {n: c["errors"][n] for n in c["errors"]}
         rows.append({"target": "no errors (every answer 200, no socket errors)", "size": size,
                      "value": errors, "met": not any(errors.values())})  # fmt: skip
+    five = report["sizes"]["5KB"]
+    served = five["c8"]["cpu_us_per_request"]["service"]["server"]
+    alone = report["in_process_us"]["5KB"]["cpu_us"]
+    rows.append({"target": f"the front's CPU per 5 KB hit <= {CPU_VS_IN_PROCESS:g}x the app's "
+                           f"in-process CPU ({alone:.0f} us)", "size": "5KB",
+                 "value": served / alone,
+                 "met": served / alone <= CPU_VS_IN_PROCESS})  # fmt: skip
     load_ = report["beside_misses"]
     rows.append({"target": f"hit p99 while {MISS_CLIENTS} clients send distinct misses <= "
                            f"{MISS_TAIL:g}x quiet p99", "size": "5KB",
@@ -618,29 +692,40 @@ def targets(report: dict) -> list[dict]:
 
 
 def table(report: dict) -> str:
+    names = list(report["sizes"]["5KB"]["c8"]["hits_per_s"])
     lines = [
-        f"L2 hits/s (wrk -t{WRK_THREADS}, {report['setup']['rounds']} x "
-        f"{report['setup']['seconds']} s per server, medians; L1 off), "
+        f"L2 hits/s (wrk -t{WRK_THREADS} -c8, {report['setup']['rounds']} x "
+        f"{report['setup']['seconds']} s per server, medians; L1 off; the same nginx), "
         f"{report['platform']['cpus']} cores, load {report['loadavg_before'][0]:.2f} -> "
         f"{report['loadavg_after'][0]:.2f}",
         "",
-        "| body | c | service | seed | echo | /seed | /echo | digest floor's /echo | "
-        "service p50 / p99 ms | errors s/sd/e |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "| server | " + " | ".join(f"{size} hits/s | CPU us/req (server+nginx)" for size in SIZES)
+        + " | errors |",
+        "|---|" + "---|---|" * len(SIZES) + "---|",
+    ]  # fmt: skip
+    for name in names:
+        cells = []
+        errors = 0
+        for size in SIZES:
+            c = report["sizes"][size]["c8"]
+            spent = c["cpu_us_per_request"][name]
+            hits = c["hits_per_s"][name]
+            cells.append(f"{hits:.0f} | {spent['server']:.0f}+{spent['nginx']:.0f}")
+            errors += c["errors"][name]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {errors} |")
     for size in SIZES:
-        r = report["sizes"][size]
-        for concurrency in CONCURRENCIES:
-            c = r[f"c{concurrency}"]
-            h = c["hits_per_s"]
-            e = c["errors"]
-            lines.append(
-                f"| {size} | {concurrency} | {h['service']:.0f} | {h['seed']:.0f} | "
-                f"{h['echo']:.0f} | {c['service_vs_seed']:.2f}x | {c['service_vs_echo']:.2f}x | "
-                f"{r['echo_share_digest_floor']:.2f}x | "
-                f"{c['p50_ms']['service']:.2f} / {c['p99_ms']['service']:.2f} | "
-                f"{e['service']}/{e['seed']}/{e['echo']} |"
-            )
+        ratios = report["sizes"][size]["c8"]["service_vs"]
+        lines.append(f"service / reference at {size}: " + ", ".join(
+            f"{n} {ratios[n]:.2f}x" for n in REFERENCES))  # fmt: skip
+    five = report["sizes"]["5KB"]["c8"]
+    alone = report["in_process_us"]["5KB"]["cpu_us"]
+    spent = five["cpu_us_per_request"]["service"]
+    lines += [
+        f"5 KB hit, CPU per request: front {spent['server']:.0f} us (in-process app "
+        f"{alone:.0f} us: {spent['server'] / alone:.2f}x), nginx {spent['nginx']:.0f} us, Redis "
+        f"{spent['redis']:.0f} us, wrk {spent['wrk']:.0f} us; p50 / p99 "
+        f"{five['p50_ms']['service']:.2f} / {five['p99_ms']['service']:.2f} ms",
+    ]
     m = report["beside_misses"]
     lines += [
         "",
@@ -713,7 +798,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     images = {size: (CORPUS / name).read_bytes() for size, name in SIZES.items()}
     report: dict[str, Any] = {
-        "issue": 36,
+        "issue": 45,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "commit": _git("rev-parse", "HEAD"),
         "tree_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
@@ -725,16 +810,17 @@ def main() -> int:
             "warmup_seconds": WARMUP_SECONDS, "load_rounds": LOAD_ROUNDS,
             "concurrencies": list(CONCURRENCIES),
             "client": f"wrk -t{WRK_THREADS} --timeout {WRK_TIMEOUT}",
-            "servers": {
-                "service": "python -m app serve (2 engine processes, the front's 2 gunicorn "
-                           "workers, gRPC on), EDGE=nginx (access log on), CACHE_L1_BYTES=0",
-                "seed": "bench/naive_app.py (Flask + GET + json.loads) under gunicorn (the "
-                        "front's options), behind app.edge.Edge (the same nginx template)",
-                "echo": "bench/echo_app.py (reads the body, answers a constant) under "
-                        "gunicorn (the front's options), behind app.edge.Edge",
-            },
+            "servers": {name: " ".join(server_command(name, Path("<socket>")))
+                        for name in SERVERS if name != "service"},
         },
     }  # fmt: skip
+    report["setup"]["servers"]["service"] = (
+        "python -m app serve (2 engine processes, the front's 2 granian WSGI workers, gRPC "
+        "on), EDGE=nginx (access log on), CACHE_L1_BYTES=0"
+    )
+    chosen = os.environ.get("BENCH_EDGE_SERVERS", "")
+    names = [n for n in SERVERS if not chosen or n in chosen.split(",") or n == "service"
+             or n in REFERENCES]  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="bench-edge-"))
     servers: dict[str, Server] = {}
     redis_server = EmbeddedRedis()
@@ -743,18 +829,18 @@ def main() -> int:
         redis_server.start()
         url = redis_server.url
         servers = {
-            name: Server(name, free_port(), "/v1/ocr" if name == "service" else "/ocr",
-                         tmp / f"{name}.log")
-            for name in SERVERS
+            name: Server(name, free_port(), "/v1/ocr" if name.startswith(("service", "front"))
+                         else "/ocr", tmp / f"{name}.log")
+            for name in names
         }  # fmt: skip
         start_service(servers["service"], url, ROOT)
-        start_behind_edge(servers["seed"], "bench.naive_app:app", url, tmp, nginx)
-        start_behind_edge(servers["echo"], "bench.echo_app:app", url, tmp, nginx)
-        start_edge(servers["seed"])
-        start_edge(servers["echo"])
+        for name in names[1:]:
+            start_behind_edge(servers[name], url, tmp, nginx)
+        for name in names[1:]:
+            start_edge(servers[name])
         probe = run.json_request("/ocr", images["5KB"])
         for s in servers.values():
-            if s.name == "service":
+            if s.path == "/v1/ocr":  # the fronts: their misses need the service's engines
                 ready = f"http://127.0.0.1:{s.port}/readyz"
                 wait_ready(s, lambda ready=ready: requests.get(ready, timeout=5).ok)
             else:
@@ -762,6 +848,7 @@ def main() -> int:
                 wait_ready(s, lambda t=target: requests.post(
                     t, data=probe.body, headers=probe.headers, timeout=120).ok)  # fmt: skip
         print("servers ready; measuring", flush=True)
+        redis_pid = redis_server.proc.pid if redis_server.proc is not None else 0
         report["sizes"] = {}
         report["first_hit_cache_status"] = {}
         for size, data in images.items():
@@ -779,10 +866,10 @@ def main() -> int:
                 "image_bytes": len(data),
                 "body_bytes": len(requests_["service"].body),
                 "floor": digest_floor(data),
-                **measure_size(servers, requests_),
+                **measure_size(servers, requests_, redis_pid),
             }
             entry["echo_share_digest_floor"] = floor_share(
-                entry["c8"]["hits_per_s"]["echo"], entry["floor"]
+                entry["c8"]["hits_per_s"]["echo_granian"], entry["floor"]
             )
             report["sizes"][size] = entry
             c = entry[f"c{CONCURRENCIES[0]}"]["hits_per_s"]
@@ -806,6 +893,11 @@ def main() -> int:
         # nginx's JSON access log, on as users run it (it went to the service's stdout).
         with service.log.open("rb") as log:
             report["service_access_log_lines"] = sum(line.startswith(b'{"time"') for line in log)
+        from bench.hitsplit import in_process  # it imports this module
+
+        report["in_process_us"] = in_process(
+            url, {size: run.json_request("/v1/ocr", data).body for size, data in images.items()}
+        )
         report["targets"] = targets(report)
         report["all_targets_met"] = all(t["met"] for t in report["targets"])
         ok = True

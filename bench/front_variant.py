@@ -1,10 +1,9 @@
 """``python -m bench.front_variant``: ``python -m app front`` with one part of a served hit
 taken away, for bench/hitsplit.py's decomposition. Measurement only: each knob patches the
-front before gunicorn forks (its workers inherit the patch); nothing here is a setting.
+front before its server forks (its workers inherit the patch); nothing here is a setting.
 
-- ``BENCH_WORKER_CLASS``: gunicorn's worker class (``sync``, ``gthread``, ``gevent``, ...);
 - ``BENCH_NO_METRICS=1``: no per-request Prometheus update (counters and histograms);
-- ``BENCH_NO_UPSTREAM_KEEPALIVE=1``: nginx opens a new unix-socket connection to gunicorn
+- ``BENCH_NO_UPSTREAM_KEEPALIVE=1``: nginx opens a new unix-socket connection to the front
   for every request (no ``keepalive`` in its upstream block).
 
 The real settings do the rest: ``GRPC_ENABLED=false``, ``EDGE_ACCESS_LOG=false``,
@@ -20,20 +19,8 @@ from typing import Any
 
 
 def _patch() -> None:
-    from app import edge, gunicorn_app
+    from app import edge
 
-    worker_class = os.environ.get("BENCH_WORKER_CLASS", "")
-    if worker_class:
-        options = gunicorn_app.gunicorn_options
-
-        def with_class(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            out = options(*args, **kwargs)
-            out["worker_class"] = worker_class
-            if worker_class == "gevent":
-                out["worker_connections"] = 1000
-            return out
-
-        gunicorn_app.gunicorn_options = with_class  # type: ignore[assignment]
     if os.environ.get("BENCH_NO_METRICS") == "1":
         from prometheus_client import metrics
 

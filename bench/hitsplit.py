@@ -1,24 +1,22 @@
 """`python -m bench.hitsplit` (issue 36 item 3): a served L2 hit, decomposed side by side.
 
-The same front (``python -m app front``: nginx + gunicorn workers, no engine; started
+The same front (``python -m app front``: nginx + the granian workers, no engine; started
 through bench/front_variant.py) several times over on one private Redis, each with one part
 taken away, beside an echo app and the seed design behind the same nginx, and the app's own
 WSGI callable called in-process (bench/profile_hit.py's figure, for the front's app):
 
-- ``front``: as shipped (gthread, WEB_THREADS threads, gRPC server in every worker, nginx's
-  JSON access log, Prometheus metrics per request, keep-alive between nginx and gunicorn);
+- ``front``: as shipped (granian WSGI, WEB_THREADS threads, gRPC server in every worker,
+  nginx's JSON access log, Prometheus metrics per request, keep-alive between nginx and it);
 - ``no_grpc`` / ``no_access_log`` / ``no_metrics`` / ``no_keepalive``: that one part off;
-- ``threads_1`` / ``threads_32``: gthread with that many threads;
-- ``sync`` / ``gevent``: gunicorn's other worker classes (gevent with gRPC off: grpcio does
-  not run under gevent's monkey patching);
+- ``threads_1`` / ``threads_32``: that many blocking threads per worker;
 - ``bare``: gRPC, access log and metrics all off;
-- ``echo_<class>``: bench/echo_app.py under gunicorn with that worker class, same nginx;
+- ``echo_<class>``: bench/echo_app.py under gunicorn (the reference) with that worker class;
 - ``seed``: bench/naive_app.py (Flask + GET + json.loads) under gthread, same nginx.
 
 For the 5 / 100 / 312 KB images (bench/hitpath.py's SIZES), wrk -t2 -c8, L1 off: hits/s
 (medians of ROUNDS rounds, the servers alternating, the order rotating), and the CPU each
 part of the machine spent per hit, read from /proc around every wrk run: nginx, the
-gunicorn workers, Redis, wrk. The in-process figure: microseconds of CPU per hit of the
+server's processes, Redis, wrk. The in-process figure: microseconds of CPU per hit of the
 front's WSGI app called directly (best of 5 batches).
 
 Results: bench/results/hitsplit.json; a table on stdout. Environment: BENCH_SPLIT_ROUNDS (2),
@@ -44,10 +42,20 @@ import requests
 from app.config import Settings
 from app.edge import Edge, find_nginx
 from app.embedded_redis import EmbeddedRedis, free_port
-from app.gunicorn_app import gunicorn_options
-from bench import load, run
-from bench.edge import Server, _git, _platform, _spawn, post, start_edge, stop, wait_ready
+from bench import cpu, load, run
+from bench.edge import (
+    Server,
+    _git,
+    _platform,
+    _spawn,
+    cpu_roots,
+    post,
+    start_edge,
+    stop,
+    wait_ready,
+)  # fmt: skip
 from bench.hitpath import CORPUS, SIZES
+from bench.reference import gunicorn_args
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -55,7 +63,6 @@ ROUNDS = int(os.environ.get("BENCH_SPLIT_ROUNDS", "2"))
 SECONDS = max(1, round(float(os.environ.get("BENCH_SPLIT_SECONDS", "4"))))
 WARMUP_SECONDS = 1
 CONCURRENCY = 8
-TICK = os.sysconf("SC_CLK_TCK")
 
 # name -> what it is: ("front", env) or (app, worker class, threads)
 FRONTS: dict[str, dict[str, str]] = {
@@ -66,73 +73,13 @@ FRONTS: dict[str, dict[str, str]] = {
     "no_keepalive": {"BENCH_NO_UPSTREAM_KEEPALIVE": "1"},
     "threads_1": {"WEB_THREADS": "1"},
     "threads_32": {"WEB_THREADS": "32"},
-    "sync": {"BENCH_WORKER_CLASS": "sync"},
-    "gevent": {"BENCH_WORKER_CLASS": "gevent", "GRPC_ENABLED": "false"},
     "bare": {"GRPC_ENABLED": "false", "EDGE_ACCESS_LOG": "false", "BENCH_NO_METRICS": "1"},
 }
 APPS: dict[str, tuple[str, str]] = {
     "echo_gthread": ("bench.echo_app:app", "gthread"),
     "echo_sync": ("bench.echo_app:app", "sync"),
-    "echo_gevent": ("bench.echo_app:app", "gevent"),
     "seed": ("bench.naive_app:app", "gthread"),
 }
-
-
-# ---------------------------------------------------------------- processes and their CPU
-
-
-def _stat(pid: int) -> tuple[str, int, float] | None:
-    """(comm, parent pid, CPU seconds) of a live process."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
-
-
-def _tree_cpu(root: int) -> dict[str, float]:
-    """CPU seconds so far of ``root`` and its descendants: nginx's processes apart."""
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _stat(int(entry))
-            if st is not None:
-                stats[int(entry)] = st
-    family, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (_, ppid, _) in stats.items():
-            if ppid == parent and pid not in family:
-                family.add(pid)
-                frontier.append(pid)
-    out = {"nginx": 0.0, "workers": 0.0}
-    for pid in family:
-        if pid in stats:
-            comm, _, cpu = stats[pid]
-            out["nginx" if comm.startswith("nginx") else "workers"] += cpu
-    return out
-
-
-def _server_cpu(server: Server) -> dict[str, float]:
-    """A server's processes: gunicorn's tree (a front's nginx is its master's child) and,
-    for an app, the nginx this process started for it."""
-    out = _tree_cpu(server.procs[0].pid)
-    if server.edge is not None and server.edge.pid is not None:
-        for part, cpu in _tree_cpu(server.edge.pid).items():
-            out[part] += cpu
-    return out
-
-
-def _cpu_now(servers: dict[str, Server], redis_pid: int) -> dict[str, Any]:
-    children = os.times()
-    redis_cpu = _stat(redis_pid)
-    return {
-        "servers": {n: _server_cpu(s) for n, s in servers.items()},
-        "redis": redis_cpu[2] if redis_cpu else 0.0,
-        "wrk": children.children_user + children.children_system,
-    }
 
 
 def start_front(name: str, redis_url: str, log: Path, env: dict[str, str]) -> Server:
@@ -155,16 +102,8 @@ def start_app(
     server = Server(name, free_port(), "/ocr", tmp / f"{name}.log")
     socket_path = tmp / f"{name}.sock"
     settings = Settings.from_env(run._env(HOST="127.0.0.1", HTTP_PORT=str(server.port)))
-    opts = gunicorn_options(settings, bind=f"unix:{socket_path}")
-    args = [
-        sys.executable, "-m", "gunicorn", app,
-        "--bind", opts["bind"], "--workers", str(run.WORKERS),
-        "--worker-class", worker_class, "--threads", str(run.THREADS),
-        "--timeout", str(opts["timeout"]), "--keep-alive", str(opts["keepalive"]),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    if worker_class == "gevent":
-        args += ["--worker-connections", "1000"]
+    threads = run.THREADS if worker_class == "gthread" else 1
+    args = gunicorn_args(app, f"unix:{socket_path}", run.WORKERS, threads, worker_class)
     server.procs.append(_spawn(args, server.log, ROOT, run._env(REDIS_URL=redis_url)))
     server.edge = Edge(settings, str(socket_path), nginx)
     server.edge.check()
@@ -241,9 +180,9 @@ def measure(
         k = round_ % len(names)
         for name in names[k:] + names[:k]:
             s = servers[name]
-            before = _cpu_now({name: s}, redis_pid)
+            before = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
             r = load.run_wrk(s.port, reqs[name], CONCURRENCY, SECONDS, "10s")
-            after = _cpu_now({name: s}, redis_pid)
+            after = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
             n = max(1, r["requests"])
             b, a = before["servers"][name], after["servers"][name]
             r["cpu_us_per_hit"] = {

@@ -28,8 +28,8 @@ from app import memory
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis, free_port
 from app.engines.paddle import PaddleOcrEngine
-from app.gunicorn_app import gunicorn_options
 from bench import entry_size, hitpath, load
+from bench.reference import gunicorn_args
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
@@ -82,14 +82,7 @@ def start_service(redis_url: str, port: int, grpc_port: int, **extra: str) -> su
 
 def start_naive(redis_url: str, port: int, app: str = "bench.naive_app:app") -> subprocess.Popen:
     """The naive baseline (or, with ``app``, another WSGI app) under the service's settings."""
-    opts = gunicorn_options(Settings.from_env({}))
-    args = [
-        sys.executable, "-m", "gunicorn", app,
-        "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
-        "--worker-class", opts["worker_class"], "--threads", str(THREADS),
-        "--timeout", str(opts["timeout"]), "--keep-alive", str(opts["keepalive"]),
-        "--log-level", "warning",
-    ]  # fmt: skip
+    args = gunicorn_args(app, f"127.0.0.1:{port}", WORKERS, THREADS)
     return subprocess.Popen(args, cwd=ROOT, env=_env(REDIS_URL=redis_url))
 
 

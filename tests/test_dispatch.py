@@ -398,12 +398,10 @@ def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
     assert feeders == {f"dispatch-{slot}": 1 for slot in range(4)}
 
 
-def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):
-    """The worker_exit hook reaches the real ``OcrService`` (an attribute object, not a dict):
-    the worker's feeders leave the consumer group and take no more tickets."""
-    from types import SimpleNamespace
-
-    from app import gunicorn_app
+def test_front_worker_exit_stops_the_feeders(settings, redis_client):
+    """A front worker's exit (``app.front_server.worker_exit``) reaches the real
+    ``OcrService``: the worker's feeders leave the consumer group and take no more tickets."""
+    from app import front_server
     from app.service import OcrService
 
     # Feeders of this cache only: one of an earlier test may still be ending its call.
@@ -418,13 +416,8 @@ def test_gunicorn_worker_exit_stops_the_feeders(settings, redis_client):
 
     assert feeders()
     service = OcrService(settings, cache, None, {}, OcrParams(), "ocr", 0.5, None)  # type: ignore[arg-type]
-    worker = SimpleNamespace(
-        wsgi=SimpleNamespace(extensions={"ocr": service}),
-        cfg=SimpleNamespace(graceful_timeout=1),
-    )
-    gunicorn_app._worker_exit(None, worker)
+    front_server.worker_exit(service)
     assert feeders() == []
-    gunicorn_app._worker_exit(None, SimpleNamespace(wsgi=None))  # before the app exists
 
 
 def test_fronts_with_other_encryption_keys_never_compute_for_each_other(settings, redis_client):

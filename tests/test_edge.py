@@ -180,7 +180,7 @@ def test_the_rendered_configuration_passes_nginx_t(case, certificate, tmp_path):
         environ["TLS_CERT_FILE"], environ["TLS_KEY_FILE"] = certificate
     settings = Settings.from_env(environ)
     assert NGINX is not None
-    edge = Edge(settings, str(tmp_path / "gunicorn.sock"), NGINX)
+    edge = Edge(settings, str(tmp_path / "front.sock"), NGINX)
     try:
         text = Path(edge.config).read_text()
         for line in expected:
@@ -199,7 +199,7 @@ def test_nginx_t_refuses_a_broken_certificate(tmp_path):
     key.write_text("not a key\n")
     settings = Settings.from_env({"TLS_CERT_FILE": str(cert), "TLS_KEY_FILE": str(key)})
     assert NGINX is not None
-    edge = Edge(settings, str(tmp_path / "gunicorn.sock"), NGINX)
+    edge = Edge(settings, str(tmp_path / "front.sock"), NGINX)
     try:
         with pytest.raises(RuntimeError, match="nginx refused its configuration"):
             edge.check()
@@ -377,7 +377,7 @@ def test_rest_miss_then_hit_through_nginx_with_the_access_log(edge):
         assert line["client"] == source and line["status"] == 200
         assert line["method"] == "POST" and line["path"] == "/v1/ocr"
         assert line["protocol"] == "HTTP/1.1"
-        # gunicorn's time, and nginx's whole time (timed apart: neither bounds the other).
+        # the front server's time, and nginx's whole time (timed apart: neither bounds the other).
         assert float(line["upstream_seconds"]) >= 0 and line["seconds"] >= 0
         assert line["request_bytes"] > len(_image_body()["image"])
 
@@ -540,7 +540,8 @@ def test_rate_limit_429_in_each_protocols_form_and_probes_never_limited(edge):
 
 def test_a_huge_form_field_beside_an_image_is_a_rest_4xx(edge):
     """multipart: ``min_score`` = 2 MB of digits next to a normal image, through nginx and
-    gunicorn: the client's error in REST form, never a 5xx (several times: it was a race)."""
+    the front's server: the client's error in REST form, never a 5xx (several times: it was a
+    race)."""
     session = client()
     statuses = []
     for _ in range(6):
@@ -613,7 +614,7 @@ def test_tls_with_http2_and_http11(edge, redis_server, certificate, tmp_path):
         assert service.stop() == 0, service.output[-4000:]
 
 
-def test_edge_none_gunicorn_answers_the_port_itself(edge, redis_server, tmp_path):
+def test_edge_none_the_front_server_answers_the_port_itself(edge, redis_server, tmp_path):
     service = Service(_serving_env(tmp_path, edge, redis_server, EDGE="none"))
     try:
         service.wait_ready()
@@ -722,7 +723,9 @@ def test_without_nginx_rate_limit_or_tls_is_a_configuration_error(
     assert lines[0].startswith(f"configuration error: {named}") and "no nginx" in lines[0]
 
 
-def test_without_nginx_gunicorn_serves_with_one_warning(edge, redis_server, hidden_nginx, tmp_path):
+def test_without_nginx_the_front_server_serves_with_one_warning(
+    edge, redis_server, hidden_nginx, tmp_path
+):
     env = _serving_env(tmp_path, edge, redis_server, **_no_nginx_env())
     service = Service(env, hidden_nginx)
     try:
@@ -734,7 +737,7 @@ def test_without_nginx_gunicorn_serves_with_one_warning(edge, redis_server, hidd
         assert service.stop() == 0, service.output[-4000:]
     warnings = [line for line in service.lines if "no nginx on PATH" in line]
     assert len(warnings) == 1 and "WARNING" in warnings[0], service.output[-3000:]
-    assert "gunicorn serves 127.0.0.1:" in warnings[0]
+    assert "the front's server serves 127.0.0.1:" in warnings[0]
     assert "edge: nginx" not in service.output
 
 
@@ -743,7 +746,7 @@ def test_without_nginx_gunicorn_serves_with_one_warning(edge, redis_server, hidd
 
 def test_graceful_stop_finishes_a_request_in_flight(edge):
     """SIGTERM while a slow miss is computing: nginx quits gracefully first (the request is
-    answered by the still-running worker), then gunicorn; exit 0, no nginx left behind."""
+    answered by the still-running worker), then the front's server; exit 0, no nginx left behind."""
     pids = edge.nginx_pids()
     assert pids, "nginx is not running under the service"
     result: dict[str, Any] = {}

@@ -28,7 +28,7 @@ LEAVES = {"app.vocabulary", "app.redis_url", "app.redaction"}
 READING = {"app.env"}
 # Servers and what only they use; entry points start them.
 SERVERS = {"app.web", "app.grpc_server", "app.edge", "app.service"}
-ENTRY_POINTS = {"app.__main__", "app.gunicorn_app", "app.supervisor", "app.engine_process"}
+ENTRY_POINTS = {"app.__main__", "app.front_server", "app.supervisor", "app.engine_process"}
 # What an engine may import besides other engine modules: the vocabulary, the image type of
 # ``OcrRequest``, the redaction policy (``engines.redacting``), the wire formats a remote
 # engine speaks as a client (pdserving's result string, the pipeline's gRPC stubs), and the

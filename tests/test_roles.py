@@ -277,7 +277,7 @@ def front_without_engines(tmp_path, redis_server) -> Iterator[tuple[str, int]]:
     )  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "front"], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=open("/tmp/dbg.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:

@@ -1,4 +1,4 @@
-"""The service as `make run` starts it: `python -m app serve` under gunicorn, 2 workers,
+"""The service as `make run` starts it: `python -m app serve` (the front under granian, 2 workers),
 the private Redis started because REDIS_URL is unset, metrics summed over workers."""
 
 from __future__ import annotations
@@ -142,23 +142,31 @@ def test_readyz_is_503_until_the_engine_is_loaded(make_app, base_settings):
     assert client.get("/readyz").get_json()["engine"] == "ready"
 
 
-def test_gunicorn_cli_with_the_config_file(tmp_path, redis_server):
-    """`gunicorn -c gunicorn.conf.py "app.web:create_app()"` runs the same service: HTTP,
-    gRPC from the worker, metrics summed through the multiprocess directory."""
+def test_granian_cli_runs_the_front(tmp_path, redis_server):
+    """granian's own CLI with the front's factory (docs/DEPLOYMENT.md) runs the same front:
+    HTTP, gRPC from the worker, metrics summed through the multiprocess directory; its miss
+    is computed by an engine process on the queue, as under `python -m app front`."""
     import grpc
 
     from app.protocols.pipeline_stubs import pb2, pb2_grpc
 
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port, engine_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    (tmp_path / "metrics").mkdir()
     env.update(
         HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port), WEB_CONCURRENCY="1",
-        ENGINE_PROCESSES="1",
+        ENGINE_PROCESSES="1", ENGINE_PORT=str(engine_port),
         REDIS_URL=redis_server.url, OCR_WORK_DIR=str(tmp_path / "models"),
-        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), CACHE_KEY_PREFIX="gunicorn-cli",
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), CACHE_KEY_PREFIX="granian-cli",
+    )  # fmt: skip
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "app", "engine"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "app.web:create_app()"],
+        [sys.executable, "-m", "granian", "--interface", "wsgi", "--factory",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--blocking-threads", "8", "app.front_server:load_worker"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -178,8 +186,10 @@ def test_gunicorn_cli_with_the_config_file(tmp_path, redis_server):
         )
         assert reply.err_no == 0 and dict(call.trailing_metadata())["x-cache"] == "HIT"
         metrics = requests.get(f"{base}/metrics", timeout=5).text
-        assert metric_sum(metrics, "ocr_engine_calls_total") == 1
+        assert metric_sum(metrics, "ocr_engine_calls_total") == 1  # the engine's, summed
     finally:
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
+        engine.send_signal(signal.SIGTERM)
+        engine.communicate(timeout=60)
     assert proc.returncode == 0, output

@@ -1,5 +1,5 @@
 """Traces of the served path (issue 40), through a real ``python -m app serve`` (nginx, the
-front's gunicorn workers, an engine process, the queue) exporting OTLP/HTTP to a receiver in
+front's granian workers, an engine process, the queue) exporting OTLP/HTTP to a receiver in
 this test (``tests/otlp_receiver.py``, decoding with ``opentelemetry-proto``): a miss sent
 with a ``traceparent`` comes back as spans of that trace from the front and the engine
 process, the cache outcome on them; a hit's spans say hit; the JSON log lines of both
@@ -158,8 +158,8 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
     assert any("queued on lane" in line.get("message", "") for line in ours)
     assert any("computed and stored" in line.get("message", "") for line in ours)
     assert all(line["span_id"] for line in ours)
-    assert any(line.get("logger") == "gunicorn.error" for line in lines)  # gunicorn's own too
-    assert not any("] [INFO] Booting worker" in line for line in output.splitlines())
+    assert any(line.get("logger") == "_granian" for line in lines)  # the server's own too
+    assert not any(line.startswith("[INFO]") for line in output.splitlines())  # granian's text
     access = [line for line in lines if "request_bytes" in line]
     assert {miss_id, hit_id} <= {line.get("trace_id") for line in access}
 

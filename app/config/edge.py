@@ -1,4 +1,4 @@
-"""The edge (nginx) in front of gunicorn: ``Settings.edge``."""
+"""The edge (nginx) in front of the front's server: ``Settings.edge``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from app.env import RateLimit, Section, env
 @dataclass(frozen=True)
 class EdgeSettings(Section):
     TITLE = "The edge (nginx)"
-    INTRO = "`python -m app serve` puts nginx on `HOST:HTTP_PORT` in front of gunicorn's unix socket (`app/edge.py` renders `app/nginx.conf.j2`); see [DEPLOYMENT.md](DEPLOYMENT.md#the-edge-nginx)."
+    INTRO = "`python -m app serve` puts nginx on `HOST:HTTP_PORT` in front of the front server's unix socket (`app/edge.py` renders `app/nginx.conf.j2`); see [DEPLOYMENT.md](DEPLOYMENT.md#the-edge-nginx)."
 
     mode: str = env(
         "EDGE",
@@ -24,7 +24,7 @@ class EdgeSettings(Section):
         "EDGE_SOCKET",
         e.absolute_path,
         "",
-        "gunicorn's unix socket; unset: a private folder (`EDGE=nginx`); required with `EDGE=external`",
+        "the front server's unix socket; unset: a private folder (`EDGE=nginx`); required with `EDGE=external`",
     )
     nginx: str = env(
         "EDGE_NGINX",

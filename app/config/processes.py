@@ -1,4 +1,4 @@
-"""The process roles: fronts (gunicorn workers, no engine) and engine processes
+"""The process roles: fronts (granian workers, no engine) and engine processes
 (``Settings.processes``)."""
 
 from __future__ import annotations

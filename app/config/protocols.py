@@ -19,11 +19,17 @@ class GrpcSettings(Section):
         0,
         "message limit, both ways (0: `MAX_REQUEST_BYTES`)",
     )
+    threads: int = env(
+        "GRPC_THREADS",
+        e.integer(1, 256),
+        32,
+        "gRPC's threads per front worker: RPCs served at once, a miss waiting for an engine holding one",
+    )
     max_concurrent_rpcs: int = env(
         "GRPC_MAX_CONCURRENT_RPCS",
         e.integer(0, 100_000),
         0,
-        "RPCs in progress or queued per worker before `RESOURCE_EXHAUSTED` (0: 4 x `WEB_THREADS`)",
+        "RPCs in progress or queued per worker before `RESOURCE_EXHAUSTED` (0: 4 x `GRPC_THREADS`)",
     )
 
 

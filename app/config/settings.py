@@ -143,7 +143,7 @@ class Settings:
 
     def engine_callers(self) -> int:
         """Threads of one worker that may call the engine at once: HTTP's, and gRPC's too."""
-        return self.server.web_threads * (2 if self.grpc.enabled else 1)
+        return self.server.web_threads + (self.grpc.threads if self.grpc.enabled else 0)
 
     def grpc_message_limit(self) -> int:
         """gRPC message limit, both ways: ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""

@@ -127,7 +127,7 @@ class PaddleOcrEngine(EngineBase):
         """Import Paddle now, in the calling (main) thread, keeping Python's signal handlers.
 
         ``import paddle`` installs C++ handlers that abort the process on SIGTERM, which would
-        turn gunicorn's graceful shutdown into lost requests. We switch them off and re-arm
+        turn a server's graceful shutdown into lost requests. We switch them off and re-arm
         the Python handlers, which only the main thread may do.
         """
         import signal

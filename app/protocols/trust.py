@@ -47,8 +47,8 @@ def shows_cache_status(trusted: bool, settings: ControlSettings) -> bool:
 
 
 def http_client_address(environ: Mapping[str, object]) -> str:
-    """REMOTE_ADDR; on gunicorn's unix socket (empty REMOTE_ADDR) only our nginx edge connects,
-    and it sets X-Forwarded-For to the client's address, replacing any the client sent."""
+    """REMOTE_ADDR; on the front server's unix socket (empty REMOTE_ADDR) only our nginx edge
+    connects, and it sets X-Forwarded-For to the client's address, replacing any the client sent."""
     remote = str(environ.get("REMOTE_ADDR") or "")
     if remote:
         return remote

@@ -57,7 +57,7 @@ class Call:
 
     @property
     def via_edge(self) -> bool:
-        """Over gunicorn's unix socket: only the edge connects there."""
+        """Over the front server's unix socket: only the edge connects there."""
         return not self.request.environ.get("REMOTE_ADDR")
 
     @property

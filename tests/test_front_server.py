@@ -1,0 +1,238 @@
+"""The front's server (granian, app/front_server.py) keeps what gunicorn did for the front:
+a crashed worker is replaced and its live gauges dropped, a hung worker is killed and
+replaced, a worker over its memory bound is replaced, keep-alive outlasts nginx's, no
+forwarded header is trusted, its own lines are JSON, nginx starts only once a worker listens."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from app.config import Settings
+from app.edge import UPSTREAM_KEEPALIVE_SECONDS, render
+from app.embedded_redis import free_port
+from app.front_server import server_options
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.deploy
+
+TOKEN = "front-server-test-token-0123"
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, output: Callable[[], str]) -> Any:
+    """Poll ``check`` until it returns something true; on the deadline, what the front wrote."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout} s; the front wrote:\n{output()[-3000:]}")
+
+
+class Front:
+    """`python -m app front` (nginx at the edge, 2 workers, no engine), its output in a file."""
+
+    def __init__(self, tmp: Path, redis_url: str, **extra: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.metrics = tmp / "metrics"
+        self.log = tmp / "front.log"
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        env.update(
+            HOST="127.0.0.1", HTTP_PORT=str(self.port), GRPC_PORT=str(free_port()),
+            WEB_CONCURRENCY="2", REDIS_URL=redis_url, ENGINE_TOKEN=TOKEN,
+            ENGINE_URLS=f"http://127.0.0.1:{free_port()}", ENGINE_WAIT_SECONDS="1",
+            OCR_WORK_DIR=str(tmp / "models"), PROMETHEUS_MULTIPROC_DIR=str(self.metrics),
+            CACHE_KEY_PREFIX=f"front{self.port}", LOG_FORMAT="json", **extra,
+        )  # fmt: skip
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app", "front"], cwd=ROOT, env=env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        wait_for(self.answers, 90, "the front did not answer /healthz", self.output)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def answers(self) -> bool:
+        try:
+            return requests.get(f"{self.base}/healthz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def workers(self) -> list[int]:
+        """The server's worker processes: its children running the front (not nginx)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.proc.pid and b"app\0front" in cmdline:
+                found.append(int(entry.name))
+        return sorted(found)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+
+@pytest.fixture()
+def front_factory(tmp_path: Path, redis_server: Any) -> Iterator[Callable[..., Front]]:
+    started: list[Front] = []
+
+    def start(**extra: str) -> Front:
+        front = Front(tmp_path, redis_server.url, **extra)
+        started.append(front)
+        return front
+
+    yield start
+    for front in started:
+        front.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_worker_is_replaced_and_its_live_gauges_dropped(front_factory):
+    front = front_factory()
+    workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
+                       "two workers", front.output)  # fmt: skip
+    victim = workers[0]
+    assert any(f"_{victim}.db" in p.name for p in front.metrics.iterdir())
+    os.kill(victim, signal.SIGKILL)
+    replaced = wait_for(
+        lambda: len(front.workers()) == 2 and victim not in front.workers() and front.workers(),
+        30, "the killed worker was not replaced", front.output,
+    )  # fmt: skip
+    assert workers[1] in replaced  # the other one served on
+    # Its live gauges are gone from the folder (mark_process_dead); its counters stay summed.
+    wait_for(
+        lambda: not any("live" in p.name and f"_{victim}.db" in p.name
+                        for p in front.metrics.iterdir()),
+        15, "the dead worker's live gauges were not removed", front.output,
+    )  # fmt: skip
+    assert all(front.answers() for _ in range(6))
+    assert front.stop() == 0, front.output()[-3000:]
+
+
+def test_a_hung_worker_is_killed_and_replaced(front_factory):
+    """A worker whose interpreter is stuck (here: stopped) sends no heartbeat: after
+    FRONT_HUNG_SECONDS the server kills it and starts another, as gunicorn's timeout did."""
+    front = front_factory(FRONT_HUNG_SECONDS="3")
+    workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
+                       "two workers", front.output)  # fmt: skip
+    hung = workers[0]
+    os.kill(hung, signal.SIGSTOP)
+    wait_for(lambda: not _alive(hung), 30, "the stopped worker was not killed", front.output)
+    wait_for(lambda: len(front.workers()) == 2, 30, "no replacement", front.output)
+    assert "sent no heartbeat" in front.output()
+    assert all(front.answers() for _ in range(6))
+    assert front.stop() == 0, front.output()[-3000:]
+
+
+def test_a_worker_over_its_memory_bound_is_replaced(front_factory):
+    """FRONT_MAX_RSS_MB: a worker over it (here every worker: 1 MB) is replaced, its
+    successor started first: the front answers throughout."""
+    front = front_factory(FRONT_MAX_RSS_MB="1")
+    first = set(wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
+                         "two workers", front.output))  # fmt: skip
+    deadline = time.monotonic() + 40
+    while not first.isdisjoint(front.workers()) or len(front.workers()) < 2:
+        assert time.monotonic() < deadline, front.output()[-3000:]
+        assert front.answers()
+        time.sleep(0.5)
+    assert front.stop() == 0, front.output()[-3000:]
+
+
+def test_the_server_log_lines_are_json_and_nginx_started_after_a_worker_listened(front_factory):
+    front = front_factory()
+    assert front.stop() == 0
+    lines = [json.loads(line) for line in front.output().splitlines() if line.startswith('{"')]
+    ours = [line for line in lines if line.get("logger", "").startswith("_granian")]
+    assert any("Spawning worker" in line["message"] for line in ours), front.output()[-2000:]
+    assert not any(line.startswith("[INFO]") for line in front.output().splitlines())
+    assert "seems quite high" not in front.output()  # the thread-count warning is dropped
+    # No request reached nginx before a worker listened: none was refused (a 502).
+    assert "Connection refused" not in front.output()
+
+
+def test_keep_alive_outlasts_nginx_upstream_connections():
+    """granian closes an idle connection after its header read timeout; nginx must close its
+    upstream connections first, or it may send a POST on one being closed."""
+    settings = Settings.from_env({})
+    http1 = server_options(settings, "/tmp/x.sock")["http1_settings"]
+    assert http1.keep_alive and http1.header_read_timeout / 1000 > UPSTREAM_KEEPALIVE_SECONDS
+    config = render(settings, "/tmp/x.sock", "/tmp/run", ())
+    assert f"keepalive_timeout {UPSTREAM_KEEPALIVE_SECONDS}s;" in config
+
+
+def report_environ(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """The WSGI environ's routing and scheme keys, as the front's server builds them."""
+    keys = ("wsgi.url_scheme", "SCRIPT_NAME", "PATH_INFO", "REMOTE_ADDR", "HTTP_HOST")
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps({k: environ.get(k) for k in keys}).encode()]
+
+
+def test_the_server_trusts_no_forwarded_header(tmp_path):
+    """With the front's own server options on its unix socket: a client's forwarding, scheme
+    or script-name headers change nothing in the environ (nginx is the only one that sets
+    the client's address, in X-Forwarded-For, app/protocols/trust.py)."""
+    sock = tmp_path / "front.sock"
+    code = (
+        "from app.config import Settings; from app.front_server import server_options; "
+        "from granian.server.mp import MPServer; "
+        f"o = server_options(Settings.from_env({{'WEB_CONCURRENCY': '1'}}), {str(sock)!r}); "
+        "o['target'] = 'tests.test_front_server:report_environ'; MPServer(**o).serve()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        head = (
+            b"GET /v1/ocr HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Forwarded-Proto: https\r\n"
+            b"X-Forwarded-Host: evil.example\r\nX-Script-Name: /v1\r\nX-Forwarded-Prefix: /v1\r\n"
+            b"Forwarded: for=10.0.0.1;proto=https\r\nConnection: close\r\n\r\n"
+        )
+        answer = b""
+        deadline = time.monotonic() + 30
+        while not answer:
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                with socket.socket(socket.AF_UNIX) as client:
+                    client.connect(str(sock))
+                    client.sendall(head)
+                    while chunk := client.recv(65536):
+                        answer += chunk
+            except OSError:
+                time.sleep(0.2)
+        environ = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert environ == {"wsgi.url_scheme": "http", "SCRIPT_NAME": "", "PATH_INFO": "/v1/ocr",
+                           "REMOTE_ADDR": "", "HTTP_HOST": "127.0.0.1"}  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
