@@ -144,11 +144,14 @@ bench: install
 	$(BIN)/python -m bench.fairness_jobs
 	$(BIN)/python -m bench.tracing
 
-# Issues 23 and 36 alone: the service's L2 hits against the seed design and an echo app behind
-# the same nginx (wrk -t2 -c8, L1 off, 5/100/312 KB); hits beside misses and with every engine
-# stopped; front worker RSS (about 8 minutes); bench/results/edge.json. The decomposition of a
-# served hit: python -m bench.hitsplit.
-bench-edge: install ; $(BIN)/python -m bench.edge
+# Issues 23, 36 and 45 alone: the service's L2 hits against the seed design, echo apps and the
+# candidate servers behind the same nginx (wrk -t2 -c8, L1 off, 5/100/312 KB, CPU per request);
+# hits beside misses and with every engine stopped; front worker RSS (about 15 minutes);
+# bench/results/edge.json. Then tracing's cost on hits (bench/results/tracing.json). The
+# decomposition of a served hit, one part taken away at a time: python -m bench.hitsplit.
+bench-edge: install
+	$(BIN)/python -m bench.edge
+	$(BIN)/python -m bench.tracing
 
 # The fair queue alone: tenant B's misses while tenant A floods the queue, FIFO against
 # deficit round robin with and without interjection (about 45 minutes on 2 cores;

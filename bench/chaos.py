@@ -62,7 +62,7 @@ import requests
 from PIL import Image, ImageDraw, ImageFont
 
 from tests.helpers import metric_sum
-from tests.images.containers import PORT_TAKEN, Reserved, gunicorn_workers, processes
+from tests.images.containers import PORT_TAKEN, Reserved, front_workers, processes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared"))
@@ -204,7 +204,7 @@ class Stack:
         return processes(self.container(service))
 
     def worker_pids(self, service: str) -> list[int]:
-        return gunicorn_workers(self.container(service))
+        return front_workers(self.container(service))
 
     def healthy(self, service: str) -> bool:
         out = self.docker(
@@ -424,7 +424,7 @@ def fault_worker_kill(stack: Stack, load: Load) -> str:
         "-c",
         f"import os, signal; os.kill({pid}, signal.SIGKILL)",
     )
-    return f"kill -9 of gunicorn worker {pid} in front"
+    return f"kill -9 of front worker {pid} in front"
 
 
 def fault_engine_kill(stack: Stack, load: Load) -> str:

@@ -14,7 +14,7 @@ Faults at set times, each the orchestrator's part done as Kubernetes would:
   misses wait and run; its replica takes over, and the dead node is started again 10 s later
   (it rejoins empty, as a replica);
 - ``engine_kill``: ``kill -9`` of an engine process mid-load (started again a second later);
-- ``worker_kill``: ``kill -9`` of a front's gunicorn worker (gunicorn replaces it).
+- ``worker_kill``: ``kill -9`` of a front's worker (granian replaces it).
 
 Passes when no answer is wrong, non-200s fell only within 20 s after a fault and are under
 5 % of all requests, and a fresh miss is answered within 60 s after the run.
@@ -111,7 +111,7 @@ def fault_worker_kill(cluster: LoopbackCluster, fleet: Fleet, load: Load) -> str
     front = random.choice(fleet.fronts)
     pid = random.choice(front.workers())
     os.kill(pid, signal.SIGKILL)
-    return f"kill -9 of front worker {pid} (front :{front.port}; gunicorn replaces it)"
+    return f"kill -9 of front worker {pid} (front :{front.port}; granian replaces it)"
 
 
 FAULTS = {

@@ -120,7 +120,7 @@ def start_engine(redis_url: str, log: Path) -> subprocess.Popen:
 
 
 def environ(body: bytes) -> dict[str, Any]:
-    """A JSON hit's WSGI environ, as gunicorn builds it behind the edge (bench/profile_hit.py's)."""
+    """A JSON hit's WSGI environ, as the front's server builds it behind the edge."""
     return {
         "REQUEST_METHOD": "POST", "PATH_INFO": "/v1/ocr", "SCRIPT_NAME": "",
         "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
@@ -133,7 +133,7 @@ def environ(body: bytes) -> dict[str, Any]:
 
 
 def in_process(redis_url: str, bodies: dict[str, bytes]) -> dict[str, dict[str, float]]:
-    """The front's WSGI app called as gunicorn calls it, on the same Redis (L1 off): per hit,
+    """The front's WSGI app called as its server calls it, on the same Redis (L1 off): per hit,
     wall and this thread's CPU microseconds, best of 5 batches."""
     from app.web import create_app
 
@@ -212,7 +212,7 @@ def table(report: dict) -> str:
     lines = [
         f"L2 hits (wrk -t2 -c{CONCURRENCY}, L1 off, {report['setup']['rounds']} x "
         f"{report['setup']['seconds']} s per server, medians; {report['platform']['cpus']} "
-        f"cores; CPU us per hit: nginx / gunicorn workers / Redis / wrk)",
+        f"cores; CPU us per hit: nginx / server processes / Redis / wrk)",
         "",
     ]
     for size, r in report["sizes"].items():

@@ -5,8 +5,9 @@
 # machine, `front` the edge and the front workers (no engine), `engine` the miss queue's
 # consumer with the OCR engine (port ENGINE_PORT), `edge` nginx alone (the Kubernetes front
 # pod's second container). Each runs in the foreground. `exec` makes it this
-# process, so the SIGTERM that tini/docker/kubelet forwards reaches it directly: gunicorn stops
-# accepting, finishes in-flight requests (graceful_timeout) and the command exits 0.
+# process, so the SIGTERM that tini/docker/kubelet forwards reaches it directly: the front's
+# server (granian) stops accepting, finishes in-flight requests (within REQUEST_TIMEOUT_SECONDS)
+# and the command exits 0.
 set -eu
 
 # Run from the directory that holds the `app` package (/opt/ocr in the image).

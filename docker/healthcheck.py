@@ -5,9 +5,9 @@ Where it asks, from the same environment the service reads (app/config):
 - an engine (``healthcheck.py engine``, or the container's command is ``engine``: PID 1's
   command line ends with it, as tini runs ``entrypoint.sh engine``): its own port
   ``ENGINE_PORT`` (default 18100) on the loopback address;
-- ``EDGE=external`` (the Kubernetes pod's front container): gunicorn's unix socket
+- ``EDGE=external`` (the Kubernetes pod's front container): granian's unix socket
   ``EDGE_SOCKET`` directly, since the edge runs in another container;
-- otherwise ``HTTP_PORT`` on the loopback address (nginx, or gunicorn itself with ``EDGE=none``
+- otherwise ``HTTP_PORT`` on the loopback address (nginx, or granian itself with ``EDGE=none``
   or no nginx installed), over https without verifying the certificate when ``TLS_CERT_FILE``
   is set (nginx then speaks TLS only; the certificate names the public host, not 127.0.0.1).
 """

@@ -31,7 +31,7 @@ SHORT = CORPUS / "rapidocr_short.png"
 # The test layers: every test file declares one (``pytestmark``); a test may add a heavier one.
 #   unit         in-process, no engine, no processes (``make test-fast``)
 #   integration  the real OCR engine, a subprocess or a server
-#   deploy       images, gunicorn fleets, nginx, alert rules, a browser
+#   deploy       images, served fleets, nginx, alert rules, a browser
 #   slow         long property/fuzz runs, fail-over topologies, upstream parity (with another)
 LAYERS = ("unit", "integration", "deploy")
 # Fixtures that load the real engine: a test that uses one is not a unit test.

@@ -5,7 +5,7 @@ fleet's fault tests (tests/test_fleet_cluster.py), ``make chaos-fleet`` (bench/c
 and the fleet benchmark (bench/fleet.py).
 
 The fleet stands in for the orchestrator too: an engine process that dies is started again
-(a Deployment's restart), as the kubelet would; a front's dead worker is gunicorn's to
+(a Deployment's restart), as the kubelet would; a front's dead worker is granian's to
 replace. Nothing here is a fake: every part is what production runs."""
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ class Role:
         return "".join(self.output)[-chars:]
 
     def children(self) -> list[int]:
-        """Its own processes (gunicorn workers of a front; nginx too)."""
+        """Its own processes (granian workers of a front; nginx too)."""
         if self.proc is None:
             return []
         out = []
@@ -303,7 +303,7 @@ class Role:
         return out
 
     def workers(self) -> list[int]:
-        """A front's gunicorn workers (its master's children running ``app front``)."""
+        """A front's granian workers (its master's children running ``app front``)."""
         return [p for p in self.children() if _cmdline(p).endswith("-m app front ")]
 
     def stop(self, timeout: float = 60.0) -> None:

@@ -1,6 +1,6 @@
 """The real app (real engine, real Redis) on a real HTTP port, for clients that run outside
 the test process: the CLI in a subprocess, Chromium. werkzeug's threaded server, so
-concurrent requests overlap as they do under gunicorn's threads."""
+concurrent requests overlap as they do under the front server's threads."""
 
 from __future__ import annotations
 

@@ -454,7 +454,7 @@ class Endless(io.RawIOBase):
 
 
 LIMIT = 4096
-# What gunicorn hands a chunked request: no length, a stream the server terminates.
+# What granian hands a chunked request: no length, a stream the server terminates.
 CHUNKED = {"HTTP_TRANSFER_ENCODING": "chunked", "wsgi.input_terminated": True}
 OVERSIZE_TARGETS = [
     ("/v1/ocr", "application/json"),

@@ -49,8 +49,8 @@ FRONT_PORTS = {9998, 18091}
 HTTP_PORT, GRPC_PORT = 9998, 18091
 # The engine role's own port (issue 36): /healthz, /readyz, /metrics, the direct endpoint.
 ENGINE_PORT = 18100
-# The pod's two containers (k8s/base/front-deployment.yaml) share gunicorn's socket here.
-EDGE_SOCKET = "/run/ocr/gunicorn.sock"
+# The pod's two containers (k8s/base/front-deployment.yaml) share the front server's socket here.
+EDGE_SOCKET = "/run/ocr/front.sock"
 # Settings that are gone (app/config REMOVED: the h11 front's, and ENGINE_QUEUE_MAX with the
 # roles apart): set anywhere, they stop start-up, so nothing may set them.
 REMOVED_SETTINGS = ("HTTP_FRONT", "HTTP_FRONT_HITS", "HTTP_FRONT_PROCESSES", "ENGINE_QUEUE_MAX")
@@ -173,7 +173,7 @@ def _apt_packages(path: Path) -> list[str]:
     [("Dockerfile", "nginx-light=1.22.1-*"), ("Dockerfile.gpu", "nginx")],
 )
 def test_front_images_install_nginx_for_the_edge(name: str, package: str) -> None:
-    """`python -m app serve` runs nginx in front of gunicorn (app/edge.py): the CPU image pins
+    """`python -m app serve` runs nginx in front of granian (app/edge.py): the CPU image pins
     Debian's nginx-light like its other packages, the GPU image takes Ubuntu's from its base;
     neither lets the package start a server during the build."""
     path = DOCKER / name
@@ -198,10 +198,10 @@ def test_cpu_image_documents_its_process_tree() -> None:
     head = " ".join(
         line.lstrip("# ") for line in text[: text.index("ARG PYTHON_IMAGE")].split("\n")
     )
-    for words in ("tini", "python -m app serve", "gunicorn's master", "SIGTERM", "SIGQUIT",
-                  "/tmp", "10001"):  # fmt: skip
+    for words in ("tini", "python -m app serve", "granian server's main process", "SIGTERM",
+                  "SIGQUIT", "/tmp", "10001"):  # fmt: skip
         assert words in head, words
-    assert head.index("SIGQUIT") < head.index("gunicorn stops its workers gracefully")
+    assert head.index("SIGQUIT") < head.index("granian stops its workers gracefully")
 
 
 # ---------------------------------------------------------------------------- shell scripts
@@ -358,7 +358,7 @@ def test_compose_config(profile: str, compose_tmp: Path) -> None:
         if name.startswith(("front", "engine")) or name in ("redis", "paddle-serving", "s3"):
             assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         if name.startswith("front"):
-            # The image's `front`: nginx inside the container on 9998, gunicorn behind it.
+            # The image's `front`: nginx inside the container on 9998, granian behind it.
             assert service["command"] == ["front"], name
             assert {int(p["target"]) for p in service["ports"]} == FRONT_PORTS
             assert service["environment"].get("EDGE", "nginx") == "nginx", name
@@ -652,7 +652,7 @@ def test_manifests_are_hardened_and_reference_secrets_only(overlay: str) -> None
                 assert {"cpu", "memory"} <= set(resources["requests"]), where
                 assert "memory" in resources["limits"], where
                 assert "livenessProbe" in container, where
-                # The front pod's readiness is its edge's (/readyz through nginx to gunicorn).
+                # The front pod's readiness is its edge's (/readyz through nginx to granian).
                 if where != "ocr-cache/front":
                     assert "readinessProbe" in container, where
 
@@ -670,7 +670,7 @@ def test_front_deployment_service_and_scaling(overlay: str) -> None:
     assert {"/tmp"} <= {m["mountPath"] for m in front["volumeMounts"]}
     assert {"/tmp"} <= {m["mountPath"] for m in edge["volumeMounts"]}
     assert pod["topologySpreadConstraints"]
-    assert pod["terminationGracePeriodSeconds"] > 120  # > gunicorn graceful timeout
+    assert pod["terminationGracePeriodSeconds"] > 120  # > the front's graceful stop
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     # Scraped through the edge: /metrics on the Service's http port, the edge container's.
@@ -802,9 +802,9 @@ def _pre_stop_seconds(container: dict) -> int:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
+def test_front_pod_runs_the_edge_beside_the_front_server(overlay: str) -> None:
     """Every front pod: an `edge` container (nginx, `python -m app edge`) on the http port and
-    the `front` container (`serve`, EDGE=external: gunicorn on the socket, gRPC on its port),
+    the `front` container (`serve`, EDGE=external: granian on the socket, gRPC on its port),
     the same image, the socket in an emptyDir both mount, each its own /tmp."""
     objects = _objects(overlay)
     pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
@@ -823,7 +823,7 @@ def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
     shared = mounts["front"][socket_dir]
     assert mounts["edge"][socket_dir] == shared and "emptyDir" in volumes[shared]
     socket_mount = next(m for m in front["volumeMounts"] if m["mountPath"] == socket_dir)
-    assert not socket_mount.get("readOnly")  # gunicorn creates the socket there
+    assert not socket_mount.get("readOnly")  # granian creates the socket there
     tmp_volumes = {mounts["front"]["/tmp"], mounts["edge"]["/tmp"]}
     assert len(tmp_volumes) == 2 and all("emptyDir" in volumes[v] for v in tmp_volumes)
     # Ports: HTTP through the edge, gRPC from the front's workers (not through nginx).
@@ -849,9 +849,9 @@ def test_front_pod_runs_the_edge_beside_gunicorn(overlay: str) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_front_pod_probes_and_graceful_stop(overlay: str) -> None:
     """Readiness through the edge; the edge's liveness is nginx alone; the front's startup
-    and liveness ask gunicorn over the socket (docker/healthcheck.py with EDGE=external).
+    and liveness ask granian over the socket (docker/healthcheck.py with EDGE=external).
     Stop: the edge's preStop is shorter, so nginx stops accepting first and drains through the
-    still-serving gunicorn; the grace period covers both drains."""
+    still-serving granian; the grace period covers both drains."""
     objects = _objects(overlay)
     deployment = _named(objects, "Deployment", "ocr-cache")
     pod = deployment["spec"]["template"]["spec"]
@@ -870,7 +870,7 @@ def test_front_pod_probes_and_graceful_stop(overlay: str) -> None:
     edge_stop, front_stop = _pre_stop_seconds(edge), _pre_stop_seconds(front)
     assert 0 < edge_stop < front_stop
     grace = pod["terminationGracePeriodSeconds"]
-    assert grace > front_stop + timeout  # gunicorn's graceful timeout after its preStop
+    assert grace > front_stop + timeout  # the front's graceful stop after its preStop
     assert grace > edge_stop + timeout + 10  # app.edge.Edge.quit waits that long for nginx
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["kubectl.kubernetes.io/default-container"] == "front"
@@ -1291,7 +1291,7 @@ def tls_health(tmp_path: Path) -> Iterator[http.server.ThreadingHTTPServer]:
 
 @pytest.fixture
 def unix_health(tmp_path: Path) -> Iterator[_UnixHTTPServer]:
-    server = _UnixHTTPServer(str(tmp_path / "gunicorn.sock"), _Health)
+    server = _UnixHTTPServer(str(tmp_path / "front.sock"), _Health)
     _serve(server)
     yield server
     server.shutdown()
@@ -1339,8 +1339,8 @@ def test_healthcheck_speaks_tls_when_the_edge_does(
 def test_healthcheck_uses_the_socket_with_an_external_edge(
     unix_health: _UnixHTTPServer, tcp_health: http.server.ThreadingHTTPServer
 ) -> None:
-    """EDGE=external (the Kubernetes front container): gunicorn over EDGE_SOCKET, never the
-    port (nginx is in the other container, and may be down while gunicorn is fine)."""
+    """EDGE=external (the Kubernetes front container): granian over EDGE_SOCKET, never the
+    port (nginx is in the other container, and may be down while granian is fine)."""
     check = _healthcheck()
     env = {
         "EDGE": "external",

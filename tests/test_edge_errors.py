@@ -5,7 +5,7 @@ method, a request line or header line over the head buffers, ``Transfer-Encoding
 HTTP/3.0 are each JSON in the form of the protocol the path belongs to (REST where nginx read
 no path), with ``X-Request-Id``, sent over a raw socket as a client would.
 
-None of these reaches gunicorn, so nginx runs alone here (its upstream socket does not exist:
+None of these reaches granian, so nginx runs alone here (its upstream socket does not exist:
 what it would pass on answers 502, in its form too); the app's 405 on the pipeline's path is
 checked on the WSGI middleware that makes it."""
 
@@ -90,13 +90,13 @@ CASES = {
 
 
 class Running:
-    """nginx as the edge renders it, in front of a gunicorn socket that does not exist."""
+    """nginx as the edge renders it, in front of a granian socket that does not exist."""
 
     def __init__(self, tmp: Path, **environ: str) -> None:
         assert NGINX is not None
         self.port = free_port()
         settings = Settings.from_env({"HOST": "127.0.0.1", "HTTP_PORT": str(self.port), **environ})
-        self.edge = Edge(settings, str(tmp / "gunicorn.sock"), NGINX)
+        self.edge = Edge(settings, str(tmp / "front.sock"), NGINX)
         self.edge.check()
         self.edge.start()
         deadline = time.monotonic() + 30

@@ -3,7 +3,7 @@ is the only endpoint that reads a form (``app/protocols/rest.py``). A 2 MB non-f
 to a normal image, 10,000 tiny fields, fields without a name: each is answered as the REST
 API answers the client's errors (4xx, ``{"error": {"code", "message"}}`` JSON, never HTML),
 nothing is cached, and the worker serves the next request. Through the Flask app here; through
-nginx and gunicorn in tests/test_served_overload.py (the issue's 502 came from the front
+nginx and granian in tests/test_served_overload.py (the issue's 502 came from the front
 reading none of the body before answering)."""
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def test_a_job_outlives_a_front_worker_and_an_engine_killed_mid_page(tmp_path: P
             assert time.monotonic() < deadline, job()
             time.sleep(0.1)
         worker = fleet.front_workers()[0]
-        os.kill(worker, signal.SIGKILL)  # gunicorn starts another; the job is not its
+        os.kill(worker, signal.SIGKILL)  # granian starts another; the job is not its
         [engine] = fleet.engines()
         time.sleep(0.5)
         assert job()["status"] == "running"  # page 2 (BIG) computing: the engine dies in it

@@ -78,7 +78,7 @@ def _prepare(work_dir: str, start: Any) -> str:
 
 @pytest.mark.integration  # eight processes (spawned): not the unit layer (tests/conftest.py)
 def test_workers_repairing_at_once_all_boot(tmp_path):
-    """Eight processes meet the same broken folder (as gunicorn's workers at start)."""
+    """Eight processes meet the same broken folder (as granian's workers at start)."""
     det = from_wheel(tmp_path, with_cls=True).det.path
     assert det.name == DET_NAME
     for round_ in range(3):

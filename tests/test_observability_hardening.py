@@ -49,7 +49,7 @@ def test_labelled_counters_are_exported_from_the_start(client):
 
 
 def test_counters_are_exported_before_any_request_multiprocess(tmp_path):
-    """Under gunicorn (multiprocess mode) too: a fresh worker's files hold the zeros."""
+    """Under granian (multiprocess mode) too: a fresh worker's files hold the zeros."""
     code = (
         f"import os; os.environ['PROMETHEUS_MULTIPROC_DIR'] = {str(tmp_path)!r}\n"
         "from app import metrics; metrics.initialise('paddle')\n"

@@ -74,7 +74,7 @@ class Fleet:
         return [p for p in children(self.proc.pid) if command(p).endswith("-m app engine ")]
 
     def front_workers(self) -> list[int]:
-        """The gunicorn workers: children of the front's master (itself `app front`)."""
+        """The granian workers: children of the front's master (itself `app front`)."""
         fronts = [p for p in children(self.proc.pid) if command(p).endswith("-m app front ")]
         return [p for p in children(min(fronts)) if command(p).endswith("-m app front ")]
 

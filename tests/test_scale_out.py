@@ -1,5 +1,5 @@
 """Single-flight across workers and instances, end to end: real `python -m app serve`
-instances (gunicorn, 2 workers each) sharing one Redis server, as in production."""
+instances (granian, 2 workers each) sharing one Redis server, as in production."""
 
 from __future__ import annotations
 

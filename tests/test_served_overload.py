@@ -1,4 +1,4 @@
-"""Issue 25 through the real stack: `python -m app serve` (nginx at the edge, gunicorn, one
+"""Issue 25 through the real stack: `python -m app serve` (nginx at the edge, granian, one
 worker with the real engine), as the issue measured it (``WEB_CONCURRENCY=1
 OCR_TIMEOUT_SECONDS=3``).
 
@@ -61,7 +61,7 @@ def _metrics(base: str) -> str:
 
 
 @pytest.mark.parametrize("case,body,status,code,words", CASES, ids=[c[0] for c in CASES])
-def test_odd_multipart_forms_through_nginx_and_gunicorn(service, case, body, status, code, words):
+def test_odd_multipart_forms_through_nginx_and_granian(service, case, body, status, code, words):
     answers = []
     for _ in range(3):  # the issue's 502 was a race: answered before the body was read
         answer = requests.post(

@@ -1,6 +1,6 @@
 """One computation per image across threads (in-process) and across front doors that share
 only Redis (app instances in one test process stand for processes: they share nothing but
-the Redis server, exactly like gunicorn workers or replicas), with the real engine. The
+the Redis server, exactly like granian workers or replicas), with the real engine. The
 mechanism's own cases are in tests/test_cache_unit.py and tests/test_dispatch.py."""
 
 from __future__ import annotations

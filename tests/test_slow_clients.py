@@ -1,7 +1,7 @@
 """Slow clients cannot starve the service: against a real `python -m app serve` (the command
 docker/entrypoint.sh execs) with nginx at the edge and one worker x 2 threads, 64 clients
 trickling their headers and 64 trickling their bodies hold nginx connections only (nginx reads
-every request whole before gunicorn sees it), so normal requests are all answered meanwhile.
+every request whole before granian sees it), so normal requests are all answered meanwhile.
 A head must arrive within HTTP_HEADER_TIMEOUT_SECONDS, and a body that stops arriving is cut
 after HTTP_BODY_TIMEOUT_SECONDS. Without a buffering edge, 2 such clients stopped all HTTP
 service (gunicorn's two threads blocked reading them)."""
@@ -207,10 +207,10 @@ def test_the_edge_passes_the_real_client_address(service):
 
 
 def test_clients_cannot_set_wsgi_routing_or_framing_through_the_edge(service):
-    """gunicorn trusts its unix socket as a proxy: SCRIPT_NAME/PATH_INFO or a scheme header
-    from a client would re-route the request (``SCRIPT_NAME: /v1`` turned /v1/ocr into
-    PaddleX's /ocr; ``/nope`` was a plain-text 500). nginx drops header names with
-    underscores, and gunicorn takes no forwarder or scheme headers from it."""
+    """SCRIPT_NAME/PATH_INFO or a scheme header from a client must not re-route the request
+    (under gunicorn, which trusted its unix socket as a proxy, ``SCRIPT_NAME: /v1`` turned
+    /v1/ocr into PaddleX's /ocr; ``/nope`` was a plain-text 500). nginx drops header names
+    with underscores, and granian takes no forwarder or scheme headers (test_front_server)."""
     base, _, _ = service
     body = {"image": b64(WORD_EN.read_bytes())}
     for name, value in (

@@ -1,5 +1,5 @@
 """Tenants through the real stack (issue 26): `python -m app serve` with `AUTH=keys` (nginx
-at the edge, two gunicorn workers with the real engine, gRPC in each worker), as deployed.
+at the edge, two granian workers with the real engine, gRPC in each worker), as deployed.
 
 - nginx passes the service's 401 and 429 through in each protocol's form, with their
   `WWW-Authenticate` and `Retry-After`, and never logs a key;

@@ -59,7 +59,7 @@ class ServerSettings(Section):
         "FRONT_MAX_RSS_MB",
         e.integer(0, 10**6),
         1024,
-        "a front worker over this resident memory (3 samples, 10 s apart) is replaced once its requests finish (0: never)",
+        "a front worker over this resident memory (2 samples, 5 s apart) is replaced once its requests finish (0: never)",
     )
     front_hung_seconds: int = env(
         "FRONT_HUNG_SECONDS",

@@ -2,10 +2,10 @@
 brings the engine up and always stops it). Not collected by `make test` (file name).
 
 1. The CPU image run the way production runs it (read-only root, tmpfs /tmp, no capabilities,
-   no-new-privileges, uid 10001): nginx (the edge) and gunicorn both running as uid 10001 under
+   no-new-privileges, uid 10001): nginx (the edge) and granian both running as uid 10001 under
    tini, readiness, REST MISS then HIT through nginx (X-Request-Id, the JSON access log),
    pdserving HTTP and the stock gRPC PipelineClient, a read-only mounted OCR_MODEL_DIR, the
-   HEALTHCHECK, `docker stop` during an in-flight miss (nginx drains, then gunicorn); TLS at
+   HEALTHCHECK, `docker stop` during an in-flight miss (nginx drains, then granian); TLS at
    the edge (https, HTTP/2, the HEALTHCHECK over https); the Kubernetes pod's layout (an `edge`
    container and a `serve` container with EDGE=external sharing the socket's folder), stopped
    as the kubelet stops it.
@@ -129,7 +129,7 @@ def nginx_tree(procs: list[dict[str, Any]], parent: int) -> tuple[dict[str, Any]
 
 def serve_tree(name: str, workers: int = 1) -> dict[str, Any]:
     """The process tree of `serve` with its edge: tini (PID 1) -> `python -m app serve` (the
-    supervisor) -> its engine process(es) and `python -m app front` (gunicorn's master) -> its
+    supervisor) -> its engine process(es) and `python -m app front` (granian's main process) -> its
     workers and nginx's master -> nginx's workers. Waited for (the front starts once an engine
     is ready; the workers are forked after the socket is bound), then returned with every
     process."""
@@ -149,11 +149,11 @@ def serve_tree(name: str, workers: int = 1) -> dict[str, Any]:
             return None
         nginx, nginx_workers = nginx_tree(procs, master["pid"])
         known = [tini, serve, *engines, master, *forks, nginx, *nginx_workers]
-        return {"all": procs, "known": known, "nginx": nginx, "gunicorn": master, "tini": tini,
+        return {"all": procs, "known": known, "nginx": nginx, "front": master, "tini": tini,
                 "engines": engines}  # fmt: skip
 
     return wait_for(
-        f"{name}: tini, gunicorn's master and {workers} worker(s), nginx", tree, timeout=120,
+        f"{name}: tini, granian's main process and {workers} worker(s), nginx", tree, timeout=120,
         dump=lambda: json.dumps(processes(name), indent=1) + logs(name),
     )  # fmt: skip
 
@@ -280,9 +280,9 @@ def test_cpu_image_runs_as_uid_10001_hardened(cpu_front: dict[str, Any]) -> None
     assert uid.stdout.strip() == "10001"
 
 
-def test_cpu_nginx_and_gunicorn_run_as_uid_10001_under_tini(cpu_front: dict[str, Any]) -> None:
+def test_cpu_nginx_and_granian_run_as_uid_10001_under_tini(cpu_front: dict[str, Any]) -> None:
     """Every process of the container, from /proc: tini -> serve -> the engine process and
-    gunicorn's master -> its worker and nginx (Debian's, from /usr/sbin, configured under
+    granian's main process -> its worker and nginx (Debian's, from /usr/sbin, configured under
     /tmp) -> nginx's worker; all uid and gid 10001, nothing else running, and nginx never
     complained (a read-only path, say)."""
     tree = serve_tree(cpu_front["name"], workers=1)
@@ -470,9 +470,9 @@ def pod_redis() -> Iterator[EmbeddedRedis]:
 @pytest.fixture(scope="module")
 def pod(cpu_image: str, pod_redis: EmbeddedRedis) -> Iterator[dict[str, Any]]:
     """The Kubernetes pod of k8s/base/front-deployment.yaml, as two containers of the image:
-    `edge` (nginx alone) and `serve` with EDGE=external (gunicorn on the socket, gRPC), both
-    EDGE_SOCKET=/run/ocr/gunicorn.sock in a folder they share (the pod's emptyDir), each its own
-    /tmp. The edge starts first: it must wait for gunicorn's socket (502 meanwhile)."""
+    `edge` (nginx alone) and `serve` with EDGE=external (granian on the socket, gRPC), both
+    EDGE_SOCKET=/run/ocr/front.sock in a folder they share (the pod's emptyDir), each its own
+    /tmp. The edge starts first: it must wait for the front server's socket (502 meanwhile)."""
     folder = Path(tempfile.mkdtemp(prefix="ocr-images-pod-"))
     os.chown(folder, 10001, 10001)  # an emptyDir is writable by the pod's user
     names = {"edge": "ocr-images-pod-edge", "front": "ocr-images-pod-front"}
@@ -484,12 +484,12 @@ def pod(cpu_image: str, pod_redis: EmbeddedRedis) -> Iterator[dict[str, Any]]:
         http_port, grpc_port = ports
         shared = [
             *HARDENED, "--health-interval", "2s", "-v", f"{folder}:/run/ocr",
-            "-e", "EDGE=external", "-e", "EDGE_SOCKET=/run/ocr/gunicorn.sock",
+            "-e", "EDGE=external", "-e", "EDGE_SOCKET=/run/ocr/front.sock",
             "-e", f"HTTP_PORT={http_port}", "-e", f"GRPC_PORT={grpc_port}",
         ]  # fmt: skip
         for name in names.values():
             docker("rm", "-f", name, check=False)
-        (folder / "gunicorn.sock").unlink(missing_ok=True)
+        (folder / "front.sock").unlink(missing_ok=True)
         base = f"http://127.0.0.1:{http_port}"
 
         def ready() -> bool:
@@ -518,9 +518,9 @@ def pod(cpu_image: str, pod_redis: EmbeddedRedis) -> Iterator[dict[str, Any]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_pod_edge_container_runs_nginx_and_the_front_gunicorn(pod: dict[str, Any]) -> None:
-    """The edge container: `python -m app edge` (PID 1's child) -> nginx; no gunicorn. The
-    front container: gunicorn's master and worker; no nginx. All uid 10001; the socket in the
+def test_pod_edge_container_runs_nginx_and_the_front_server(pod: dict[str, Any]) -> None:
+    """The edge container: `python -m app edge` (PID 1's child) -> nginx; no front server. The
+    front container: granian's main process and worker; no nginx. All uid 10001; the socket in the
     shared folder belongs to uid 10001 too."""
 
     def edge_tree() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], list]:
@@ -543,7 +543,7 @@ def test_pod_edge_container_runs_nginx_and_the_front_gunicorn(pod: dict[str, Any
     assert [p["argv"] for p in children(front, master["pid"])] == [master["argv"]]
     for proc in edge + front:
         assert (proc["uid"], proc["gid"]) == (UID, UID), proc
-    sock = pod["folder"] / "gunicorn.sock"
+    sock = pod["folder"] / "front.sock"
     assert sock.is_socket() and sock.stat().st_uid == 10001
 
 
@@ -558,7 +558,7 @@ def test_pod_miss_then_hit_through_the_edge_container(pod: dict[str, Any]) -> No
     )
 
 
-def test_pod_front_healthcheck_asks_gunicorn_over_the_socket(pod: dict[str, Any]) -> None:
+def test_pod_front_healthcheck_asks_the_front_server_over_the_socket(pod: dict[str, Any]) -> None:
     """The front container's probe (docker/healthcheck.py with EDGE=external) does not go
     through the edge: it answers with the edge stopped too. The image's HEALTHCHECK is the
     same script in both containers."""
@@ -582,7 +582,7 @@ def cpu_seconds(name: str, pids: list[int]) -> float:
     return float(docker("exec", name, "python", "-c", code).stdout)
 
 
-# CPU time gunicorn's worker spends on the miss before it is taken as computing it. Measured
+# CPU time granian's worker spends on the miss before it is taken as computing it. Measured
 # on a 2-core machine: an idle worker (probes, its background threads) about 2 ms a second, a
 # miss of SLOW_IMAGE 3.6 s of CPU time (in 3.6 s of wall time).
 COMPUTING_CPU_SECONDS = 0.4
@@ -625,7 +625,7 @@ def miss_in_flight(base: str, container: str) -> tuple[threading.Thread, dict[st
 
 def test_pod_stops_as_the_kubelet_stops_it(pod: dict[str, Any]) -> None:
     """SIGTERM to the edge (its preStop is the shorter) while a miss is in flight: nginx stops
-    accepting and drains; once its port refuses, SIGTERM to the front (gunicorn's graceful
+    accepting and drains; once its port refuses, SIGTERM to the front (granian's graceful
     stop). The request is answered 200 through nginx and both containers exit 0."""
     thread, outcome = miss_in_flight(pod["http"], pod["front"])
     stopping = threading.Thread(

@@ -1,5 +1,5 @@
 """`make test-images`, the two roles apart (issue 36): the CPU image as two compose services,
-`front` (`python -m app front`: nginx + gunicorn, no engine) and `engine` (`python -m app
+`front` (`python -m app front`: nginx + granian, no engine) and `engine` (`python -m app
 engine`: the miss queue's consumer on 18100), with Redis and the one-shot `engine-token`
 writer, on docker-compose.yml + compose.local.yml (default profile, its own project). Not
 collected by `make test` (file name).
@@ -42,7 +42,7 @@ from tests.images.containers import (
     children,
     container_state,
     docker,
-    gunicorn_workers,
+    front_workers,
     processes,
     wait_for,
 )
@@ -162,9 +162,9 @@ def test_the_token_is_written_once_for_uid_10001(roles: dict[str, Any]) -> None:
 
 
 def test_each_container_runs_its_role(roles: dict[str, Any]) -> None:
-    """The front: tini -> `python -m app front` (gunicorn's master) -> its worker; the engine:
-    tini -> `python -m app engine`; no gunicorn master in the engine, no engine in the front."""
-    assert len(gunicorn_workers(container("front"))) == 1
+    """The front: tini -> `python -m app front` (granian's main process) -> its worker; the engine:
+    tini -> `python -m app engine`; no front server in the engine, no engine in the front."""
+    assert len(front_workers(container("front"))) == 1
     front = processes(container("front"))
     assert not [p for p in front if p["argv"][-3:] == ["-m", "app", "engine"]], front
     engine = processes(container("engine"))
@@ -192,7 +192,7 @@ def test_a_miss_then_a_hit_through_the_front_computed_by_the_engine(
 
 
 def test_the_front_maps_no_paddle_and_the_engine_does(roles: dict[str, Any]) -> None:
-    """After the miss and the hit: every process of the front container, gunicorn's workers
+    """After the miss and the hit: every process of the front container, granian's workers
     included, maps no libpaddle; the engine process does (the check sees it where it is)."""
     compose = roles["compose"]
     front = json.loads(python_in(compose, "front", MAPS_LIBPADDLE))

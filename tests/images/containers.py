@@ -106,7 +106,7 @@ def write_measurements() -> Path:
 # the container is removed.
 
 T = TypeVar("T")
-# How a server says that its port was taken: nginx, redis-server, gRPC, gunicorn, dockerd.
+# How a server says that its port was taken: nginx, redis-server, gRPC, granian, dockerd.
 PORT_TAKEN = re.compile(
     r"address already in use|port is already allocated|could not bind|connection in use", re.I
 )
@@ -133,7 +133,7 @@ class Reserved:
     and not a port named in docker/*.yml; a port is taken only when an exclusive bind
     succeeds on it, so whatever is bound there already, and a second ``Reserved`` (in this
     run or another), are passed over. ``shareable``: SO_REUSEADDR is set once bound, so a
-    server given the port binds it beside the holder (nginx, gunicorn, gRPC and redis-server
+    server given the port binds it beside the holder (nginx, granian, gRPC and redis-server
     all set SO_REUSEADDR); unshareable, no one can bind it: an address that refuses every
     connection for as long as it is held."""
 
@@ -216,15 +216,15 @@ def children(procs: list[dict[str, Any]], parent: int) -> list[dict[str, Any]]:
 
 
 def front_master(procs: list[dict[str, Any]]) -> dict[str, Any]:
-    """gunicorn's master: `python -m app front`, PID 1's child in a front container, the
+    """granian's main process: `python -m app front`, PID 1's child in a front container, the
     child of `python -m app serve` (the supervisor) otherwise."""
     fronts = [p for p in procs if p["argv"][-3:] == ["-m", "app", "front"]]
     (master,) = [p for p in fronts if p["ppid"] not in {f["pid"] for f in fronts}]
     return master
 
 
-def gunicorn_workers(name: str) -> list[int]:
-    """The PIDs (in the container) of gunicorn's workers: the forks of its master."""
+def front_workers(name: str) -> list[int]:
+    """The PIDs (in the container) of granian's workers: the forks of its master."""
     procs = processes(name)
     master = front_master(procs)
     return [p["pid"] for p in children(procs, master["pid"]) if p["argv"] == master["argv"]]
