@@ -144,6 +144,7 @@ def worker_exit(ocr: Any) -> None:
         if cache.l3 is not None:
             cache.l3.flush(5.0)
     tracing.shutdown()
+    log.info("front worker %d stopped: gRPC, the cache, L3 and traces closed", os.getpid())
 
 
 TRIM_SECONDS = 10.0

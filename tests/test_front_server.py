@@ -178,6 +178,9 @@ def test_the_server_log_lines_are_json_and_nginx_started_after_a_worker_listened
     assert any("Spawning worker" in line["message"] for line in ours), front.output()[-2000:]
     assert not any(line.startswith("[INFO]") for line in front.output().splitlines())
     assert "seems quite high" not in front.output()  # the thread-count warning is dropped
+    # Each worker ran its exit (gRPC, cache, L3, traces) after its graceful stop.
+    stopped = [line for line in lines if "stopped: gRPC, the cache" in line.get("message", "")]
+    assert len(stopped) == 2, front.output()[-3000:]
     # No request reached nginx before a worker listened: none was refused (a 502).
     assert "Connection refused" not in front.output()
 

@@ -559,8 +559,10 @@ def test_pool_is_sized_to_the_threads_that_call_the_engine(front, fake, base_set
     # Six callers through the test client, more than 2 threads would bring: room to queue.
     app, _ = front(web_threads=2, grpc_enabled=False, dispatch_queue_max=6)
     assert app.extensions["ocr"]["cache"].engine.pool_size == 2
-    both = HunyuanEngine.from_settings(hunyuan_settings(base_settings, fake, web_threads=3))
-    assert both.pool_size == 6  # HTTP and gRPC threads
+    both = HunyuanEngine.from_settings(
+        hunyuan_settings(base_settings, fake, web_threads=3, grpc_threads=4)
+    )
+    assert both.pool_size == 7  # HTTP and gRPC threads
     fake.delay = 0.3
     data = PHOTOTEST.read_bytes()
     requests = [
