@@ -4,6 +4,7 @@ server's process tree (nginx apart), Redis, and this process's children (wrk).""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,4 +63,22 @@ def cpu_now(servers: dict[str, list[int]], redis_pid: int) -> dict[str, Any]:
         "servers": {n: server_cpu(roots) for n, roots in servers.items()},
         "redis": redis_cpu[2] if redis_cpu else 0.0,
         "wrk": children.children_user + children.children_system,
+    }
+
+
+def per_request(
+    run: Callable[[], dict[str, Any]], roots: list[int], redis_pid: int
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """``run()`` (a wrk run; its result counts ``requests``) and the CPU microseconds per
+    request that the server (the trees under ``roots``), its nginx, Redis and wrk spent."""
+    before = cpu_now({"server": roots}, redis_pid)
+    result = run()
+    after = cpu_now({"server": roots}, redis_pid)
+    n = max(1, result["requests"])
+    b, a = before["servers"]["server"], after["servers"]["server"]
+    return result, {
+        "server": (a["workers"] - b["workers"]) / n * 1e6,
+        "nginx": (a["nginx"] - b["nginx"]) / n * 1e6,
+        "redis": (after["redis"] - before["redis"]) / n * 1e6,
+        "wrk": (after["wrk"] - before["wrk"]) / n * 1e6,
     }

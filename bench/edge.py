@@ -307,17 +307,10 @@ def measure_size(
             k = round_ % len(names)
             for name in names[k:] + names[:k]:
                 s = servers[name]
-                before = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
-                r = wrk(s.port, requests_[name], concurrency, SECONDS)
-                after = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
-                n = max(1, r["requests"])
-                b, a = before["servers"][name], after["servers"][name]
-                r["cpu_us_per_request"] = {
-                    "server": (a["workers"] - b["workers"]) / n * 1e6,
-                    "nginx": (a["nginx"] - b["nginx"]) / n * 1e6,
-                    "redis": (after["redis"] - before["redis"]) / n * 1e6,
-                    "wrk": (after["wrk"] - before["wrk"]) / n * 1e6,
-                }
+                r, r["cpu_us_per_request"] = cpu.per_request(
+                    lambda s=s, c=concurrency: wrk(s.port, requests_[s.name], c, SECONDS),
+                    cpu_roots(s), redis_pid,
+                )  # fmt: skip
                 runs[name].append(r)
 
         hits = _medians(runs, "per_second")

@@ -180,17 +180,11 @@ def measure(
         k = round_ % len(names)
         for name in names[k:] + names[:k]:
             s = servers[name]
-            before = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
-            r = load.run_wrk(s.port, reqs[name], CONCURRENCY, SECONDS, "10s")
-            after = cpu.cpu_now({name: cpu_roots(s)}, redis_pid)
-            n = max(1, r["requests"])
-            b, a = before["servers"][name], after["servers"][name]
-            r["cpu_us_per_hit"] = {
-                "nginx": (a["nginx"] - b["nginx"]) / n * 1e6,
-                "workers": (a["workers"] - b["workers"]) / n * 1e6,
-                "redis": (after["redis"] - before["redis"]) / n * 1e6,
-                "wrk": (after["wrk"] - before["wrk"]) / n * 1e6,
-            }
+            r, spent = cpu.per_request(
+                lambda s=s: load.run_wrk(s.port, reqs[s.name], CONCURRENCY, SECONDS, "10s"),
+                cpu_roots(s), redis_pid,
+            )  # fmt: skip
+            r["cpu_us_per_hit"] = {"workers": spent.pop("server"), **spent}
             runs[name].append(r)
     out = {}
     for name, rs in runs.items():
