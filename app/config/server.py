@@ -58,7 +58,7 @@ class ServerSettings(Section):
     front_max_rss_mb: int = env(
         "FRONT_MAX_RSS_MB",
         e.integer(0, 10**6),
-        1024,
+        512,
         "a front worker over this resident memory (2 samples, 5 s apart) is replaced once its requests finish (0: never)",
     )
     front_hung_seconds: int = env(
