@@ -6,7 +6,9 @@ What gunicorn's master and hooks did for the front, each kept here:
 
 - the workers: ``WEB_CONCURRENCY`` processes (forked), each running the app on
   ``WEB_THREADS`` blocking threads, so a miss waiting for an engine holds one thread and
-  hits go on in the others; a crashed worker is started again (``respawn_failed_workers``);
+  hits go on in the others; a crashed worker is started again (``respawn_failed_workers``;
+  one that crashes again within 5.5 s is a crash loop: the front exits 1, and ``serve``, the
+  container's restart policy or the kubelet take over);
 - a hung worker (its interpreter stuck: no heartbeat for ``FRONT_HUNG_SECONDS``, by default
   ``REQUEST_TIMEOUT_SECONDS`` + 30 s as gunicorn's ``timeout`` was) is killed and started
   again (``Watchdog``); a worker over ``FRONT_MAX_RSS_MB`` is replaced, its successor started
