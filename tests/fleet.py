@@ -59,16 +59,26 @@ def _is_free(port: int) -> bool:
         return True
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> None:
+def wait_for(
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "condition",
+    seen: Callable[[], str] | None = None,
+) -> Any:
+    """Poll ``check`` until it returns something true, and return that; on the deadline fail
+    saying ``what`` and, with ``seen``, what the process under test wrote meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if check():
-                return
+            value = check()
+            if value:
+                return value
         except (redis.RedisError, OSError, requests.RequestException):
             pass
         time.sleep(0.1)
-    raise AssertionError(f"{what}: not met within {timeout:.0f} s")
+    raise AssertionError(
+        f"{what}: not met within {timeout:.0f} s" + (f"\n{seen()}" if seen else "")
+    )
 
 
 class LoopbackCluster:

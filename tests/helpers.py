@@ -7,12 +7,22 @@ import re
 import threading
 from typing import Any
 
+import psutil
+
 from app.queue.ticket import ERROR_TTL_S
 from app.vocabulary import EngineError
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:

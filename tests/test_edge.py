@@ -39,7 +39,7 @@ from app.edge import Edge, find_nginx
 from app.embedded_redis import EmbeddedRedis, free_port
 from app.protocols import pipeline
 from tests.conftest import CORPUS, ROOT, WORD_CH, WORD_EN
-from tests.helpers import b64
+from tests.helpers import alive, b64
 
 pytestmark = pytest.mark.deploy
 
@@ -299,13 +299,6 @@ def _name(process: psutil.Process) -> str:
         return process.name()
     except psutil.Error:
         return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _common_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -775,7 +768,7 @@ def test_graceful_stop_finishes_a_request_in_flight(edge):
     assert result["done"] > signalled, "answered before the stop: nothing was in flight"
     assert code == 0, edge.output[-4000:]
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids):
+    while any(alive(pid) for pid in pids):
         assert time.monotonic() < deadline, f"nginx left running: {pids}"
         time.sleep(0.1)
     assert "Termination signal" not in edge.output

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import requests
 
@@ -24,21 +25,12 @@ from app.edge import UPSTREAM_KEEPALIVE_SECONDS, render
 from app.embedded_redis import free_port
 from app.front_server import server_options
 from tests.conftest import ROOT
+from tests.fleet import wait_for
+from tests.helpers import alive
 
 pytestmark = pytest.mark.deploy
 
 TOKEN = "front-server-test-token-0123"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, output: Callable[[], str]) -> Any:
-    """Poll ``check`` until it returns something true; on the deadline, what the front wrote."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} within {timeout} s; the front wrote:\n{output()[-3000:]}")
 
 
 class Front:
@@ -62,10 +54,14 @@ class Front:
                 [sys.executable, "-m", "app", "front"], cwd=ROOT, env=env,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        wait_for(self.answers, 90, "the front did not answer /healthz", self.output)
+        wait_for(self.answers, 90, "the front answers /healthz", self.tail)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def tail(self) -> str:
+        """The end of what it wrote, for a failure's message."""
+        return self.output()[-3000:]
 
     def answers(self) -> bool:
         try:
@@ -76,16 +72,16 @@ class Front:
     def workers(self) -> list[int]:
         """The server's worker processes: its children running the front (not nginx)."""
         found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        for child in children:
+            try:  # one just killed is a zombie until the server reaps it: not a worker
+                if child.cmdline()[-3:] == ["-m", "app", "front"]:
+                    found.append(child.pid)
+            except psutil.Error:
                 continue
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmdline = (entry / "cmdline").read_bytes()
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == self.proc.pid and b"app\0front" in cmdline:
-                found.append(int(entry.name))
         return sorted(found)
 
     def stop(self) -> int:
@@ -111,34 +107,26 @@ def front_factory(tmp_path: Path, redis_server: Any) -> Iterator[Callable[..., F
         front.stop()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_killed_worker_is_replaced_and_its_live_gauges_dropped(front_factory):
     front = front_factory()
     workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
-                       "two workers", front.output)  # fmt: skip
+                       "two workers", front.tail)  # fmt: skip
     victim = workers[0]
     assert any(f"_{victim}.db" in p.name for p in front.metrics.iterdir())
     os.kill(victim, signal.SIGKILL)
     replaced = wait_for(
         lambda: len(front.workers()) == 2 and victim not in front.workers() and front.workers(),
-        30, "the killed worker was not replaced", front.output,
+        30, "the killed worker replaced", front.tail,
     )  # fmt: skip
     assert workers[1] in replaced  # the other one served on
     # Its live gauges are gone from the folder (mark_process_dead); its counters stay summed.
     wait_for(
         lambda: not any("live" in p.name and f"_{victim}.db" in p.name
                         for p in front.metrics.iterdir()),
-        15, "the dead worker's live gauges were not removed", front.output,
+        15, "the dead worker's live gauges removed", front.tail,
     )  # fmt: skip
     assert all(front.answers() for _ in range(6))
-    assert front.stop() == 0, front.output()[-3000:]
+    assert front.stop() == 0, front.tail()
 
 
 def test_a_hung_worker_is_killed_and_replaced(front_factory):
@@ -146,14 +134,14 @@ def test_a_hung_worker_is_killed_and_replaced(front_factory):
     FRONT_HUNG_SECONDS the server kills it and starts another, as gunicorn's timeout did."""
     front = front_factory(FRONT_HUNG_SECONDS="3")
     workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
-                       "two workers", front.output)  # fmt: skip
+                       "two workers", front.tail)  # fmt: skip
     hung = workers[0]
     os.kill(hung, signal.SIGSTOP)
-    wait_for(lambda: not _alive(hung), 30, "the stopped worker was not killed", front.output)
-    wait_for(lambda: len(front.workers()) == 2, 30, "no replacement", front.output)
+    wait_for(lambda: not alive(hung), 30, "the stopped worker killed", front.tail)
+    wait_for(lambda: len(front.workers()) == 2, 30, "a replacement started", front.tail)
     assert "sent no heartbeat" in front.output()
     assert all(front.answers() for _ in range(6))
-    assert front.stop() == 0, front.output()[-3000:]
+    assert front.stop() == 0, front.tail()
 
 
 def test_a_worker_over_its_memory_bound_is_replaced(front_factory):
@@ -161,13 +149,13 @@ def test_a_worker_over_its_memory_bound_is_replaced(front_factory):
     successor started first: the front answers throughout."""
     front = front_factory(FRONT_MAX_RSS_MB="1")
     first = set(wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
-                         "two workers", front.output))  # fmt: skip
+                         "two workers", front.tail))  # fmt: skip
     deadline = time.monotonic() + 40
     while not first.isdisjoint(front.workers()) or len(front.workers()) < 2:
-        assert time.monotonic() < deadline, front.output()[-3000:]
+        assert time.monotonic() < deadline, front.tail()
         assert front.answers()
         time.sleep(0.5)
-    assert front.stop() == 0, front.output()[-3000:]
+    assert front.stop() == 0, front.tail()
 
 
 def test_the_server_log_lines_are_json_and_nginx_started_after_a_worker_listened(front_factory):
@@ -175,12 +163,12 @@ def test_the_server_log_lines_are_json_and_nginx_started_after_a_worker_listened
     assert front.stop() == 0
     lines = [json.loads(line) for line in front.output().splitlines() if line.startswith('{"')]
     ours = [line for line in lines if line.get("logger", "").startswith("_granian")]
-    assert any("Spawning worker" in line["message"] for line in ours), front.output()[-2000:]
+    assert any("Spawning worker" in line["message"] for line in ours), front.tail()
     assert not any(line.startswith("[INFO]") for line in front.output().splitlines())
     assert "seems quite high" not in front.output()  # the thread-count warning is dropped
     # Each worker ran its exit (gRPC, cache, L3, traces) after its graceful stop.
     stopped = [line for line in lines if "stopped: gRPC, the cache" in line.get("message", "")]
-    assert len(stopped) == 2, front.output()[-3000:]
+    assert len(stopped) == 2, front.tail()
     # No request reached nginx before a worker listened: none was refused (a 502).
     assert "Connection refused" not in front.output()
 
