@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
-from app import logformat, logsafe, memory, tracing
+from app import logformat, logsafe, tracing
 from app.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ def front(settings: Settings) -> int:
     from app.edge import find_nginx
     from app.front_server import FrontServer, prepare_metrics_dir
 
-    memory.keep_large_buffers()  # before the workers fork: they inherit it
     log = logging.getLogger("app")
     refusal = edge_refusal(settings)
     if refusal:

@@ -75,7 +75,7 @@ def server_options(settings: Settings, socket: str = "") -> dict[str, Any]:
     )
     return {
         **where,
-        "target": "app.web:create_front",
+        "target": "app.front_server:load_worker",  # its name; ``run`` hands granian the loader
         "interface": Interfaces.WSGI,
         "http": HTTPModes.http1,
         "websockets": False,

@@ -6,8 +6,9 @@ blocks are freed) gets fresh pages from the kernel on every allocation and retur
 free: copying a 416 KB JSON body (a 312 KB image) then cost 0.48 ms instead of 0.03 ms on
 this machine (page faults and zeroing), and a request copies its body several times (socket
 buffers, the HTTP parser, base64). Raising the mmap and trim thresholds keeps such buffers
-in the heap for reuse. Called at the start of ``python -m app serve`` (before the
-front's server forks its workers, which inherit it); a no-op off glibc. The same
+in the heap for reuse. Called where requests are served: at the start of each front worker
+(``app.front_server.load_worker``, granian's CLI included) and of each engine process; a
+no-op off glibc. The same
 can be had from the environment: ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...``.
 
 The same thresholds keep an in-process engine's freed activations (each under 32 MiB) in the
