@@ -55,6 +55,9 @@ class Front:
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         wait_for(self.answers, 90, "the front answers /healthz", self.tail)
+        # Both workers loaded (one still loading when a stop comes is ended, not drained).
+        wait_for(lambda: self.output().count("Started worker-") >= 2, 60,
+                 "both workers started", self.tail)  # fmt: skip
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

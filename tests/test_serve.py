@@ -172,6 +172,7 @@ def test_granian_cli_runs_the_front(tmp_path, redis_server):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(base, proc)
+        _wait_ready(f"http://127.0.0.1:{engine_port}", engine)  # its model loaded, in the queue
         data = WORD_EN.read_bytes()
         statuses = [
             requests.post(f"{base}/v1/ocr", json={"image": b64(data)}, timeout=60).headers[
