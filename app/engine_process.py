@@ -1,8 +1,8 @@
 """``python -m app engine``: one engine process. It loads the configured engine, consumes the
-miss queue (``ENGINE_WORKERS`` slots: the feeders of ``app.queue.feeders``), and listens on
+miss queue (``ENGINE_WORKERS`` slots: the feeders of ``app.engine_side.feeders``), and listens on
 ``ENGINE_PORT`` for ``/healthz``, ``/readyz``, ``/metrics`` and the direct endpoint that
 fronts call while Redis is down (``app.engines.direct``). It speaks no public protocol. It
-also drives document jobs (``JOBS_DRIVERS``, ``app.jobs.driver``): their pages go through
+also drives document jobs (``JOBS_DRIVERS``, ``app.engine_side.job_driver``): their pages go through
 the cache and the miss queue like any request.
 
 It retires itself past ``ENGINE_MAX_CALLS`` calls or ``ENGINE_MAX_RSS_MB`` of memory, as
@@ -32,9 +32,9 @@ from app.cache.keys import digest_image
 from app.cache.store import RedisStore
 from app.cache.tier import Probe
 from app.config import Settings
+from app.engine_side import job_driver
 from app.engines import build_engine, direct
 from app.engines.redacting import with_redaction
-from app.jobs import driver as job_driver
 from app.protocols import rest
 from app.supervisor import SUPERVISOR_PID
 from app.vocabulary import CacheControls, ClientError, EngineBusy, EngineError, EngineTimeout
@@ -225,8 +225,10 @@ def run(settings: Settings) -> int:
 
 
 def drain(shared: service.OcrService, timeout: float) -> None:
-    """Take no more misses; let the calls in progress finish (their results are stored)."""
-    shared.cache.close()
+    """Take no more misses; let the tickets and calls in progress finish (their results are
+    stored): a feeder cut off by the exit between taking a ticket and the engine's call would
+    answer it as a bug (an HTTP 500 seen during a retirement)."""
+    shared.cache.close(timeout)
     runner = shared.cache.computer.runner
     deadline = time.monotonic() + timeout
     while runner.running and time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """The engine's lifecycle as /readyz reports it: loaded in the background at start-up (the
 first request waits for it instead of paying for it), then healthy or failing: after
 ``unready_after`` consecutive engine errors the worker reports unready until a call succeeds
-again. Timeouts and a full queue are load, never recorded here (``app.cache.compute``)."""
+again. Timeouts and a full queue are load, never recorded here (``app.engine_calls.compute``)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from prometheus_client import multiprocess
 
 from app.config import ConfigError, Settings
-from app.embedded_redis import free_ports_to_keep
+from app.ports import free_ports
 
 log = logging.getLogger("app.serve")
 
@@ -87,9 +87,7 @@ class Supervisor:
         # ENGINE_PORT up when it is set, else free ones (several `serve` on one host).
         base, count = settings.processes.engine_port, 2 * engines
         self._ports = (
-            list(range(base, base + count))
-            if os.environ.get("ENGINE_PORT")
-            else free_ports_to_keep(count)
+            list(range(base, base + count)) if os.environ.get("ENGINE_PORT") else free_ports(count)
         )
         self._engines: list[_Engine] = []
         self._front: subprocess.Popen[bytes] | None = None

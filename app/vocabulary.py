@@ -192,7 +192,7 @@ class EngineTimeout(EngineError):
 
 class EngineBusy(EngineError):
     """The engine's queue is full: retry after ``retry_after`` seconds (never cached; load,
-    not an engine failure). Raised by ``app.cache.engine_runner``; here so that protocols
+    not an engine failure). Raised by ``app.engine_calls.engine_runner``; here so that protocols
     can name it without importing the cache."""
 
     code = "engine_busy"

@@ -1,8 +1,8 @@
 """`make bench`, part 2: global miss dispatch (issue 14 §1), measured side by side in one run.
 
-One service on a private Redis, 2 gunicorn workers x 8 threads (one engine per worker),
+One service on a private Redis, 2 granian front workers x 8 threads,
 its misses on the global queue (the one cross-process miss path since issue 24; the
-per-worker comparison of issue 14 is history in docs/PERFORMANCE.md):
+per-worker comparison of issue 14 is in git's history of docs/PERFORMANCE.md):
 
 - **Engine utilization**: 20 distinct images, each first sent alone (its single-request
   time), then all 20 at once from 8 clients on an empty cache: utilization = sum of the
@@ -23,7 +23,7 @@ per-worker comparison of issue 14 is history in docs/PERFORMANCE.md):
   ``service_vs_bare_engines`` = median bare wall time / median service wall time (the
   service's distinct-miss throughput over the bare engines'; target >= 0.95). Layout: one
   machine (os.cpu_count() cores), ``ENGINE_PROCESSES`` = 2 engine processes of one
-  inference thread each (one per core, nice ``ENGINE_NICE``), one front of 2 gunicorn
+  inference thread each (one per core, nice ``ENGINE_NICE``), one front of 2 granian
   workers x 8 threads behind nginx, the private Redis, and this process's 8 client threads;
   nothing else of the bench runs meanwhile.
 - **Engine calls / distinct images** with 2 instances (a second dispatch service joins the
@@ -51,8 +51,9 @@ from pathlib import Path
 import redis
 import requests
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
 from app.engines import direct
+from app.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("OCR_SHARED_DIR", ROOT.parent / "shared")) / "corpus"
@@ -281,7 +282,7 @@ def main() -> int:
         "cores": os.cpu_count(),
         "engine_processes": WORKERS,
         "engines_per_core": WORKERS / (os.cpu_count() or 1),
-        "front": f"1 front: nginx + {WORKERS} gunicorn workers x {THREADS} threads, gRPC off",
+        "front": f"1 front: nginx + {WORKERS} granian workers x {THREADS} threads, gRPC off",
         "also": "the private Redis; this process's client threads; nothing else of the bench",
     }
     with EmbeddedRedis() as server:

@@ -137,7 +137,8 @@ def main() -> int:
     import requests
 
     from app import memory
-    from app.embedded_redis import EmbeddedRedis, free_port
+    from app.embedded_redis import EmbeddedRedis
+    from app.ports import free_port
     from bench import run
 
     memory.keep_large_buffers()  # the in-process floor copies bodies as the servers do

@@ -41,7 +41,8 @@ import requests
 
 from app.config import Settings
 from app.edge import Edge, find_nginx
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from bench import cpu, load, run
 from bench.edge import (
     Server,

@@ -5,8 +5,8 @@
 Builds the app on a private Redis with the real engine, stores the image's entry with one
 miss, then runs ``requests`` JSON hits through ``app.wsgi_app`` under cProfile and prints
 the top frames by cumulative and by own time, and the microseconds per hit without the
-profiler (best of 5 batches, wall and this thread's CPU time). docs/PERFORMANCE.md
-records its output before and after.
+profiler (best of 5 batches, wall and this thread's CPU time): the in-process figure
+docs/PERFORMANCE.md sets the served hit against.
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ import requests
 
 from app import memory
 from app.config import Settings
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
 from app.engines.paddle import PaddleOcrEngine
+from app.ports import free_port
 from bench import entry_size, hitpath, load
 from bench.reference import gunicorn_args
 

@@ -87,7 +87,7 @@ def corpus_bytes(path: Path) -> bytes:
 def _stop_dispatch_feeders() -> Iterator[None]:
     """Every front door started during a test stops feeding on its engine after it: a
     feeder left running would take a later test's tickets to an earlier test's engine."""
-    from app.queue import feeders
+    from app.engine_side import feeders
 
     before = set(feeders._live)
     yield

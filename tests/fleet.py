@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,12 +24,8 @@ from typing import Any
 import redis
 import requests
 
-from app.embedded_redis import (
-    EmbeddedRedis,
-    ephemeral_range_start,
-    free_port,
-    free_ports_to_keep,
-)
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "fleet-engine-token-0123456789"
@@ -38,25 +33,9 @@ SLOTS = 16384
 
 
 def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too, both below the kernel's
-    ephemeral range: a node restarted on its own port (``LoopbackCluster.restart``) must find
-    it still free, and a port from that range may be taken meanwhile by any outgoing
-    connection, or handed by ``free_port()`` to another test's server."""
-    below = ephemeral_range_start() > 20000  # room for both below the range
-    while True:
-        port = free_ports_to_keep(1)[0] if below else free_port()
-        bus = port + 10000
-        if (bus < ephemeral_range_start() or not below) and bus <= 65535 and _is_free(bus):
-            return port
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    """A port whose cluster bus port (port + 10000) is reserved too: a node restarted on its
+    own port (``LoopbackCluster.restart``) must find both still free (``app.ports``)."""
+    return free_ports(1, offset=10000)[0]
 
 
 def wait_for(

@@ -56,7 +56,7 @@ class FlakyEngine:
 
 
 # Keys beside the entries: the near-duplicate indexes, and a failed ticket's error marker
-# (app/queue/claims.py: read by that ticket's waiters only, expiring within a minute).
+# (app/engine_side/claims.py: read by that ticket's waiters only, expiring within a minute).
 _INDEX_PARTS = (b":px2:", b":simband:", b":simref", b":error:")
 
 

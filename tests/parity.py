@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,10 @@ import numpy as np
 import requests
 from PIL import Image
 
+from app.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_FIELDS = ("ocrImage", "inputImage", "docPreprocessingImage")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

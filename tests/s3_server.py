@@ -15,18 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.ports import free_port
+
 ACCESS_KEY, SECRET_KEY = "ocrcachetest", "ocrcachetestsecret"
 
 
 def weed_binary() -> str | None:
     local = Path(sys.executable).parent / "weed"
     return str(local) if local.is_file() else shutil.which("weed")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 _session: Any = None

@@ -20,9 +20,9 @@ from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
+from app.engine_side.connections import BLOCK_MS
 from app.engines.base import EngineBase, OcrRequest
 from app.imaging import decode_image
-from app.queue.connections import BLOCK_MS
 from app.queue.ticket import Ticket
 from app.tenants import TenantBook
 from app.vocabulary import (

@@ -16,7 +16,7 @@ import pytest
 import requests
 from PIL import Image
 
-from app.embedded_redis import free_port
+from app.ports import free_port
 from tests.conftest import PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.live_server import live_service  # noqa: F401  (fixture)
 

@@ -22,7 +22,7 @@ from PIL import Image
 from werkzeug.serving import make_server
 
 from app import cli, cli_jobs
-from app.jobs import driver as job_driver
+from app.engine_side import job_driver
 from tests.conftest import PHOTOTEST, WORD_EN
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

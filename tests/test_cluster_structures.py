@@ -273,7 +273,7 @@ def test_pdf_page_lists(make_app, topo: Topology) -> None:  # type: ignore[no-un
 def test_document_jobs(make_app, topo: Topology) -> None:  # type: ignore[no-untyped-def]
     """A job on every topology: its record, document, pages, the jobs stream and the
     tenant's open jobs (their own hash tags), driven to its end; a second one all hits."""
-    from app.jobs import driver as job_driver
+    from app.engine_side import job_driver
 
     app = on(make_app, topo, pdf_render_scale=1.0)
     shared = app.extensions["ocr"]

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import socketserver
 import ssl
 import subprocess
@@ -31,6 +30,7 @@ import yaml
 
 from app import tracing
 from app.config import Settings
+from app.ports import free_port
 from tests import dockerfile
 from tests.conftest import ROOT
 
@@ -1298,12 +1298,6 @@ def unix_health(tmp_path: Path) -> Iterator[_UnixHTTPServer]:
     server.server_close()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_healthcheck_asks_http_port_on_loopback(
     tcp_health: http.server.ThreadingHTTPServer,
 ) -> None:
@@ -1314,7 +1308,7 @@ def test_healthcheck_asks_http_port_on_loopback(
     assert tcp_health.paths == ["/healthz", "/healthz"]  # type: ignore[attr-defined]
     tcp_health.status = 503  # type: ignore[attr-defined]
     assert check.main({"HTTP_PORT": port}) == 1
-    assert check.main({"HTTP_PORT": str(_closed_port())}) == 1
+    assert check.main({"HTTP_PORT": str(free_port())}) == 1
 
 
 def test_healthcheck_speaks_tls_when_the_edge_does(
@@ -1366,7 +1360,7 @@ def test_healthcheck_asks_an_engine_on_its_own_port(
     check = _healthcheck()
     env = {
         "ENGINE_PORT": str(tcp_health.server_address[1]),
-        "HTTP_PORT": str(_closed_port()),
+        "HTTP_PORT": str(free_port()),
         "EDGE": "external",
         "EDGE_SOCKET": str(tmp_path / "absent.sock"),
     }

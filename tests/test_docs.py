@@ -25,14 +25,14 @@ MISS_PATH_MODULES = (
     "app/cache/notify.py",
     "app/engines/direct.py",
     "app/engine_process.py",
-    "app/queue/feeders.py",
-    "app/queue/heartbeat.py",
-    "app/queue/claims.py",
-    "app/queue/scheduler.py",
+    "app/engine_side/feeders.py",
+    "app/engine_side/heartbeat.py",
+    "app/engine_side/claims.py",
+    "app/engine_side/scheduler.py",
     "app/queue/ticket.py",
-    "app/cache/compute.py",
-    "app/cache/engine_runner.py",
-    "app/queue/interjection.py",
+    "app/engine_calls/compute.py",
+    "app/engine_calls/engine_runner.py",
+    "app/engine_side/interjection.py",
 )
 
 

@@ -36,7 +36,8 @@ from requests.adapters import HTTPAdapter
 
 from app.config import Settings
 from app.edge import Edge, find_nginx
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from app.protocols import pipeline
 from tests.conftest import CORPUS, ROOT, WORD_CH, WORD_EN
 from tests.helpers import alive, b64

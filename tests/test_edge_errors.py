@@ -27,7 +27,7 @@ from werkzeug.test import Client
 
 from app.config import Settings
 from app.edge import HEAD_BUFFER_BYTES, Edge, find_nginx
-from app.embedded_redis import free_port
+from app.ports import free_port
 from app.protocols import pipeline
 from app.routes.endpoints import Endpoints
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from app import grpc_server
-from app.cache.engine_runner import EngineBusy
+from app.engine_calls.engine_runner import EngineBusy
 from app.vocabulary import EngineTimeout
 from tests.conftest import CORPUS, SHORT, WORD_CH, WORD_EN
 from tests.helpers import metric_sum

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.cache.engine_runner import EngineRunner
+from app.engine_calls.engine_runner import EngineRunner
 from app.engines.engine_thread import EngineThread
 from app.vocabulary import EngineTimeout
 

@@ -26,7 +26,8 @@ import redis
 import requests
 
 from app.edge import find_nginx
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from tests import dockerfile
 from tests.conftest import PHOTOTEST, ROOT, SHORT, WORD_EN
 

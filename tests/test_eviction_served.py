@@ -21,7 +21,8 @@ import redis
 import requests
 from PIL import Image
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
 from tests.test_serve import serving

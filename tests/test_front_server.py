@@ -22,8 +22,8 @@ import requests
 
 from app.config import Settings
 from app.edge import UPSTREAM_KEEPALIVE_SECONDS, render
-from app.embedded_redis import free_port
 from app.front_server import server_options
+from app.ports import free_port
 from tests.conftest import ROOT
 from tests.fleet import wait_for
 from tests.helpers import alive

@@ -486,7 +486,7 @@ def test_wrong_model_name_or_key_fails_the_load(base_settings, fake, tmp_path):
 def test_unreachable_vllm_delays_readiness_then_misses_fail_and_hits_are_served(
     base_settings, fake, redis_client
 ):
-    from app.embedded_redis import free_port
+    from app.ports import free_port
 
     settings = hunyuan_settings(base_settings, fake)
     app = create_app(settings, engine=HunyuanEngine.from_settings(settings))

@@ -20,6 +20,7 @@ from standardwebhooks import Webhook
 
 from app.jobs import callback
 from app.jobs.callback import CallbackSender, check_url, sign, tenant_secret, verify
+from app.ports import free_port
 from app.protocols.errors import BadRequest
 
 pytestmark = pytest.mark.unit
@@ -279,14 +280,8 @@ def test_gives_up_after_attempts_on_persistent_5xx(receiver: Receiver) -> None:
     assert len(receiver.posts) == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_unreachable_port_fails_after_all_attempts(caplog: pytest.LogCaptureFixture) -> None:
-    port = _free_port()
+    port = free_port()
     delays: list[float] = []
     sender = _sender(frozenset({f"127.0.0.1:{port}"}), delays, attempts=3)
     with caplog.at_level(logging.WARNING, logger="app.jobs.callback"):
@@ -297,7 +292,7 @@ def test_unreachable_port_fails_after_all_attempts(caplog: pytest.LogCaptureFixt
 
 
 def test_backoff_doubles_up_to_a_minute() -> None:
-    port = _free_port()
+    port = free_port()
     delays: list[float] = []
     sender = _sender(frozenset({f"127.0.0.1:{port}"}), delays, attempts=9)
     assert not sender.deliver(f"http://127.0.0.1:{port}/", MASTER, {})

@@ -24,8 +24,8 @@ import pytest
 from PIL import Image
 from werkzeug.serving import make_server
 
+from app.engine_side import job_driver
 from app.jobs import callback
-from app.jobs import driver as job_driver
 from app.jobs.store import GROUP, SETTLE_SECONDS
 from tests.conftest import CORPUS, PHOTOTEST, WORD_CH, WORD_EN
 

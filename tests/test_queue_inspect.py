@@ -30,9 +30,9 @@ from app.cache.keys import KeySpace
 from app.cache.region import OcrCache
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
+from app.engine_side.heartbeat import Heartbeat
 from app.engine_state import EngineState
 from app.queue import inspect
-from app.queue.heartbeat import Heartbeat
 from app.queue.requester import TicketQueue
 from app.tenants import Tenant, TenantBook
 from app.vocabulary import CacheControls, CacheStatus, EngineError

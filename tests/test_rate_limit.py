@@ -21,7 +21,7 @@ from app.cache.keys import KeySpace
 from app.cache.rate_limit import RateLimiter
 from app.cache.store import NullStore, RedisStore
 from app.config import RateLimit, Settings
-from app.embedded_redis import free_port
+from app.ports import free_port
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import WORD_CH, WORD_EN
 from tests.helpers import metric_sum

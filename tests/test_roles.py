@@ -20,10 +20,12 @@ import grpc
 import pytest
 import requests
 
-from app.embedded_redis import EmbeddedRedis, free_port, free_ports_to_keep
+from app.embedded_redis import EmbeddedRedis
 from app.engine_process import REPLACEMENT_WAIT_SECONDS
+from app.ports import free_port, free_ports
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import CORPUS, PHOTOTEST, ROOT, SHORT, WORD_EN
+from tests.fleet import wait_for
 from tests.helpers import b64, metric_sum
 
 pytestmark = pytest.mark.deploy
@@ -85,9 +87,8 @@ class Fleet:
 
 @contextmanager
 def serve(tmp: Path, **overrides: str) -> Iterator[Fleet]:
-    # The engines' two ports (one engine, its replacement) outside the ephemeral range: a
-    # client connection could take the second before the replacement binds it.
-    port, engine_port = free_port(), free_ports_to_keep(2)[0]
+    # The engines' two ports (one engine, its replacement) in a row from ENGINE_PORT.
+    port, engine_port = free_port(), free_ports(2, consecutive=True)[0]
     unset = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(
@@ -275,20 +276,23 @@ def front_without_engines(tmp_path, redis_server) -> Iterator[tuple[str, int]]:
         ENGINE_URLS=f"http://127.0.0.1:{free_port()}", OCR_WORK_DIR=str(tmp_path / "models"),
         CACHE_KEY_PREFIX=f"noengine{port}",
     )  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "front"], cwd=ROOT, env=env, text=True,
-        stdout=open("/tmp/dbg.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    log = tmp_path / "front.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "front"], cwd=ROOT, env=env, text=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, log.read_text()[-4000:]
+        try:
+            return requests.get(f"{base}/healthz", timeout=2).ok
+        except requests.RequestException:
+            return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline
-            try:
-                if requests.get(f"{base}/healthz", timeout=2).ok:
-                    break
-            except requests.RequestException:
-                time.sleep(0.3)
+        wait_for(healthy, 90, "the front's /healthz", seen=lambda: log.read_text()[-4000:])
         yield base, grpc_port
     finally:
         proc.send_signal(signal.SIGTERM)

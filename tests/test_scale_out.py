@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from tests.conftest import CORPUS, ROOT
 from tests.helpers import b64, metric_sum
 

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import pytest
 import requests
 
-from app.embedded_redis import free_port
 from app.engines.paddle import PaddleOcrEngine
+from app.ports import free_port
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
 

@@ -21,7 +21,8 @@ import pytest
 import requests
 
 from app.edge import find_nginx
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from tests.conftest import CORPUS, WORD_CH
 from tests.helpers import b64, metric_sum
 from tests.test_form_limits import CASES, CONTENT_TYPE, FILE, check_answer, form

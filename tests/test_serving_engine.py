@@ -14,8 +14,8 @@ import time
 import pytest
 import requests
 
-from app.embedded_redis import free_port
 from app.engines.serving import ServingEngine
+from app.ports import free_port
 from app.web import create_app
 from tests.conftest import PHOTOTEST, ROOT, WORD_EN, run_stock_client
 from tests.helpers import b64, metric_sum, stored_keys

@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from app.edge import find_nginx
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import WORD_EN
 from tests.helpers import b64

@@ -23,7 +23,8 @@ import requests
 from prometheus_client.mmap_dict import MmapedDict
 
 from app.edge import find_nginx
-from app.embedded_redis import EmbeddedRedis, free_port
+from app.embedded_redis import EmbeddedRedis
+from app.ports import free_port
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import WORD_CH, WORD_EN
 from tests.helpers import b64

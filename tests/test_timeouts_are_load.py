@@ -20,15 +20,15 @@ from prometheus_client import REGISTRY
 
 from app.cache import assembly
 from app.cache.breaker import CircuitBreaker
-from app.cache.engine_runner import EngineRunner
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
+from app.engine_calls.engine_runner import EngineRunner
+from app.engine_side.feeders import UNHEALTHY_PAUSE_SECONDS
 from app.engine_state import EngineState
 from app.engines.base import OcrRequest
 from app.imaging import decode_image
-from app.queue.feeders import UNHEALTHY_PAUSE_SECONDS
 from app.queue.ticket import Ticket
 from app.vocabulary import (
     CacheControls,

@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, Status, StatusCode
 
+from app.ports import free_port
 from app.trace_receiver import MAX_BODY, Span, waterfall
 from tests.conftest import ROOT
 from tests.otlp_receiver import Receiver
@@ -237,15 +237,9 @@ def test_a_waterfall_of_hostile_parents_ends_and_shows_every_span() -> None:
         ("sa", 0), ("sb", 1), ("sc", 2), ("sb", 1)]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.integration  # a process: `python -m app trace-receiver`
 def test_the_command_serves_until_sigterm() -> None:
-    port = _free_port()
+    port = free_port()
     env: dict[str, Any] = {**os.environ, "HOST": "127.0.0.1", "TRACE_RECEIVER_PORT": str(port)}
     for var in [v for v in env if v.startswith("OTEL_")]:
         del env[var]

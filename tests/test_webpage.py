@@ -203,7 +203,7 @@ def test_a_document_job_shows_its_pages_as_they_come(make_app, browser_context, 
     as the job's REST answer has them, the job's end shown."""
     from werkzeug.serving import make_server
 
-    from app.jobs import driver as job_driver
+    from app.engine_side import job_driver
 
     app = make_app(pdf_render_scale=1.0)
     shared = app.extensions["ocr"]

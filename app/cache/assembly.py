@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING
 
 from app.cache import verify
 from app.cache.codec import Codec
-from app.cache.compute import Computer, Ttl
 from app.cache.documents import Documents
-from app.cache.engine_runner import EngineRunner
 from app.cache.extraction_index import ExtractionTier
 from app.cache.keys import KeySpace
 from app.cache.l1 import L1Cache, L1Tier
@@ -40,9 +38,11 @@ from app.cache.region import Decoder, OcrCache
 from app.cache.similarity import SimilarityIndex, SimilarTier
 from app.cache.store import NullStore, RedisStore, Store
 from app.cache.tier import Chain, Tier
+from app.engine_calls.compute import Computer, Ttl
+from app.engine_calls.engine_runner import EngineRunner
 from app.engines.base import Engine
-from app.queue.feeders import BLOCK_MS, Feeders
 from app.queue.requester import TicketQueue
+from app.queue.ticket import BLOCK_MS
 from app.tenants import TenantBook
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ def build(
             label=book.label,
         )  # fmt: skip
     if redis is not None and queue is not None and feed:
+        from app.engine_side.feeders import Feeders  # engine side: never loaded in a front
+
         feeders = Feeders(
             redis, keys, queue, slots=slots, claim_ms=dispatch.claim_ms,
             max_deliveries=dispatch.max_deliveries, batch_max=engine_settings.batch_max,

@@ -38,7 +38,7 @@ class QueueKeys:
     reads any of them): a stream per lane (a tenant's tickets; ``~`` the default tenant's,
     and every ticket's with ``DISPATCH_FAIRNESS=fifo``), the ring of lanes with waiting
     tickets and their deficits, shares and ticket costs (deficit round robin,
-    ``app/queue/scheduler.py``), every lane that has a stream, the doorbell that wakes an
+    ``app/engine_side/scheduler.py``), every lane that has a stream, the doorbell that wakes an
     idle engine and the one that wakes a busy engine's interjector, the live-engine register
     and the ticket markers. Any of them may be evicted under ``allkeys-lru``:
     ``app/queue/requester.py`` says what that costs. The key strings keep their first names

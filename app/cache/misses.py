@@ -34,12 +34,12 @@ from collections.abc import Callable
 
 from app import tracing
 from app.cache.codec import Codec
-from app.cache.compute import Computer
 from app.cache.keys import KeySpace
 from app.cache.quotas import Quotas
 from app.cache.singleflight import SingleFlight
 from app.cache.store import Store
 from app.cache.tier import Probe
+from app.engine_calls.compute import Computer
 from app.queue.requester import TicketQueue
 from app.queue.ticket import Ticket
 from app.vocabulary import CacheStatus, OcrResult, Outcome

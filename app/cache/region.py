@@ -13,10 +13,9 @@ one protocol is a hit over all of them. Caching off is a store that holds nothin
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import metrics
-from app.cache.compute import Computer
 from app.cache.documents import Documents
 from app.cache.keys import ImageDigest, KeySpace, digest_image
 from app.cache.l1 import L1Cache
@@ -25,10 +24,13 @@ from app.cache.misses import MissPath
 from app.cache.quotas import Quotas
 from app.cache.store import Store
 from app.cache.tier import Chain, Probe
+from app.engine_calls.compute import Computer
 from app.engines.base import Engine
 from app.imaging import DecodedImage
-from app.queue.feeders import Feeders
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, Outcome
+
+if TYPE_CHECKING:
+    from app.engine_side.feeders import Feeders  # an engine's (assembly.build): typing only
 
 Decoder = Callable[[bytes], DecodedImage]
 

@@ -91,8 +91,8 @@ class RedisStore:
     def _read(self, *command: Any) -> Any:
         """A read on this thread's own connection, with the client's ``Retry``: a hit pays
         no pool lock, no is-the-connection-clean poll and no command dispatch (about half of
-        redis-py's cost of a GET here, docs/PERFORMANCE.md). Plain single-node clients
-        only (a Sentinel's pool finds the master per connection, a Cluster per slot)."""
+        redis-py's cost of a GET here, by ``python -m bench.profile_hit``). Plain single-node
+        clients only (a Sentinel's pool finds the master per connection, a Cluster per slot)."""
         connection = getattr(self._thread, "connection", None)
         if connection is None:
             connection = self._client.connection_pool.make_connection()

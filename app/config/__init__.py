@@ -1,7 +1,8 @@
 """Every setting, in sections: each component takes only its own section (``Settings.cache``,
 ``Settings.redis``, ``Settings.paddle``, ...), parsed once from the environment with the
 names in this package's modules, a module per section or per few related ones
-(``app/env.py``: parsers, secrets from ``{VAR}_FILE``, one-line errors).
+(``app/env.py``: parsers, secrets from ``{VAR}_FILE``, one-line errors). Imported by every
+process.
 
 docs/CONFIGURATION.md is generated from these declarations (``python -m app config-doc``;
 ``tests/test_config.py`` fails when it is stale). A removed setting that is still set stops

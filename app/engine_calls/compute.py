@@ -1,6 +1,6 @@
 """The engine side of a miss: an engine call in this process (bounded, timed, counted) and
 the result stored in every tier; and the tickets this process's feeders took from the global
-queue, computed and stored the same way, their requesters told (``app.queue.feeders``).
+queue, computed and stored the same way, their requesters told (``app.engine_side.feeders``).
 
 A ticket is computed only if its key is what its own bytes, parameters and tenant make:
 a writer to Redis cannot queue image B's bytes under image A's key. One whose entry is
@@ -25,14 +25,14 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from app import metrics, tracing
-from app.cache.engine_runner import EngineRunner
 from app.cache.keys import KeySpace, digest_image
 from app.cache.tier import Chain, Probe
+from app.engine_calls.engine_runner import EngineRunner
 from app.engines.base import Engine, LineUse, OcrRequest
 from app.imaging import DecodedImage
-from app.queue.feeders import Feeders
 from app.queue.ticket import Ticket
 from app.vocabulary import (
     TENANT_NAME,
@@ -44,6 +44,9 @@ from app.vocabulary import (
     OcrParams,
     OcrResult,
 )
+
+if TYPE_CHECKING:
+    from app.engine_side.feeders import Feeders  # only an engine's serve them: typing only
 
 log = logging.getLogger("app.cache.region")  # the name its log lines have always carried
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.cache.store import RedisStore
-
-BLOCK_MS = 1000  # a feeder's longest wait for the doorbell: how stale its report may get idle
+from app.queue.ticket import BLOCK_MS  # a feeder's longest wait for the doorbell
 
 
 class Connections:

@@ -28,12 +28,12 @@ import redis
 
 from app.cache.keys import KeySpace
 from app.cache.store import REDIS_ERRORS, RedisStore
-from app.queue.claims import Claims
-from app.queue.connections import BLOCK_MS, Connections
-from app.queue.heartbeat import Heartbeat
-from app.queue.interjection import Calls, Interjector, Serve
+from app.engine_side.claims import Claims
+from app.engine_side.connections import BLOCK_MS, Connections
+from app.engine_side.heartbeat import Heartbeat
+from app.engine_side.interjection import Calls, Interjector, Serve
+from app.engine_side.scheduler import Scheduler
 from app.queue.requester import TicketQueue
-from app.queue.scheduler import Scheduler
 from app.queue.ticket import Ticket
 from app.vocabulary import EngineError
 
@@ -192,6 +192,8 @@ class Feeders:
         tickets, cost = self.scheduler.take(client, consumer)
         if not tickets and not self._stopped.is_set():
             client.blpop([self._names.bell], timeout=BLOCK_MS / 1000)
+            if self._stopped.is_set():  # woken by stop(): a ticket taken now could be cut
+                return [], 0.0  # off by the process's exit, its requester told of a "bug"
             tickets, cost = self.scheduler.take(client, consumer)
         return tickets, cost
 

@@ -29,9 +29,9 @@ from typing import Any, NamedTuple
 from app import metrics
 from app.cache.keys import QueueKeys
 from app.cache.store import REDIS_ERRORS
-from app.queue.claims import Claims
-from app.queue.connections import BLOCK_MS, Connections
-from app.queue.scheduler import Scheduler
+from app.engine_side.claims import Claims
+from app.engine_side.connections import BLOCK_MS, Connections
+from app.engine_side.scheduler import Scheduler
 from app.queue.ticket import INTERJECTOR, Ticket
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,13 @@
-"""OCR engines behind one small interface (see ``base.Engine``)."""
+"""OCR engines behind one small interface (``base.Engine``), imported by every process: the
+interface, the redaction wrapper (``redacting``), line reuse's interface (``lines``), the task
+set (``tasks``), the direct endpoint's two ends (``direct``: a front's ``EngineProxy``, the
+format an engine process reads) and ``build_engine``, which imports the configured
+implementation (``paddle``, ``serving``, ``hunyuan`` and their helpers) lazily. An engine
+process, and the combined role, loads it (``prepare``/``load`` import Paddle and PaddleOCR);
+a front builds it for its identity only (the fingerprint from the model files, the default
+parameters, the description, the parameter checks), wraps it in the proxy and never loads
+it, so no engine runtime is imported in a front (``tests/test_layers.py``).
+"""
 
 from __future__ import annotations
 

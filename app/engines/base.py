@@ -22,7 +22,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class LineUse:
     """What one request lets line reuse (``CACHE_LINES``) do, from its cache controls
-    (``app/cache/compute.py``): ``read`` stored readings (not with ``no-cache``, nor when the
+    (``app/engine_calls/compute.py``): ``read`` stored readings (not with ``no-cache``, nor when the
     cache is bypassed), ``write`` new ones (not with ``no-store``, nor when bypassed), and
     keep them at most ``ttl`` seconds (``X-Cache-TTL``; None: the line TTL)."""
 

@@ -7,7 +7,7 @@ the engine calls ``yield_point()`` between the steps of a page, its recognition 
 and that call then resumes where it stopped, its own state untouched (an interjected call
 runs the same models on the same thread, never at the same time). No call is abandoned or
 restarted: a page is only paused while another tenant's ticket runs
-(``app/queue/interjection.py`` decides which and when). An interjected call is not
+(``app/engine_side/interjection.py`` decides which and when). An interjected call is not
 interrupted in turn.
 
 A page to be interjected then waits for the batch in progress (6 crops, 0.1-1 s on the

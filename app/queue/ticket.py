@@ -53,6 +53,9 @@ INTERJECTOR = "-interject"  # an engine's interjector consumes as ``{engine}-int
 ERROR_TTL_S = 60
 BACKGROUND = "+jobs"  # the suffix of a lane of document jobs' pages (no tenant name has "+")
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every ticket's in FIFO
+# An idle engine's longest wait for the doorbell, so how stale its report may get: the
+# feeders block this long, and a requester counts an engine live within three of them.
+BLOCK_MS = 1000
 
 
 class UnknownFormat(OcrCacheError, ValueError):

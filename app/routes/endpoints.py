@@ -1,15 +1,15 @@
 """The protocol endpoints, served in front of Flask: ``POST /v1/ocr`` (REST), ``POST /ocr``
 (PaddleX) and ``POST /{PIPELINE_SERVICE_NAME}/{method}`` (Paddle Serving's pipeline).
 
-They are the service's hottest requests, and an L2 hit costs less than Flask's own
-request machinery (its context, URL map, hooks and response object: about a third of a hit's
-throughput, measured in docs/PERFORMANCE.md). So these paths are matched here, on the WSGI
-environ, and their handler (``app.routes.rest``, ``pipeline_http``, ``paddlex``: one per
+They are the service's hottest requests, and an L2 hit costs less than Flask's own request
+machinery (its context, URL map, hooks and response object: 0.1–0.2 ms of the hit's CPU when
+profiled, in git's history of docs/PERFORMANCE.md). So these paths are matched here, on the
+WSGI environ, and their handler (``app.routes.rest``, ``pipeline_http``, ``paddlex``: one per
 protocol, the only one) is called with a werkzeug request; every other path (operations, the
-admin API, the web page) goes on to Flask. What Flask did for these paths is done here the
-same way: other methods get 405 (and OPTIONS its answer) in the protocol's form, werkzeug's
-own errors (413 on a body or form field over its limit) likewise, and a bug the protocol's
-last-resort answer, logged with the request id and counted.
+admin API, the web page) goes on to Flask. What Flask did for these paths is done here the same
+way: other methods get 405 (and OPTIONS its answer) in the protocol's form, werkzeug's own
+errors (413 on a body or form field over its limit) likewise, and a bug the protocol's last-
+resort answer, logged with the request id and counted.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 A front checks and stores the submission (the document, at most ``JOBS_MAX_BYTES``; a PDF
 pdfium can open, at most ``JOBS_MAX_PAGES`` pages; the callback URL) and answers 202 with
-the job; the engine processes drive it (``app/jobs/driver.py``) and any front answers its
+the job; the engine processes drive it (``app/engine_side/job_driver.py``) and any front answers its
 polls from Redis (``app/jobs/store.py``). With ``AUTH=keys`` a job is its tenant's: another
 tenant's id is 404. The PaddleOCR result URL carries a secret of its own (the stock client
 fetches it without credentials): unguessable, and gone with the job.

@@ -1,6 +1,7 @@
 """The web page at ``/``: upload an image or PDF, see its boxes and lines, and the service's
 own figures. Plain HTML/CSS/JS shipped in the package (no CDN, no build step), talking to the
-public REST, PaddleX and ``/v1/stats`` endpoints like any other client."""
+public REST, PaddleX and ``/v1/stats`` endpoints like any other client. Imported by fronts
+(and the combined role) only."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ Each ``*.zdict`` file is a dictionary trained at development time by
 run time, never from network data). An entry names its dictionary by the zstd dictionary id
 in its header; every shipped dictionary stays readable, and the newest (highest file number)
 is the one written with. A new dictionary is therefore a new file, not a replaced one:
-entries written with the old one stay hits until they expire.
+entries written with the old one stay hits until they expire. Imported by every process
+(the codec: fronts read entries, engine processes write them).
 """
 
 from __future__ import annotations

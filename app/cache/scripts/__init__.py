@@ -1,7 +1,8 @@
 """Every Lua script of the service, in one place: each lives in a ``.lua`` file beside this
 module (its header says what it does atomically, its ``KEYS`` and ``ARGV``, and every other
 key it names), is read once at import, and is run by name: ``QUEUE_TAKE(client, keys,
-args)``. This is the only module that sends ``EVALSHA``/``SCRIPT LOAD``.
+args)``. This is the only module that sends ``EVALSHA``/``SCRIPT LOAD``, for every process:
+fronts (the tiers, the requester, purges, quotas) and engine processes (the feeders' steps).
 
 A script is sent by its SHA-1 (``EVALSHA``); a server that does not know it yet (a fresh
 node, a restart, ``SCRIPT FLUSH``, a failover) answers ``NOSCRIPT``, and the script is then

@@ -1,5 +1,5 @@
 -- The lane scheduler: deficit round robin over engine time, in one atomic step shared by
--- every worker and replica (app/queue/scheduler.py tells the rules). Takes up to ARGV[3]
+-- every worker and replica (app/engine_side/scheduler.py tells the rules). Takes up to ARGV[3]
 -- tickets of one lane for this consumer (XREADGROUP), charges the lane its mean ticket cost
 -- per ticket, and writes the ring back in its new order.
 -- To interject (ARGV[5], the live-engine window in ms; "" otherwise): only while every live
