@@ -3,6 +3,7 @@ session, and apps built with the factory against them. Nothing here is a fake.""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -62,7 +63,39 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# ``make test`` runs on pytest-xdist workers: a file's tests stay together in one worker, in
+# their order (module fixtures, a reference server, a Redis Cluster, an example count are
+# set up once), except in these files, whose tests are independent and long (each serves its
+# own fleet): they spread over the workers.
+SPREAD = {
+    "test_roles.py", "test_jobs.py", "test_lines.py", "test_faults.py", "test_topologies.py",
+    "test_engine_queue.py", "test_jobs_served.py", "test_eviction_served.py",
+}  # fmt: skip
+# The longest files first (``--durations``, 2 cores), so that the workers end together.
+LONGEST = (
+    "test_roles.py", "test_parity.py", "test_fleet_cluster.py", "test_scale_out.py",
+    "test_eviction_served.py", "test_jobs_served.py", "test_cluster_structures.py",
+    "test_lines.py", "test_jobs.py", "test_engine_queue.py", "test_edge.py", "test_faults.py",
+    "test_topologies.py", "test_security.py", "test_slow_clients.py", "test_serve.py",
+)  # fmt: skip
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling, a scope being a file, or a test of a ``SPREAD`` file (xdist's
+    own ``loadgroup`` marks do not reach pytest 9's node ids)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrTest(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if Path(path).name in SPREAD else path
+
+    return FileOrTest(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))  # stable: in-file order
     for item in items:
         layers = [name for name in LAYERS if item.get_closest_marker(name)]
         if not layers:
@@ -166,10 +199,12 @@ def make_app(
         app.testing = True
         if engine_override is None:  # the shared engine is loaded: ready within moments
             state = app.extensions["ocr"]["engine_state"]
-            deadline = time.monotonic() + 30
-            while not state.ready and time.monotonic() < deadline:
+            deadline = time.monotonic() + 60
+            while not state.ready:
+                assert time.monotonic() < deadline, f"engine not ready: {state.status}"
                 time.sleep(0.005)
-            # Its feeder took its place in the global miss queue (at once when Redis answers).
+            # Its feeder took its place in the global miss queue (at once when Redis answers;
+            # a test whose Redis is down goes on after 5 s: its misses are computed here).
             app.extensions["ocr"]["cache"].dispatch_ready(5)
         return app
 
@@ -188,12 +223,15 @@ def stock_client_dir() -> Path:
     import sys
 
     target = ROOT / ".venv" / "stock-client" / "paddle-serving-server-0.9.0"
-    if not (target / "paddle_serving_server" / "pipeline" / "pipeline_client.py").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-             "--no-deps", "--target", str(target), "paddle-serving-server==0.9.0"],
-            check=True,
-        )  # fmt: skip
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one install when xdist workers ask at once
+        if not (target / "paddle_serving_server" / "pipeline" / "pipeline_client.py").is_file():
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                 "--no-deps", "--target", str(target), "paddle-serving-server==0.9.0"],
+                check=True,
+            )  # fmt: skip
     return target
 
 

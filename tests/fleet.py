@@ -30,6 +30,9 @@ from app.ports import free_port, free_ports
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "fleet-engine-token-0123456789"
 SLOTS = 16384
+# How long a redis-server of ours may take to answer once started (EmbeddedRedis's own 10 s
+# is short on two cores busy with another test's cluster and engines).
+NODE_START_S = 60.0
 
 
 def cluster_port() -> int:
@@ -45,19 +48,24 @@ def wait_for(
     seen: Callable[[], str] | None = None,
 ) -> Any:
     """Poll ``check`` until it returns something true, and return that; on the deadline fail
-    saying ``what`` and, with ``seen``, what the process under test wrote meanwhile."""
+    saying ``what``, the last value polled (or the error that ended the last poll) and, with
+    ``seen``, what the process under test wrote meanwhile (its log, the nodes' views).
+
+    Generous deadlines are the rule: the suite shares two cores with other tests and
+    benchmarks, so a deadline bounds a hang, never a speed (it costs nothing when met)."""
     deadline = time.monotonic() + timeout
+    last: object = None
     while time.monotonic() < deadline:
         try:
             value = check()
             if value:
                 return value
-        except (redis.RedisError, OSError, requests.RequestException):
-            pass
+            last = value
+        except (redis.RedisError, OSError, requests.RequestException) as exc:
+            last = exc
         time.sleep(0.1)
-    raise AssertionError(
-        f"{what}: not met within {timeout:.0f} s" + (f"\n{seen()}" if seen else "")
-    )
+    said = f"{what}: not met within {timeout:.0f} s (last polled: {last!r:.2000})"
+    raise AssertionError(said + (f"\n{seen()}" if seen else ""))
 
 
 class LoopbackCluster:
@@ -91,7 +99,7 @@ class LoopbackCluster:
 
     def _start(self) -> LoopbackCluster:
         for node in self.nodes:
-            node.start()
+            node.start(NODE_START_S)
         clients = [self.client(n) for n in self.nodes]
         first = clients[0]
         step = SLOTS // self.masters
@@ -196,7 +204,7 @@ class LoopbackCluster:
         """Start a killed node again in its own folder: its nodes.conf makes it rejoin (as a
         replica of whoever took its slots), empty (nothing is persisted: a cache)."""
         node.proc = None
-        node.start()
+        node.start(NODE_START_S)
 
     def keys_per_master(self, match: str = "*") -> dict[int, int]:
         return {n.port: sum(1 for _ in self.client(n).scan_iter(match, count=1000))
@@ -219,15 +227,16 @@ def loopback_sentinel(
 ) -> tuple[EmbeddedRedis, EmbeddedRedis, EmbeddedRedis]:
     """(master, replica, sentinel) on loopback, the replica in sync and the sentinel watching
     ``ocrmaster`` (``redis+sentinel://127.0.0.1:<sentinel port>/ocrmaster/0``)."""
-    master = EmbeddedRedis().start()
-    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    master = EmbeddedRedis().start(NODE_START_S)
+    replica = EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+    replica.start(NODE_START_S)
     conf = tmp / "sentinel.conf"
     conf.write_text(
         f"sentinel monitor ocrmaster 127.0.0.1 {master.port} 1\n"
         f"sentinel down-after-milliseconds ocrmaster {down_after_ms}\n"
         f"sentinel failover-timeout ocrmaster {failover_timeout_ms}\n"
     )
-    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start()
+    sentinel = EmbeddedRedis(conf=conf, extra_args=["--sentinel"]).start(NODE_START_S)
     probe, watcher = redis.Redis(port=replica.port), redis.Redis(port=sentinel.port)
     wait_for(lambda: probe.info("replication")["master_link_status"] == "up", 60, "replica up")
     wait_for(lambda: watcher.sentinel_master("ocrmaster")["num-slaves"] >= 1, 60, "sentinel")

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import yaml
 
 from app.embedded_redis import EmbeddedRedis
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
+from tests.fleet import wait_for
 from tests.helpers import FlakyEngine, b64, metric_sum
 
 pytestmark = pytest.mark.deploy
@@ -195,11 +195,12 @@ def test_breaker_gauge_follows_redis(make_app) -> None:  # type: ignore[no-untyp
             assert resp.status_code == 200
         assert _gauge(client, "ocr_redis_breaker_open") == 1
         server.start()  # same port, same directory
-        deadline = time.monotonic() + 10
-        while _gauge(client, "ocr_redis_breaker_open") != 0 and time.monotonic() < deadline:
+
+        def closed_again() -> bool:
             client.post("/v1/ocr", json={"image": b64(SHORT.read_bytes())})
-            time.sleep(0.1)
-        assert _gauge(client, "ocr_redis_breaker_open") == 0
+            return _gauge(client, "ocr_redis_breaker_open") == 0
+
+        wait_for(closed_again, 60, "the breaker gauge back to 0 once Redis answered again")
     finally:
         server.cleanup()
 
@@ -209,9 +210,8 @@ def test_engine_ready_gauge_follows_the_engine(make_app, engine) -> None:  # typ
     failing = flaky.failing
 
     client = make_app(engine_override=flaky, engine_unready_after_failures=2).test_client()
-    deadline = time.monotonic() + 30
-    while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: client.get("/readyz").status_code == 200, 60, "ready",
+             lambda: str(client.get("/readyz").get_json()))  # fmt: skip
     assert _gauge(client, "ocr_engine_ready") == 1
     failing.set()
     for path in (WORD_EN, WORD_CH):

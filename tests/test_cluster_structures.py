@@ -365,12 +365,37 @@ class Gated:
         return self._engine.recognize(request)
 
 
+class Arrivals:
+    """An app's requests that reached its single flight (``flights``) and its submissions to
+    the queue that were answered (``submitted``): a request counted in both has joined."""
+
+    def __init__(self, app: Any) -> None:
+        self.flights = self.submitted = 0
+        lock = threading.Lock()
+        misses = app.extensions["ocr"]["cache"]._misses
+        flights, queue = misses._flights, misses._queue
+        do, submit = flights.do, queue._submit
+
+        def counted_do(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                self.flights += 1
+            return do(*args, **kwargs)
+
+        def counted_submit(*args: Any, **kwargs: Any) -> Any:
+            answer = submit(*args, **kwargs)
+            with lock:
+                self.submitted += 1
+            return answer
+
+        flights.do, queue._submit = counted_do, counted_submit
+
+
 def gated_app(make_app: Callable[..., Any], topo: Topology, gated: Gated, **overrides: Any) -> Any:
     """An app on ``topo`` whose engine is ``gated``, once its feeder is in the queue."""
     app = on(make_app, topo, engine_override=gated, **overrides)
     state, cache = app.extensions["ocr"]["engine_state"], app.extensions["ocr"]["cache"]
     wait_for(lambda: state.ready, 60, "engine ready")
-    assert cache.dispatch_ready(30), "the feeder never reported in"
+    assert cache.dispatch_ready(60), "the feeder never reported in"
     return app
 
 
@@ -456,7 +481,9 @@ def test_two_fronts_compute_a_fresh_image_once(make_app, engine, topo: Topology)
     MISS, the rest COALESCED (the ticket marker joined the other front to the first ticket;
     a second ticket would have gone to the other front's own engine slot)."""
     gated = Gated(engine)
-    clients = [gated_app(make_app, topo, gated).test_client() for _ in range(2)]
+    apps = [gated_app(make_app, topo, gated) for _ in range(2)]
+    clients = [app.test_client() for app in apps]
+    arrived = [Arrivals(app) for app in apps]
     data = variant(WORD_CH, 99)
     before = metric(clients[0], "ocr_engine_calls_total")
     barrier = threading.Barrier(8)
@@ -471,7 +498,14 @@ def test_two_fronts_compute_a_fresh_image_once(make_app, engine, topo: Topology)
         running = [pool.submit(one, i) for i in range(8)]
         try:
             assert gated.entered.wait(60), "the miss never reached the engine"
-            time.sleep(2.0)  # every request joins meanwhile (a few Redis round trips each)
+
+            # Every request has joined: each is in its front's single flight, and each
+            # front's leader has its answer from the queue (one queued, the other joined).
+            def joined() -> bool:
+                flights = sum(a.flights for a in arrived)
+                return flights >= 8 and all(a.submitted >= 1 for a in arrived)
+
+            wait_for(joined, 120, "every request joined", lambda: str([vars(a) for a in arrived]))
         finally:
             gated.gate.set()
         results = [r.result(120) for r in running]
@@ -538,7 +572,7 @@ def test_a_computed_entry_is_announced(make_app, topo: Topology) -> None:  # typ
         listener.psubscribe("ocr:done:*")
         listener.get_message(timeout=1.0)
         assert ocr(client, variant(SHORT, 77)).headers["X-Cache"] == "MISS"
-        deadline, message = time.monotonic() + 30, None
+        deadline, message = time.monotonic() + 60, None
         while message is None and time.monotonic() < deadline:
             message = listener.get_message(timeout=0.5)
     finally:
@@ -560,9 +594,7 @@ def test_a_purge_empties_every_fronts_l1(make_app, topo: Topology, request) -> N
     assert len(l1) == 1
     purged = front.post("/admin/purge", json={}, headers={"Authorization": f"Bearer {ADMIN}"})
     assert purged.status_code == 200 and purged.get_json()["removed"] >= 1
-    deadline = time.monotonic() + 10
-    while len(l1) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: not len(l1), 60, "the reader's L1 emptied by the purge's announcement")
     assert ocr(reader, data).headers["X-Cache"] == "MISS", "the reader served its L1 after a purge"
 
 

@@ -41,6 +41,7 @@ from tests.test_cache_unit import (
     joined,
     make_cache,
     only_error_markers,
+    wait_for,
 )
 
 pytestmark = pytest.mark.unit
@@ -84,13 +85,6 @@ def text_of(data: bytes) -> str:
 
 def counter(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-def wait_for(check, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def test_a_free_engine_in_another_process_takes_the_next_miss(settings):

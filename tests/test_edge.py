@@ -40,7 +40,8 @@ from app.embedded_redis import EmbeddedRedis
 from app.ports import free_port
 from app.protocols import pipeline
 from tests.conftest import CORPUS, ROOT, WORD_CH, WORD_EN
-from tests.helpers import alive, b64
+from tests.fleet import wait_for
+from tests.helpers import alive, b64, metric_sum
 
 pytestmark = pytest.mark.deploy
 
@@ -283,7 +284,7 @@ class Service:
                 found.append(entry)
         return found
 
-    def wait_log(self, timeout: float = 10, **match: Any) -> dict[str, Any]:
+    def wait_log(self, timeout: float = 60, **match: Any) -> dict[str, Any]:
         """The one access log line matching (nginx writes it as the answer leaves)."""
         deadline = time.monotonic() + timeout
         while not (found := self.access_log(**match)):
@@ -426,10 +427,8 @@ def test_the_app_sees_the_real_client_address(edge):
         )  # fmt: skip
         assert answer.status_code == 200
         assert answer.headers["X-Cache"] == "HIT", claim  # no-cache ignored: not trusted
-    deadline = time.monotonic() + 10
-    while len(edge.access_log(path="/v1/ocr", client=spoofing)) < len(claims):
-        assert time.monotonic() < deadline, edge.output[-3000:]
-        time.sleep(0.05)
+    wait_for(lambda: len(edge.access_log(path="/v1/ocr", client=spoofing)) >= len(claims), 60,
+             "an access log line per claim", lambda: edge.output[-3000:])  # fmt: skip
     assert not edge.access_log(client="10.1.2.3")  # the log has the real address too
     trusted = client(TRUSTED_SOURCE).post(
         f"{edge.base}/v1/ocr", json=body, headers={"Cache-Control": "no-cache"}, timeout=120
@@ -756,9 +755,16 @@ def test_graceful_stop_finishes_a_request_in_flight(edge):
             result["error"] = exc
         result["done"] = time.monotonic()
 
+    def computing() -> float:
+        metrics = requests.get(f"{edge.base}/metrics", timeout=10).text
+        return metric_sum(metrics, "ocr_engine_calls_running")
+
+    idle = computing()
     request = threading.Thread(target=slow_miss)
     request.start()
-    time.sleep(1.5)  # sent and computing: the engine takes seconds on this image
+    # Sent and computing (the engine takes seconds on this image), however loaded the host.
+    wait_for(lambda: computing() > idle or "done" in result, 120, "the slow miss computing",
+             lambda: f"{result}\n{edge.output[-3000:]}")  # fmt: skip
     signalled = time.monotonic()
     code = edge.stop(timeout=180)
     request.join(60)
@@ -768,8 +774,6 @@ def test_graceful_stop_finishes_a_request_in_flight(edge):
     assert answer.headers["X-Cache"] == "MISS" and answer.json()["lines"]
     assert result["done"] > signalled, "answered before the stop: nothing was in flight"
     assert code == 0, edge.output[-4000:]
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"nginx left running: {pids}"
-        time.sleep(0.1)
+    wait_for(lambda: not any(alive(pid) for pid in pids), 60, f"nginx ended ({pids})",
+             lambda: str([pid for pid in pids if alive(pid)]))  # fmt: skip
     assert "Termination signal" not in edge.output

@@ -19,6 +19,7 @@ from app import grpc_server
 from app.engine_calls.engine_runner import EngineBusy
 from app.vocabulary import EngineTimeout
 from tests.conftest import CORPUS, SHORT, WORD_CH, WORD_EN
+from tests.fleet import wait_for
 from tests.helpers import metric_sum
 
 pytestmark = pytest.mark.integration
@@ -51,10 +52,8 @@ def _big_calls(cache, n: int) -> tuple[list[threading.Thread], list[object]]:
 
 
 def _wait_depth(value: float, timeout: float, gauge: str = "ocr_engine_queue_depth") -> None:
-    deadline = time.monotonic() + timeout
-    while metric_sum(_metrics(), gauge) != value:
-        assert time.monotonic() < deadline, _metrics()
-        time.sleep(0.05)
+    wait_for(lambda: metric_sum(_metrics(), gauge) == value, timeout, f"{gauge} {value:g}",
+             _metrics)  # fmt: skip
 
 
 def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
@@ -88,7 +87,9 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
     """The global miss queue (its depth is ``ocr_dispatch_queue_depth``) refuses alike in
     every protocol (the worker's own queue, for calls made here: tests/test_cache_unit.py)."""
     gauge = "ocr_dispatch_queue_depth"
-    app = make_app(ocr_timeout_seconds=60.0, dispatch_queue_max=2)
+    # The three big pages run one after another (about 12 s each here, more on a loaded
+    # host): the last one's deadline is not what this test is about.
+    app = make_app(ocr_timeout_seconds=240.0, dispatch_queue_max=2)
     cache = app.extensions["ocr"]["cache"]
     settings = app.extensions["ocr"]["settings"].with_overrides(host="127.0.0.1")
     server, port = grpc_server.start(cache, settings, port=0)
@@ -96,7 +97,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
     http = app.test_client()
     image = base64.b64encode(SHORT.read_bytes()).decode()
     threads, outcomes = _big_calls(cache, 3)  # one runs, two wait: the queue is full
-    _wait_depth(2, 10, gauge)
+    _wait_depth(2, 60, gauge)
     try:
         with pytest.raises(grpc.RpcError) as info:
             stub.inference(grpc_server.pb2.Request(key=["image"], value=[image]), timeout=10)
@@ -117,7 +118,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
     finally:
         server.stop(0)
         for t in threads:
-            t.join(timeout=120)
+            t.join(timeout=240)
     assert all(str(o) == "MISS" for o in outcomes), outcomes  # queued work still completes
     # Refused requests were never cached: the image is a miss now, and then a hit.
     statuses = [http.post("/v1/ocr", json={"image": image}).headers["X-Cache"] for _ in "ab"]
@@ -127,11 +128,13 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
 
 def test_grpc_concurrency_is_bounded(grpc_front):
     """GRPC_MAX_CONCURRENT_RPCS: RPCs over the bound are refused at once, not queued."""
-    _, endpoint = grpc_front(grpc_max_concurrent_rpcs=1)
+    app, endpoint = grpc_front(grpc_max_concurrent_rpcs=1)
+    runner = app.extensions["ocr"]["cache"]._computer.runner
     stub = grpc_server.pb2_grpc.PipelineServiceStub(grpc.insecure_channel(endpoint))
     slow = grpc_server.pb2.Request(key=["image"], value=[base64.b64encode(BIG).decode()])
     first = stub.inference.future(slow, timeout=120)
-    time.sleep(0.3)  # the first RPC is in the engine now (a big page takes seconds)
+    # The first RPC is in the engine now (a big page takes seconds).
+    wait_for(lambda: runner.running or first.done(), 60, "the first RPC computing")
     small = base64.b64encode(WORD_EN.read_bytes()).decode()
     with pytest.raises(grpc.RpcError) as info:
         stub.inference(grpc_server.pb2.Request(key=["image"], value=[small]), timeout=30)

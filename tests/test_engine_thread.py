@@ -178,11 +178,18 @@ def test_a_call_is_charged_only_what_overlaps_the_work_before_it() -> None:
     waits for it to end and is charged its own time only, never less than nothing."""
     engine = EngineThread("test-engine")
     runner = EngineRunner(1, 4, WAIT, interject=engine.interject)
-    working = threading.Event()
+    working, called = threading.Event(), threading.Event()
 
     def work() -> None:
         working.set()
-        time.sleep(0.4)
+        time.sleep(0.2)  # half of the work, before the call is made
+        assert called.wait(WAIT)
+        time.sleep(0.2)  # the other half, which the call waits for (however late it came)
+
+    def call() -> None:
+        waiting = engine.submit(lambda: time.sleep(0.1))  # behind the work on the engine
+        called.set()
+        waiting.result(WAIT)
 
     worker = threading.Thread(target=lambda: runner.interjected(work, WAIT))
     worker.start()
@@ -190,7 +197,7 @@ def test_a_call_is_charged_only_what_overlaps_the_work_before_it() -> None:
     time.sleep(0.2)  # half of the work is done before the call is made
     spent: list[float] = []
     began = time.perf_counter()
-    runner.run(lambda: engine.submit(lambda: time.sleep(0.1)).result(WAIT), elapsed=spent)
+    runner.run(call, elapsed=spent)
     wall = time.perf_counter() - began
     worker.join(WAIT)
     assert 0.1 <= spent[0] <= wall - 0.15  # its own 0.1 s, not the rest of the work's

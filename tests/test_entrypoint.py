@@ -149,7 +149,7 @@ def _check_grpc(port: int, http_base: str) -> None:
 
     method = "/baidu.paddle_serving.pipeline_serving.PipelineService/inference"
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        grpc.channel_ready_future(channel).result(timeout=30)
+        grpc.channel_ready_future(channel).result(timeout=60)
         call = channel.unary_unary(method)  # raw bytes: no dependency on generated stubs
         image = base64.b64encode(SHORT.read_bytes())
         request = _pb_field(1, b"image") + _pb_field(2, image)  # key, value

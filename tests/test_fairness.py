@@ -29,7 +29,7 @@ from app.queue.ticket import Ticket
 from app.tenants import Tenant, TenantBook
 from app.vocabulary import CacheControls, CacheStatus, OcrParams, OcrResult
 from tests.helpers import stand_in_engine
-from tests.test_cache_unit import WAIT, CountingEngine, make_cache
+from tests.test_cache_unit import WAIT, CountingEngine, make_cache, wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -158,13 +158,6 @@ def page(tenant: str, i: int) -> bytes:
     out = io.BytesIO()
     img.save(out, "PNG")
     return out.getvalue()
-
-
-def wait_for(check, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 @pytest.fixture()

@@ -28,8 +28,12 @@ pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 World = tuple[LoopbackCluster, Fleet]
 
-OCR_TIMEOUT = 60.0
-CLIENT_TIMEOUT = 40.0  # well under OCR_TIMEOUT: a request that waits to the deadline fails
+# A request that waits to the deadline fails (CLIENT_TIMEOUT, well under OCR_TIMEOUT), and an
+# answer must come within half of it (``assert_right``): a bound on waiting for a lost ticket,
+# not a speed. Eight fresh pages through two engines and a fail-over, on two cores shared
+# with the rest of the suite, took most of the 30 s that OCR_TIMEOUT = 60 allowed.
+OCR_TIMEOUT = 120.0
+CLIENT_TIMEOUT = 80.0
 ADMIN = "fleet-admin-token-0123456789abcdef"
 BASES = ["paddleocr_word_en_1.png", "rapidocr_short.png", "tesseract_phototest.png"]
 NO_STORE = {"Cache-Control": "no-cache, no-store"}
@@ -84,6 +88,15 @@ def concurrently(fleet: Fleet, images: list[bytes]) -> tuple[list[threading.Thre
     for thread in threads:
         thread.start()
     return threads, results
+
+
+def in_flight(cluster: LoopbackCluster, owner: EmbeddedRedis, results: list[Any]) -> None:
+    """The misses have reached the queue on ``owner`` (or some are answered already)."""
+
+    def started() -> bool:
+        return bool(sum(queued(cluster, owner))) or any(r is not None for r in results)
+
+    wait_for(started, 120, "the misses queued", lambda: f"{queued(cluster, owner)}; {results}")
 
 
 def joined(threads: list[threading.Thread], results: list[Any]) -> list[Answer]:
@@ -178,10 +191,11 @@ def test_queue_master_killed_while_misses_wait_and_run(world: World) -> None:
         tickets, running = queued(cluster, owner)
         return running >= 1 and tickets > running
 
-    wait_for(waiting_and_running, 30, "tickets queued and running")
+    wait_for(waiting_and_running, 120, "tickets queued and running",
+             lambda: f"queued: {queued(cluster, owner)}; answers: {results}")  # fmt: skip
     cluster.kill(owner)
     assert_right(joined(threads, results), expected)
-    cluster.wait_ok(60)
+    cluster.wait_ok(120)
     assert cluster.role(replica) == "master"
     restore(cluster, fleet)
 
@@ -200,10 +214,12 @@ def test_queue_master_killed_while_misses_wait_and_run(world: World) -> None:
     pool = [threading.Thread(target=hits, daemon=True) for _ in range(3)]
     for thread in pool:
         thread.start()
-    time.sleep(1.0)
+    wait_for(lambda: len(answers) >= 3, 120, "hits before the fault", lambda: str(answers))
     cluster.kill(victim)
-    cluster.wait_ok(60)
-    time.sleep(1.0)
+    cluster.wait_ok(120)
+    after = len(answers)
+    wait_for(lambda: len(answers) >= after + 3, 120, "hits after the fail-over",
+             lambda: f"{len(answers)} answers, {after} before it ended")  # fmt: skip
     stop.set()
     for thread in pool:
         thread.join(CLIENT_TIMEOUT + 10)
@@ -227,7 +243,8 @@ def test_queue_master_restarted_empty(world: World) -> None:
         tickets, running = queued(cluster, owner)
         return running >= 1 and tickets > running
 
-    wait_for(waiting_and_running, 30, "tickets queued and running")
+    wait_for(waiting_and_running, 120, "tickets queued and running",
+             lambda: f"queued: {queued(cluster, owner)}; answers: {results}")  # fmt: skip
     cluster.kill(owner)
     cluster.restart(owner)
     assert_right(joined(threads, results), expected)
@@ -238,9 +255,10 @@ def test_replica_killed(world: World) -> None:
     cluster, fleet = world
     images = [fresh() for _ in range(4)]
     expected = truths(fleet, images)
-    replica = cluster.replica_of(cluster.owner(queue_key(cluster)))
+    owner = cluster.owner(queue_key(cluster))
+    replica = cluster.replica_of(owner)
     threads, results = concurrently(fleet, images)
-    time.sleep(0.3)
+    in_flight(cluster, owner, results)
     cluster.kill(replica)
     assert_right(joined(threads, results), expected)
     again = [post(fleet.fronts[1].base, data) for data in images]
@@ -280,7 +298,7 @@ def test_whole_cluster_down_and_back(world: World) -> None:
         queued = fleet.scrape("ocr_dispatch_tickets_total", fleet.engines) > served
         return first.cache == "MISS" and second.cache == "HIT" and queued
 
-    wait_for(caching, 60, "a fresh image queued, computed by an engine, then a HIT elsewhere")
+    wait_for(caching, 120, "a fresh image queued, computed by an engine, then a HIT elsewhere")
 
 
 def test_master_paused_past_node_timeout(world: World) -> None:
@@ -294,13 +312,14 @@ def test_master_paused_past_node_timeout(world: World) -> None:
     assert_right([post(fleet.fronts[0].base, d) for d in cached], expected[:3])
     owner = cluster.owner(queue_key(cluster))
     threads, results = concurrently(fleet, cached + images)
-    time.sleep(0.3)
+    in_flight(cluster, owner, results)
     cluster.pause(owner)
-    time.sleep(4.0)
+    time.sleep(4.0)  # the fault itself: silent for 4 node timeouts
     cluster.resume(owner)
     answers = joined(threads, results)
-    wait_for(lambda: cluster.role(owner) == "slave", 30, "the old master rejoins as a replica")
-    cluster.wait_ok(60)
+    wait_for(lambda: cluster.role(owner) == "slave", 120, "the old master rejoins as a replica",
+             cluster.describe)  # fmt: skip
+    cluster.wait_ok(120)
     after = [post(fleet.fronts[i % 2].base, d) for i, d in enumerate(cached + images)]
     for i, answer in enumerate(answers + after):
         if answer.status == 200:
@@ -323,7 +342,7 @@ def test_purge_survives_failover(world: World) -> None:
     assert resp.status_code == 200, resp.text
     assert resp.json()["removed"] >= 1
     cluster.kill(owner)
-    cluster.wait_ok(60)
+    cluster.wait_ok(120)
     for front in fleet.fronts:
         answer = post(front.base, data, {"Cache-Control": "no-store"})
         assert answer.status == 200

@@ -112,21 +112,21 @@ def front_factory(tmp_path: Path, redis_server: Any) -> Iterator[Callable[..., F
 
 def test_a_killed_worker_is_replaced_and_its_live_gauges_dropped(front_factory):
     front = front_factory()
-    workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
+    workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 120,
                        "two workers", front.tail)  # fmt: skip
     victim = workers[0]
     assert any(f"_{victim}.db" in p.name for p in front.metrics.iterdir())
     os.kill(victim, signal.SIGKILL)
     replaced = wait_for(
         lambda: len(front.workers()) == 2 and victim not in front.workers() and front.workers(),
-        30, "the killed worker replaced", front.tail,
+        120, "the killed worker replaced", front.tail,
     )  # fmt: skip
     assert workers[1] in replaced  # the other one served on
     # Its live gauges are gone from the folder (mark_process_dead); its counters stay summed.
     wait_for(
         lambda: not any("live" in p.name and f"_{victim}.db" in p.name
                         for p in front.metrics.iterdir()),
-        15, "the dead worker's live gauges removed", front.tail,
+        60, "the dead worker's live gauges removed", front.tail,
     )  # fmt: skip
     assert all(front.answers() for _ in range(6))
     assert front.stop() == 0, front.tail()
@@ -136,12 +136,12 @@ def test_a_hung_worker_is_killed_and_replaced(front_factory):
     """A worker whose interpreter is stuck (here: stopped) sends no heartbeat: after
     FRONT_HUNG_SECONDS the server kills it and starts another, as gunicorn's timeout did."""
     front = front_factory(FRONT_HUNG_SECONDS="3")
-    workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
+    workers = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 120,
                        "two workers", front.tail)  # fmt: skip
     hung = workers[0]
     os.kill(hung, signal.SIGSTOP)
-    wait_for(lambda: not alive(hung), 30, "the stopped worker killed", front.tail)
-    wait_for(lambda: len(front.workers()) == 2, 30, "a replacement started", front.tail)
+    wait_for(lambda: not alive(hung), 120, "the stopped worker killed", front.tail)
+    wait_for(lambda: len(front.workers()) == 2, 120, "a replacement started", front.tail)
     assert "sent no heartbeat" in front.output()
     assert all(front.answers() for _ in range(6))
     assert front.stop() == 0, front.tail()
@@ -151,9 +151,9 @@ def test_a_worker_over_its_memory_bound_is_replaced(front_factory):
     """FRONT_MAX_RSS_MB: a worker over it (here every worker: 1 MB) is replaced, its
     successor started first: the front answers throughout."""
     front = front_factory(FRONT_MAX_RSS_MB="1")
-    first = set(wait_for(lambda: len(front.workers()) == 2 and front.workers(), 30,
+    first = set(wait_for(lambda: len(front.workers()) == 2 and front.workers(), 120,
                          "two workers", front.tail))  # fmt: skip
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 120
     while not first.isdisjoint(front.workers()) or len(front.workers()) < 2:
         assert time.monotonic() < deadline, front.tail()
         assert front.answers()
@@ -213,9 +213,9 @@ def test_the_server_trusts_no_forwarded_header(tmp_path):
             b"Forwarded: for=10.0.0.1;proto=https\r\nConnection: close\r\n\r\n"
         )
         answer = b""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while not answer:
-            assert proc.poll() is None and time.monotonic() < deadline
+            assert proc.poll() is None and time.monotonic() < deadline, "the front never answered"
             try:
                 with socket.socket(socket.AF_UNIX) as client:
                     client.connect(str(sock))

@@ -36,6 +36,7 @@ from app.vocabulary import EngineError, OcrLine, OcrParams, OcrResult, Unsupport
 from app.web import create_app
 from tests.conftest import CORPUS, PHOTOTEST
 from tests.fake_vllm import SPOTTING_10, FakeVllm
+from tests.fleet import wait_for
 from tests.helpers import b64, stored_keys
 
 pytestmark = pytest.mark.integration  # an OpenAI-protocol server (tests/fake_vllm.py)
@@ -80,10 +81,8 @@ def front(base_settings, fake, redis_client):  # type: ignore[no-untyped-def]
         app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
         app.testing = True
         client = app.test_client()
-        deadline = time.monotonic() + 10
-        while client.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline, client.get("/readyz").get_json()
-            time.sleep(0.02)
+        wait_for(lambda: client.get("/readyz").status_code == 200, 60, "ready",
+                 lambda: str(client.get("/readyz").get_json()))  # fmt: skip
         return app, client
 
     return build
@@ -505,8 +504,8 @@ def test_unreachable_vllm_delays_readiness_then_misses_fail_and_hits_are_served(
     engine.load()  # waits, then gives up without failing
     assert 0.5 <= time.monotonic() - started < 3
     client = create_app(down, engine=engine).test_client()
-    while client.get("/readyz").status_code != 200:
-        time.sleep(0.02)
+    wait_for(lambda: client.get("/readyz").status_code == 200, 60, "ready",
+             lambda: str(client.get("/readyz").get_json()))  # fmt: skip
     assert ocr(client, PHOTOTEST.read_bytes()).headers["X-Cache"] == "HIT"
     miss = ocr(client, PHOTOTEST.read_bytes(), task="parsing")
     assert miss.status_code == 503 and "connection failed" in miss.get_json()["error"]["message"]
@@ -583,7 +582,7 @@ def test_pool_is_sized_to_the_threads_that_call_the_engine(front, fake, base_set
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(60)
     assert codes == [200] * 6 and fake.max_in_flight == 2
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import time
 from typing import Any
 
 import grpc
@@ -19,6 +18,7 @@ from app import grpc_server
 from app.engines.base import OcrRequest
 from app.vocabulary import OcrResult
 from tests.conftest import WORD_EN
+from tests.fleet import wait_for
 from tests.helpers import metric_sum
 
 pytestmark = pytest.mark.integration
@@ -44,10 +44,7 @@ class BuggyEngine:
 def buggy_app(make_app, engine):
     app = make_app(engine_override=BuggyEngine(engine))
     state = app.extensions["ocr"]["engine_state"]
-    deadline = time.monotonic() + 60
-    while not state.ready:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: state.ready, 60, f"the engine ready (status {state.status})")
     return app
 
 

@@ -38,7 +38,9 @@ def pair() -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
         args = ["--replicaof", "127.0.0.1", str(master.port)]
         with EmbeddedRedis(extra_args=args) as replica:
             client = redis.Redis(port=replica.port)
-            wait_for(lambda: client.info("replication")["master_link_status"] == "up", 20)
+            wait_for(
+                lambda: client.info("replication")["master_link_status"] == "up", 60, "in sync"
+            )
             yield master, replica
 
 
@@ -133,6 +135,6 @@ def test_admin_api_and_cli_say_unconfirmed_then_repeat(
 
     frozen.proc.send_signal(signal.SIGCONT)
     client = redis.Redis(port=replica.port)
-    wait_for(lambda: client.info("replication")["master_link_status"] == "up", 20)
+    wait_for(lambda: client.info("replication")["master_link_status"] == "up", 60, "in sync")
     assert cli.main(["purge", "--md5", md5, "--server", base]) == 0
     assert capsys.readouterr().out.startswith("removed 0 entries")

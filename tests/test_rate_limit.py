@@ -89,6 +89,7 @@ def test_two_limiters_share_one_budget(redis_server, redis_client):
 def test_the_budget_refills_at_the_rate(redis_server, redis_client):
     """RATE_LIMIT=10:0: one request per 100 ms; a refused client is allowed again later."""
     limiter = _limiter(redis_server.url, 10, 0)
+    began = time.monotonic()
     assert limiter.check("10.0.0.9").allowed
     refused = 0
     deadline = time.monotonic() + WAIT
@@ -96,7 +97,9 @@ def test_the_budget_refills_at_the_rate(redis_server, redis_client):
         refused += 1
         assert time.monotonic() < deadline, "never allowed again"
         time.sleep(0.01)
-    assert refused >= 1  # the first retry came within the interval (10 ms later)
+    # The first retry came within the interval (at once) and was refused; unless a loaded
+    # host held both checks 100 ms apart, when it is rightly allowed.
+    assert refused >= 1 or time.monotonic() - began >= 0.1, "allowed within the interval"
 
 
 def test_keys_expire_once_the_budget_is_full_again(redis_server, redis_client):

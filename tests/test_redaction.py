@@ -9,7 +9,6 @@ import base64
 import logging
 import os
 import random
-import time
 from pathlib import Path
 
 import grpc
@@ -29,6 +28,7 @@ from app.redaction import (
     parse_names,
 )
 from tests.conftest import ROOT
+from tests.fleet import wait_for
 from tests.helpers import b64
 
 pytestmark = pytest.mark.unit
@@ -450,10 +450,8 @@ def test_hunyuan_extraction_and_its_subset_reuse_are_masked(base_settings, redis
         )  # fmt: skip
         app = create_app(settings, engine=HunyuanEngine.from_settings(settings))
         client = app.test_client()
-        deadline = time.monotonic() + 10
-        while client.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline, client.get("/readyz").get_json()
-            time.sleep(0.02)
+        wait_for(lambda: client.get("/readyz").status_code == 200, 60, "ready",
+                 lambda: str(client.get("/readyz").get_json()))  # fmt: skip
         data = PASSPORT.read_bytes()
         fields = ["surname", "passport number"]
         first = client.post(

@@ -18,6 +18,7 @@ from app.engines.serving import ServingEngine
 from app.ports import free_port
 from app.web import create_app
 from tests.conftest import PHOTOTEST, ROOT, WORD_EN, run_stock_client
+from tests.fleet import wait_for
 from tests.helpers import b64, metric_sum, stored_keys
 
 pytestmark = pytest.mark.integration
@@ -58,10 +59,8 @@ def front(base_settings, url: str, **overrides):  # type: ignore[no-untyped-def]
     app = create_app(settings, engine=ServingEngine.from_settings(settings))
     app.testing = True
     client = app.test_client()
-    deadline = time.monotonic() + 30
-    while client.get("/readyz").status_code != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: client.get("/readyz").status_code == 200, 60, "ready",
+             lambda: str(client.get("/readyz").get_json()))  # fmt: skip
     return app, client
 
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import PHOTOTEST, WORD_CH
+from tests.fleet import wait_for
 from tests.helpers import b64, metric_sum, stored_keys
 
 pytestmark = pytest.mark.integration
@@ -69,11 +70,27 @@ def test_failed_computation_is_not_shared_as_a_result(make_app, redis_client, en
 
         def recognize(self, request):  # type: ignore[no-untyped-def]
             calls.append(1)
-            gate.wait(2)
+            gate.wait(120)
             raise EngineError("engine crashed")
 
-    client = make_app(engine_override=Failing()).test_client()
-    threading.Timer(0.3, gate.set).start()  # all four requests are in flight by then
+    app = make_app(engine_override=Failing())
+    client = app.test_client()
+    # The engine fails once all four requests are in flight: in the app's single flight.
+    flights, arrived = app.extensions["ocr"]["cache"]._misses._flights, []
+    do = flights.do
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        arrived.append(1)
+        return do(*args, **kwargs)
+
+    def fail_once_all_joined() -> None:
+        try:
+            wait_for(lambda: len(arrived) >= 4 and calls, 120, "four requests in flight")
+        finally:
+            gate.set()
+
+    flights.do = counted
+    threading.Thread(target=fail_once_all_joined, daemon=True).start()
     results = fire([client], WORD_CH.read_bytes(), 4)
     assert [r[0] for r in results] == [503] * 4
     assert all(r[2]["error"]["message"] == "engine crashed" for r in results)
@@ -87,7 +104,7 @@ def test_a_computed_entry_is_announced_to_the_waiters(make_app, redis_client):
     pubsub.psubscribe("ocr:done:*")
     client.post("/v1/ocr", json={"image": b64(PHOTOTEST.read_bytes())})
     messages = []
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not messages:
         message = pubsub.get_message(timeout=0.5)
         if message and message["type"] == "pmessage":

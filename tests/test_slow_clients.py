@@ -24,6 +24,7 @@ from app.embedded_redis import EmbeddedRedis
 from app.ports import free_port
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import WORD_EN
+from tests.fleet import wait_for
 from tests.helpers import b64
 from tests.test_serve import serving
 
@@ -75,6 +76,7 @@ class Trickler:
             sock.sendall(head + b"Content-Length: 200000\r\n\r\n")
             self.socks.append((sock, body))
         self.closed_by_server: set[int] = set()
+        self.rounds = 0  # how many times every connection has sent its next byte
         self.bodies_paused = threading.Event()
         self._stop = threading.Event()
         self._interval = interval
@@ -92,6 +94,7 @@ class Trickler:
                 except OSError:
                     self.closed_by_server.add(i)
             offset += 1
+            self.rounds = offset
 
     def wait_cut(self, which: range, timeout: float) -> int:
         """How many of connections ``which`` the server ended (EOF, a reset or a 408 answer)
@@ -150,7 +153,8 @@ def test_slow_clients_do_not_stop_normal_requests(service, record_property):
     baseline = _hits(base, body, 10)
     slow = Trickler(port)
     try:
-        time.sleep(1.0)  # every slow connection is open and trickling
+        # Every slow connection is open (at once) and trickling (a byte each, twice).
+        wait_for(lambda: slow.rounds >= 2, 60, "the slow connections trickling")
         under_attack = _hits(base, body, HITS)  # all HITS answered, none waiting on them
         stub = pb2_grpc.PipelineServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
         reply = stub.inference(pb2.Request(key=["image"], value=[body["image"]]), timeout=30)

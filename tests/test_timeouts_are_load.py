@@ -106,7 +106,7 @@ def front(
         lambda data: decode_image(data, settings.server.max_image_pixels),
         on_engine_outcome=record,
     )  # fmt: skip
-    assert cache.dispatch_ready(5)
+    assert cache.dispatch_ready(WAIT), "the engine's feeder never reported in"
     yield Front(cache, engine, state, outcomes)
     engine.release.set()
     cache.close()

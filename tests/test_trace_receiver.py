@@ -251,13 +251,14 @@ def test_the_command_serves_until_sigterm() -> None:
     ]
     process = subprocess.Popen([sys.executable, "-m", "app", "trace-receiver"], cwd=ROOT, env=env)
     try:
-        endpoint, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+        endpoint, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
         while True:
             try:
                 requests.get(f"{endpoint}/healthz", timeout=2).raise_for_status()
                 break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline and process.poll() is None
+            except requests.ConnectionError as exc:
+                assert time.monotonic() < deadline, f"the receiver never answered: {exc}"
+                assert process.poll() is None, f"the receiver exited ({process.returncode})"
                 time.sleep(0.1)
         trace_id = one_request(endpoint)
         listed = requests.get(f"{endpoint}/api/traces", timeout=10).json()
