@@ -125,7 +125,7 @@ def _stop_dispatch_feeders() -> Iterator[None]:
     before = set(feeders._live)
     yield
     for started in feeders._live - before:
-        started.stop()
+        started.stop(30.0)  # waits for a call in progress: none outlives its test
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ def live_service(make_app: Callable[..., Any]) -> Iterator[Callable[..., str]]:
     def start(**overrides: Any) -> str:
         app = make_app(**overrides)
         server = make_server("127.0.0.1", 0, app, threaded=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}"
 

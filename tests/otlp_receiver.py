@@ -22,7 +22,7 @@ class Receiver:
         self.store = Store(max_spans, decode=decode)
         self._server = make_server(("127.0.0.1", 0), self.store)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
 
     @property
     def spans(self) -> list[Span]:

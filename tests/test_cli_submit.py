@@ -49,7 +49,7 @@ def served(make_app: Callable[..., Any]) -> Iterator[str]:
     driver = job_driver.start(shared.settings, shared.jobs, shared.cache)
     assert driver is not None, "no job driver: jobs are off or there is no Redis"
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"

@@ -154,7 +154,7 @@ def test_the_stock_paddleocr_client_runs_a_job_unchanged(
 
     service = Service(make_app, jobs_api_models="PP-OCRv5")
     server = make_server("127.0.0.1", 0, service.app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     path = tmp_path / "doc.pdf"
     path.write_bytes(PDF)
     model = "PP-OCRv5"
@@ -178,7 +178,7 @@ def test_the_paddleocr_cli_api_mode_runs_a_job_unchanged(
     its own against the app served over HTTP: its pages are the PaddleX ``/ocr`` pages."""
     service = Service(make_app, jobs_api_models="PP-OCRv5")
     server = make_server("127.0.0.1", 0, service.app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     path = tmp_path / "doc.pdf"
     path.write_bytes(PDF)
     command = [
@@ -254,7 +254,7 @@ class Receiver(BaseHTTPRequestHandler):
 def receiver() -> Iterator[ThreadingHTTPServer]:
     Receiver.received = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server
     server.shutdown()
 

@@ -33,7 +33,7 @@ IMAGES = [PHOTOTEST, CORPUS / "paddleocr_doc_11.jpg", CORPUS / "paddleocr_word_c
 @pytest.fixture()
 def live_url(make_app) -> Iterator[str]:  # type: ignore[no-untyped-def]
     server = make_server("127.0.0.1", 0, make_app(), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()

@@ -227,7 +227,7 @@ class _ImageHandler(http.server.BaseHTTPRequestHandler):
 
 def test_url_input_only_for_allowed_hosts_and_no_redirects(make_app):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ImageHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     host = f"127.0.0.1:{server.server_port}"
     try:
         allowed = make_app(url_input_allowed_hosts=host).test_client()

@@ -47,7 +47,7 @@ class Server:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_port
         self.host = f"127.0.0.1:{self.port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def respond(self, handler: http.server.BaseHTTPRequestHandler) -> None:
         path = handler.path

@@ -209,7 +209,7 @@ def test_a_document_job_shows_its_pages_as_they_come(make_app, browser_context, 
     shared = app.extensions["ocr"]
     driver = job_driver.start(shared.settings, shared.jobs, shared.cache)
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     pdf = tmp_path / "two.pdf"
     pictures = [Image.open(p).convert("RGB") for p in (PHOTOTEST, WORD_EN)]
