@@ -203,6 +203,7 @@ def run(settings: Settings) -> int:
         settings.server.host, settings.processes.engine_port,
         engine_app(shared, settings), threaded=True,
     )  # fmt: skip
+    shared.engine_state.start()  # the routes exist (``service.build``)
     threading.Thread(target=server.serve_forever, name="engine-http", daemon=True).start()
     retirement = Retirement(shared, settings, stop)
     threading.Thread(target=retirement.watch, name="engine-retire", daemon=True).start()

@@ -53,9 +53,13 @@ def current() -> OcrService:
 def build(
     settings: Settings, engine: Engine, store: RedisStore | None, role: str = "combined"
 ) -> OcrService:
-    """The cache front door and the engine's loader (shared by HTTP and gRPC); starts loading.
-    ``role``: ``front`` (``engine`` is a proxy), ``engine`` (an engine process) or
-    ``combined`` (both in one process; ``assembly.for_settings``)."""
+    """The cache front door and the engine's loader (shared by HTTP and gRPC). The caller
+    starts the load (``engine_state.start()``) once its routes exist: CPython 3.11's ``ast``
+    is not safe across threads (gh-106905), and werkzeug compiling a URL rule while PaddleX
+    read its model's configuration in the loader's thread failed with "AST constructor
+    recursion depth mismatch" (in a clean-clone ``make test``). ``role``: ``front``
+    (``engine`` is a proxy), ``engine`` (an engine process) or ``combined`` (both in one
+    process; ``assembly.for_settings``)."""
     redis = settings.redis
     if store is None and settings.cache.enabled and redis.url:
         store = RedisStore(
@@ -87,7 +91,6 @@ def build(
         wait_seconds=float(settings.server.request_timeout_seconds),
         unready_after=settings.engine.unready_after_failures,
     )
-    state.start()
     book = assembly.tenant_book(settings.tenants)
     metrics.initialise_tenants(book.labels())
     cache = assembly.for_settings(

@@ -52,6 +52,7 @@ def create_app(
         app.register_blueprint(blueprint)
     prefixes = {rule.rule.split("/")[1] for rule in app.url_map.iter_rules()}
     app.wsgi_app = endpoints.Endpoints(shared, app.wsgi_app, prefixes)  # type: ignore[method-assign]
+    shared.engine_state.start()  # the routes exist (``service.build``)
     return app
 
 
