@@ -101,24 +101,30 @@ def _skipped(tree: ast.Module, top_level: bool) -> set[ast.AST]:
 
 
 @cache
-def imports(module: str, top_level: bool = False) -> frozenset[str]:
-    """The ``app`` modules ``module`` imports (anywhere, or ``top_level``: when it is loaded),
-    with the packages Python loads on the way."""
+def imported(module: str, top_level: bool = False) -> frozenset[str]:
+    """Every dotted name ``module`` imports (anywhere, or ``top_level``: when it is loaded):
+    ``import a.b`` gives ``a.b``, ``from a import b`` gives ``a`` and ``a.b``."""
     tree = ast.parse(MODULES[module].read_text())
     skipped = _skipped(tree, top_level)
-    found = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if node in skipped:
             continue
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return frozenset(names)
+
+
+@cache
+def imports(module: str, top_level: bool = False) -> frozenset[str]:
+    """The ``app`` modules ``module`` imports, with the packages Python loads on the way."""
+    found = set()
+    for name in imported(module, top_level):
+        parts = name.split(".")
+        found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
     return frozenset(name for name in found if name in MODULES and name != module)
 
 
@@ -171,17 +177,7 @@ def _chain(name: str) -> str:
 
 def third_party(module: str, top_level: bool = False) -> set[str]:
     """The top-level names of the modules outside ``app`` that ``module`` imports."""
-    tree = ast.parse(MODULES[module].read_text())
-    skipped = _skipped(tree, top_level)
-    found = set()
-    for node in ast.walk(tree):
-        if node in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
-    return found - {"app"}
+    return {name.split(".")[0] for name in imported(module, top_level)} - {"app"}
 
 
 def loaded_after_import(*modules: str) -> set[str]:
