@@ -103,7 +103,7 @@ def test_after_a_burst_of_timeouts_an_idle_engine_answers_at_once(service):
         with ThreadPoolExecutor(len(PAGES)) as pool:
             burst = list(pool.map(post, PAGES))
         statuses = [answer.status_code for answer in burst]
-        assert set(statuses) <= {200, 504}, [(a.status_code, a.text[:200]) for a in burst]
+        assert set(statuses) <= {200, 504}, [(a.status_code, a.text) for a in burst]
         assert 504 in statuses, f"no page timed out: the burst did not overload ({statuses})"
         for answer in burst:
             if answer.status_code == 504:
