@@ -80,7 +80,7 @@ test: install install-tools install-redis
 	else $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); fi
 
 # The unit layer (no engine, no processes, no deployment checks), the loop to run on every
-# edit: about 19 s on 2 quiet cores once the bytecode is cached (below). Three pytest-xdist
+# edit: 18-22 s on 2 quiet cores once the bytecode is cached (below). Three pytest-xdist
 # workers, each with its own Redis on a free port; a test file runs whole in one worker (its
 # tests keep their order and process, as tests/test_fuzz_parsers.py's example count needs),
 # the parser fuzzing at a third of make test's examples (FUZZ_PARSER_SCALE). schemathesis's
