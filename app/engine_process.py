@@ -226,10 +226,12 @@ def run(settings: Settings) -> int:
 
 
 def drain(shared: service.OcrService, timeout: float) -> None:
-    """Take no more misses; let the tickets and calls in progress finish (their results are
-    stored): a feeder cut off by the exit between taking a ticket and the engine's call would
-    answer it as a bug (an HTTP 500 seen during a retirement)."""
-    shared.cache.close(timeout)
+    """Take no more misses; let the calls in progress finish (their results are stored). A
+    stopped feeder takes no ticket after its wake-up (``Feeders._read``): one taken then and
+    cut off by the exit was answered as a bug (an HTTP 500 seen during a retirement). The
+    feeders' threads are joined for a few seconds only: waiting for them up to the OCR timeout
+    each made a stop outlast its supervisor's wait (a clean-clone run)."""
+    shared.cache.close()
     runner = shared.cache.computer.runner
     deadline = time.monotonic() + timeout
     while runner.running and time.monotonic() < deadline:
