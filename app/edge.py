@@ -34,7 +34,7 @@ from pathlib import Path
 import jinja2
 
 from app.config import Settings
-from app.protocols import paddlex, pipeline, pipeline_http, rest
+from app.protocols import kserve, paddlex, pipeline, pipeline_http, rest
 
 log = logging.getLogger("app.edge")
 
@@ -142,6 +142,7 @@ def forms(settings: Settings) -> tuple[Form, ...]:
         "rest": lambda status: rest.error_body(_CODES[status], messages[status]),
         "paddlex": lambda status: paddlex.error(_LOG_ID, _answered(status), messages[status]),
         "pipeline": pipeline_body,
+        "kserve": lambda status: kserve.error_body(messages[status]),
     }
     return tuple(
         Form(
@@ -198,6 +199,7 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
         Location("= /v1/ocr", "rest", "REST"),
         Location("= /ocr", "paddlex", "PaddleX / PaddleOCR 3.x serving"),
         Location(f"/{name}/", "pipeline", "Paddle Serving pipeline: /{name}/{method}"),
+        Location("/v2/", "kserve", "Open Inference Protocol (KServe v2, Triton's clients)"),
         Location("= /v1/jobs", "rest", "document jobs", settings.jobs.upload_limit()),
         Location("= /api/v2/ocr/jobs", "rest", "PaddleOCR's job API", settings.jobs.upload_limit()),
         Location("/", "rest", "everything else: the web page, stats, admin"),

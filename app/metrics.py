@@ -282,7 +282,7 @@ def initialise(engine_kind: str) -> None:
         L3_READS.labels(result=result)
     for result in ("queued", "stored", "error", "purged", "dropped"):
         L3_WRITES.labels(result=result)
-    for protocol in ("rest", "pipeline_http", "paddlex", "grpc"):
+    for protocol in ("rest", "pipeline_http", "paddlex", "grpc", "kserve_http", "kserve_grpc"):
         UNEXPECTED_ERRORS.labels(protocol=protocol)
     for result in ("hit", "miss"):
         DOCUMENT_LOOKUPS.labels(result=result)

@@ -15,7 +15,7 @@ from app.engines import build_engine
 from app.engines.base import Engine
 from app.engines.direct import EngineProxy
 from app.engines.redacting import with_redaction
-from app.routes import endpoints, jobs, lifecycle, ops, paddlex
+from app.routes import endpoints, jobs, kserve, lifecycle, ops, paddlex
 
 
 def create_app(
@@ -48,7 +48,13 @@ def create_app(
     app.extensions["ocr"] = shared
     lifecycle.register(app, settings)
     admin.register(app, settings.server.admin_token, shared.cache, shared.engine_state)
-    for blueprint in (paddlex.blueprint, ops.blueprint, ui.blueprint, jobs.blueprint):
+    for blueprint in (
+        paddlex.blueprint,
+        ops.blueprint,
+        ui.blueprint,
+        jobs.blueprint,
+        kserve.blueprint,
+    ):
         app.register_blueprint(blueprint)
     prefixes = {rule.rule.split("/")[1] for rule in app.url_map.iter_rules()}
     app.wsgi_app = endpoints.Endpoints(shared, app.wsgi_app, prefixes)  # type: ignore[method-assign]

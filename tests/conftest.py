@@ -251,14 +251,15 @@ def run_stock_client(target: Path, endpoint: str, image: Path, *modes: str) -> l
 
 @pytest.fixture()
 def grpc_front(make_app):  # type: ignore[no-untyped-def]
-    """An app plus its gRPC server on a free port: (flask app, "127.0.0.1:port")."""
+    """An app plus its gRPC server on a free port, both services (``PipelineService``,
+    ``GRPCInferenceService``) as a front worker runs them: (flask app, "127.0.0.1:port")."""
     from app import grpc_server
 
     def start(**overrides: object):  # type: ignore[no-untyped-def]
         app = make_app(**overrides)
         ocr = app.extensions["ocr"]
         settings = ocr["settings"].with_overrides(host="127.0.0.1")
-        server, port = grpc_server.start(ocr["cache"], settings, port=0)
+        server, port = grpc_server.start(ocr["cache"], settings, port=0, service=ocr)
         started.append(server)
         return app, f"127.0.0.1:{port}"
 

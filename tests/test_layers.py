@@ -31,7 +31,7 @@ LEAVES = {"app.vocabulary", "app.redis_url", "app.redaction"}
 # How a setting is read (parsers, sections): on the leaves, under the configuration.
 READING = {"app.env"}
 # Servers and what only they use; entry points start them.
-SERVERS = {"app.web", "app.grpc_server", "app.edge", "app.service"}
+SERVERS = {"app.web", "app.grpc_server", "app.grpc_kserve", "app.edge", "app.service"}
 ENTRY_POINTS = {"app.__main__", "app.front_server", "app.supervisor", "app.engine_process"}
 # What an engine may import besides other engine modules: the vocabulary, the image type of
 # ``OcrRequest``, the redaction policy (``engines.redacting``), the wire formats a remote
@@ -52,7 +52,7 @@ ENGINE_MAY_IMPORT = {
 
 # The roles (app/__init__.py). A front worker's modules: what ``python -m app front`` and
 # granian's CLI load (``front_server.load_worker``: ``web.create_front``, ``grpc_server``).
-FRONT = {"app.front_server", "app.web", "app.grpc_server"}
+FRONT = {"app.front_server", "app.web", "app.grpc_server", "app.grpc_kserve"}
 # What only an engine process (or the combined role) runs: a front never loads it.
 ENGINE_ONLY = {"app.engine_process"}
 ENGINE_ONLY_PACKAGES = ("app.engine_side",)

@@ -1,5 +1,6 @@
 """The protocol endpoints, served in front of Flask: ``POST /v1/ocr`` (REST), ``POST /ocr``
-(PaddleX) and ``POST /{PIPELINE_SERVICE_NAME}/{method}`` (Paddle Serving's pipeline).
+(PaddleX), ``POST /{PIPELINE_SERVICE_NAME}/{method}`` (Paddle Serving's pipeline) and
+``POST /v2/models/{name}[/versions/{v}]/infer`` (the Open Inference Protocol).
 
 They are the service's hottest requests, and an L2 hit costs less than Flask's own request
 machinery (its context, URL map, hooks and response object: 0.1–0.2 ms of the hit's CPU when
@@ -24,9 +25,10 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTo
 from werkzeug.wrappers import Request
 
 from app import metrics, tracing
+from app.protocols import kserve as kserve_protocol
 from app.protocols import paddlex as paddlex_protocol
 from app.protocols import rest
-from app.routes import common, paddlex, pipeline_http
+from app.routes import common, kserve, paddlex, pipeline_http
 from app.routes import rest as rest_routes
 from app.routes.common import JSON, Answer, Call
 from app.service import OcrService
@@ -89,6 +91,14 @@ PIPELINE = Endpoint(
     lambda code, status, message: pipeline_http.refusal(message),  # as the edge's 429
     "POST /{name}/{method}",
 )
+KSERVE = Endpoint(
+    kserve.PROTOCOL,
+    kserve.handle,
+    lambda code, status, message: kserve_protocol.error_body(message),
+    lambda _, message: kserve_protocol.error_body(message),
+    lambda code, status, message: kserve_protocol.error_body(message),
+    "POST /v2/models/{name}/infer",
+)
 
 
 class _Request(Request):
@@ -131,6 +141,8 @@ class Endpoints:
         endpoint = self._exact.get(path)
         if endpoint is not None:
             return endpoint
+        if path.startswith("/v2/"):
+            return KSERVE if kserve.is_infer_path(path) else None
         parts = path.split("/")
         if len(parts) == 3 and parts[1] and parts[2] and parts[1] not in self._flask_prefixes:
             return PIPELINE

@@ -1,7 +1,8 @@
 """What every Flask request goes through (operations, the admin API, the web page; the
 protocol endpoints do the same in ``endpoints``): its ``Call`` (timer, request id, trust), the
 trust gate on the counters, the last touch on its headers, and the app-wide error answers
-(werkzeug's HTTP errors, the last resort) in the REST form."""
+(werkzeug's HTTP errors, the last resort) in the REST form (under ``/v2``, the Open Inference
+Protocol's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from app import metrics
 from app.config import Settings
-from app.protocols import paddlex, rest, trust
+from app.protocols import kserve, paddlex, rest, trust
 from app.routes import common
 from app.routes import paddlex as paddlex_routes
 
@@ -49,6 +50,8 @@ def register(app: Flask, settings: Settings) -> None:
         body = rest.error_body(code, exc.description or "")
         if request.path in paddlex_routes.PATHS:  # upstream's envelope, as its clients read it
             body = paddlex.error(paddlex.new_log_id(), exc.code or 500, exc.name)
+        elif request.path == "/v2" or request.path.startswith("/v2/"):  # Triton's form
+            body = kserve.error_body(exc.name)
         # Keep the exception's own headers (a 405 must list the allowed methods in Allow).
         headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
         return Response(body, status=exc.code or 500, mimetype=common.JSON, headers=headers)
