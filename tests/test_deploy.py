@@ -681,9 +681,12 @@ def test_front_deployment_service_and_scaling(overlay: str) -> None:
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "ocr-cache-secrets"
     assert "$(REDIS_PASSWORD)@ocr-cache-redis:6379" in env["REDIS_URL"]["value"]
     service = _named(objects, "Service", "ocr-cache")
-    assert {(p["name"], p["port"]) for p in service["spec"]["ports"]} == {
-        ("http", 9998),
-        ("grpc", 18091),
+    # The Open Inference Protocol's clients also find the same two ports at Triton's defaults.
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        ("http", 9998, "http"),
+        ("grpc", 18091, "grpc"),
+        ("triton-http", 8000, "http"),
+        ("triton-grpc", 8001, "grpc"),
     }
     assert _named(objects, "PodDisruptionBudget", "ocr-cache")["spec"]["maxUnavailable"] == 1
     # The fronts scale on CPU in every overlay, KEDA's included (it scales the engines).

@@ -45,7 +45,7 @@ CHECKS = [
     missing_required_header,
     unsupported_method,
 ]
-OPERATIONS = ["POST /v1/ocr", "POST /ocr"]
+OPERATIONS = ["POST /v1/ocr", "POST /ocr", "POST /v2/models/{model}/infer"]
 
 CASES: Counter[tuple[str, str, str, int]] = Counter()  # (operation, phase, mode, status)
 
@@ -59,7 +59,7 @@ schema = schemathesis.openapi.from_dict(
     config=schemathesis.Config.from_dict(
         {"generation": {"database": "none", "deterministic": True}, "seed": 5}
     ),
-).include(path=["/v1/ocr", "/ocr"], method="POST")
+).include(path=["/v1/ocr", "/ocr", "/v2/models/{model}/infer"], method="POST")
 
 
 @pytest.fixture()
@@ -98,7 +98,10 @@ def test_other_documented_routes_conform(make_app: Any, redis_client: Any) -> No
     buf = io.BytesIO()
     Image.open(WORD_EN).convert("RGB").save(buf, "PDF")
     pdf = base64.b64encode(buf.getvalue()).decode()
-    requests: list[tuple[str, str, Any, int]] = [
+    paddlex_body = json.dumps({"file": word, "fileType": 1, "visualize": False})
+    v2_body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [1, 1],
+                           "data": [[paddlex_body]]}]}  # fmt: skip
+    requests: list[tuple[Any, ...]] = [
         ("/health", "GET", None, 200),
         ("/healthz", "GET", None, 200),
         ("/readyz", "GET", None, 200),
@@ -110,6 +113,41 @@ def test_other_documented_routes_conform(make_app: Any, redis_client: Any) -> No
         ("/ocr/prediction", "POST", {"key": ["image"], "value": [word]}, 200),
         ("/ocr/prediction", "POST", {"key": ["image"], "value": ["@@"]}, 200),
         ("/ocr/prediction", "POST", {"key": ["a", "b"], "value": [word, word]}, 200),
+        ("/v2", "GET", None, 200),
+        ("/v2/health/live", "GET", None, 200),
+        ("/v2/health/ready", "GET", None, 200),
+        ("/v2/models/{model}", "GET", None, 200, {"model": "ocr"}),
+        (
+            "/v2/models/{model}/versions/{version}",
+            "GET",
+            None,
+            200,
+            {"model": "ocr-image", "version": "1"},
+        ),
+        ("/v2/models/{model}/config", "GET", None, 200, {"model": "ocr"}),
+        (
+            "/v2/models/{model}/versions/{version}/ready",
+            "GET",
+            None,
+            200,
+            {"model": "ocr", "version": "1"},
+        ),
+        ("/v2/repository/index", "POST", None, 200),
+        ("/v2/models/{model}/infer", "POST", v2_body, 200, {"model": "ocr"}),
+        (
+            "/v2/models/{model}/versions/{version}/infer",
+            "POST",
+            {"inputs": []},
+            400,
+            {"model": "ocr", "version": "1"},
+        ),
+        (
+            "/v2/models/{model}/infer",
+            "POST",
+            {"inputs": [{"name": "image"}]},
+            400,
+            {"model": "ocr-image"},
+        ),
     ]
     checks = [
         not_a_server_error,
@@ -118,12 +156,13 @@ def test_other_documented_routes_conform(make_app: Any, redis_client: Any) -> No
         response_headers_conformance,
         response_schema_conformance,
     ]
-    for path, method, body, status in requests:
+    for path, method, body, status, *parameters in requests:
         operation = document[path][method]
+        given = {"path_parameters": parameters[0]} if parameters else {}
         case = (
-            operation.Case()
+            operation.Case(**given)
             if body is None
-            else operation.Case(body=body, media_type="application/json")
+            else operation.Case(body=body, media_type="application/json", **given)
         )
         response = case.call(app=app)
         assert response.status_code == status, (path, response.text[:300])

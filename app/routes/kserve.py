@@ -102,19 +102,19 @@ def ready() -> Response:
     return Response(status=200 if current().engine_state.status == "ready" else 400)
 
 
-@blueprint.get("/v2/models/<name>")
-@blueprint.get("/v2/models/<name>/versions/<version>")
-def model_metadata(name: str, version: str = "") -> Response:
-    model = kserve.find(name, version)
-    return _json(model.metadata(current().cache.engine.fingerprint))
+@blueprint.get("/v2/models/<model>")
+@blueprint.get("/v2/models/<model>/versions/<version>")
+def model_metadata(model: str, version: str = "") -> Response:
+    found = kserve.find(model, version)
+    return _json(found.metadata(current().cache.engine.fingerprint))
 
 
-@blueprint.get("/v2/models/<name>/ready")
-@blueprint.get("/v2/models/<name>/versions/<version>/ready")
-def model_ready(name: str, version: str = "") -> Response:
+@blueprint.get("/v2/models/<model>/ready")
+@blueprint.get("/v2/models/<model>/versions/<version>/ready")
+def model_ready(model: str, version: str = "") -> Response:
     """As Triton: an unknown model or version is not ready (400), not an error."""
     try:
-        kserve.find(name, version)
+        kserve.find(model, version)
     except V2Error as exc:
         return Response(exc.body(), status=400, mimetype=kserve_http.JSON)
     if current().engine_state.status != "ready":
@@ -123,10 +123,10 @@ def model_ready(name: str, version: str = "") -> Response:
     return Response(status=200)
 
 
-@blueprint.get("/v2/models/<name>/config")
-@blueprint.get("/v2/models/<name>/versions/<version>/config")
-def model_config(name: str, version: str = "") -> Response:
-    return _json(kserve.find(name, version).config())
+@blueprint.get("/v2/models/<model>/config")
+@blueprint.get("/v2/models/<model>/versions/<version>/config")
+def model_config(model: str, version: str = "") -> Response:
+    return _json(kserve.find(model, version).config())
 
 
 @blueprint.post("/v2/repository/index")
