@@ -124,7 +124,7 @@ def load_worker() -> Callable[..., Any]:
     if settings.grpc.enabled:
         from app import grpc_server
 
-        ocr.grpc, _ = grpc_server.start(ocr.cache, settings)
+        ocr.grpc, _ = grpc_server.start(ocr.cache, settings, service=ocr)
     beat = os.environ.get(HEARTBEAT_DIR)
     if beat:
         Heartbeat(Path(beat), hung_after(settings)).start()

@@ -167,14 +167,9 @@ def _output_to(log: Path) -> Iterator[None]:
 
 
 def start_service(server: Server, redis_url: str, cwd: Path, **extra: str) -> None:
-    env = run._env(
-        REDIS_URL=redis_url,
-        HOST="127.0.0.1",
-        HTTP_PORT=str(server.port),
-        GRPC_PORT=str(free_port()),
-        CACHE_L1_BYTES="0",
-        **extra,
-    )
+    """``python -m app serve``; ``extra`` settings over the bench's (a ``GRPC_PORT`` too)."""
+    settings = {"GRPC_PORT": str(free_port()), "CACHE_L1_BYTES": "0", **extra}
+    env = run._env(REDIS_URL=redis_url, HOST="127.0.0.1", HTTP_PORT=str(server.port), **settings)
     env["WEB_THREADS"] = str(THREADS)  # as users get it (bench.run pins 8)
     server.procs.append(_spawn([sys.executable, "-m", "app", "serve"], server.log, cwd, env))
 

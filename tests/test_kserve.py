@@ -43,17 +43,23 @@ class Service:
         return f"http://{self.http}"
 
     def run(self, *steps: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-        """The stock clients' answers to ``steps``, one a step."""
-        script = tmp / f"script-{threading.get_ident()}-{id(steps)}.json"
-        script.write_text(json.dumps({"http": self.http, "grpc": self.grpc, "steps": steps}))
-        proc = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "triton_client.py"), str(script)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        assert len(lines) == len(steps), proc.stdout[-2000:] + proc.stderr[-2000:]
-        return lines
+        return stock_clients(self.http, self.grpc, list(steps), tmp)
+
+
+def stock_clients(
+    http: str, grpc_address: str, steps: list[dict[str, Any]], tmp: Path
+) -> list[dict[str, Any]]:
+    """The stock clients' answers to ``steps`` (tests/triton_client.py), one a step."""
+    script = tmp / f"script-{threading.get_ident()}-{id(steps)}.json"
+    script.write_text(json.dumps({"http": http, "grpc": grpc_address, "steps": steps}))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "triton_client.py"), str(script)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(steps), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return lines
 
 
 @pytest.fixture()
@@ -336,3 +342,37 @@ def _gzip(data: bytes) -> bytes:
     import gzip
 
     return gzip.compress(data)
+
+
+def test_a_traceparent_is_continued_over_both_transports(grpc_front, traced):
+    """The server span of ``ModelInfer`` (gRPC metadata) and of ``POST .../infer`` (a header)
+    continues the client's trace, as on the other protocols."""
+    from tritonclient.grpc import service_pb2 as pb2
+    from tritonclient.grpc import service_pb2_grpc as pb2_grpc
+
+    from app.protocols import kserve
+
+    app, address = grpc_front()
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    parent = f"00-{trace}-00f067aa0ba902b7-01"
+    tensor = pb2.ModelInferRequest.InferInputTensor(name="image", datatype="BYTES", shape=[1])
+    request = pb2.ModelInferRequest(
+        model_name="ocr-image", inputs=[tensor],
+        raw_input_contents=[kserve.encode_bytes([WORD_EN.read_bytes()])],
+    )  # fmt: skip
+    with grpc.insecure_channel(address) as channel:
+        stub = pb2_grpc.GRPCInferenceServiceStub(channel)
+        reply, call = stub.ModelInfer.with_call(
+            request, metadata=(("traceparent", parent),), timeout=120
+        )
+    assert reply.model_name == "ocr-image" and dict(call.trailing_metadata())["x-cache"] == "MISS"
+    body = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                                   "data": ["not an image"]}]})  # fmt: skip
+    answer = app.test_client().post(
+        "/v2/models/ocr-image/infer", data=body, headers={"traceparent": parent}
+    )
+    assert answer.status_code == 400
+    spans = {span.name: span for span in traced.get_finished_spans()}
+    for name in ("inference.GRPCInferenceService/ModelInfer", "POST /v2/models/{name}/infer"):
+        assert format(spans[name].context.trace_id, "032x") == trace, sorted(spans)
+    assert spans["inference.GRPCInferenceService/ModelInfer"].attributes["ocr.model"] == "ocr-image"

@@ -3,6 +3,8 @@ the private Redis started because REDIS_URL is unset, metrics summed over worker
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import socket
@@ -19,6 +21,7 @@ from app.engines.paddle import PaddleOcrEngine
 from app.ports import free_port
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
 from tests.helpers import b64, metric_sum
+from tests.test_kserve import stock_clients
 
 pytestmark = pytest.mark.deploy
 
@@ -79,7 +82,7 @@ def _port_open(port: int) -> bool:
 
 
 def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     env = {
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
     }
@@ -91,6 +94,7 @@ def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
         WEB_THREADS="4",
         OCR_WORK_DIR=str(tmp_path / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
+        GRPC_PORT=str(grpc_port),
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve"],
@@ -118,6 +122,23 @@ def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
         assert metric_sum(metrics, "ocr_engine_calls_total") == 3
         assert metric_sum(metrics, "ocr_cache_requests_total") == 12
         assert metric_sum(metrics, "ocr_cache_requests_total", result="hit") == 9
+        # The Open Inference Protocol as users reach it: HTTP through nginx and granian,
+        # gRPC on GRPC_PORT, NVIDIA's stock clients; the entries the REST calls stored.
+        word = base64.b64encode(WORD_EN.read_bytes()).decode()
+        steps = [
+            {"client": "http", "call": "ready"},
+            {"client": "http", "call": "infer", "elements": [word]},
+            {"client": "grpc-aio", "call": "infer", "elements": [word]},
+            {"client": "grpc", "call": "hps", "payload": {"file": word, "fileType": 1}},
+        ]
+        ready, http_answer, grpc_answer, hps = stock_clients(
+            f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", steps, tmp_path
+        )
+        assert ready["value"] is True and hps["value"]["errorCode"] == 0
+        for answer in (http_answer, grpc_answer):
+            assert json.loads(answer["value"]["elements"][0])["cache"] == "HIT", answer
+        reference = session.post(f"{base}/ocr", json={"file": word, "fileType": 1}, timeout=60)
+        assert {**hps["value"], "logId": ""} == {**reference.json(), "logId": ""}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
