@@ -28,7 +28,7 @@ from app.protocols import controls, kserve
 from app.protocols import kserve_models as models
 from app.protocols.kserve import Model, Tensor, V2Error
 from app.service import OcrService
-from app.vocabulary import CacheControls, EngineBusy, OcrCacheError, Refused
+from app.vocabulary import CacheControls, OcrCacheError
 
 SERVICE = "inference.GRPCInferenceService"
 PROTOCOL = "kserve_grpc"
@@ -90,8 +90,8 @@ class InferenceServicer:
         """The configuration's JSON form as its message; the engine's fingerprint among its
         parameters (``ModelMetadataResponse`` has no field for it)."""
         model = self._model(request, context)
-        config = model.config()
         fingerprint = self._service.cache.engine.fingerprint
+        config = model.config(fingerprint)
         return pb2.ModelConfigResponse(
             config=config_pb2.ModelConfig(
                 name=config["name"],
@@ -123,11 +123,9 @@ class InferenceServicer:
                 model, response, inferred = self._infer(request, context, tenant)
             except V2Error as exc:
                 self._fail(context, exc, span)
-            except (EngineBusy, Refused) as exc:
-                self._gate.refuse(context, exc, PROTOCOL)
             except Exception:
                 last_resort(context, PROTOCOL, "grpc ModelInfer")
-            if self._gate.shows_cache_status(context):
+            if inferred.cache_status != "none" and self._gate.shows_cache_status(context):
                 trailers = [("x-cache", inferred.cache_status)]
                 if inferred.tiers:
                     trailers.append(("x-cache-tier", inferred.tiers))
@@ -150,9 +148,10 @@ class InferenceServicer:
         if isinstance(request, Undecodable):
             raise V2Error(f"not a ModelInferRequest ({request.reason})")
         model = kserve.find(request.model_name, request.model_version)
-        tensor = kserve.the_input(model, _inputs(request))
-        kserve.requested_outputs(model, [o.name for o in request.outputs])
         settings = self._service.settings
+        most = model.max_elements(settings.protocols.max_images_per_request)
+        tensor = kserve.the_input(model, _inputs(request, most))
+        kserve.requested_outputs(model, [o.name for o in request.outputs])
 
         def asked() -> CacheControls:
             trusted = self._gate.trusted(context)
@@ -205,9 +204,10 @@ def _io(message: Any, spec: dict[str, Any]) -> Any:
     )
 
 
-def _inputs(request: Any) -> list[Tensor]:
+def _inputs(request: Any, max_elements: int) -> list[Tensor]:
     """The request's tensors: BYTES from ``raw_input_contents`` (one entry an input, in
-    order) when the client sent raw contents, else from ``contents.bytes_contents``."""
+    order) when the client sent raw contents, else from ``contents.bytes_contents``; a shape
+    of more than ``max_elements`` refused before its data is read."""
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise V2Error(
@@ -217,6 +217,15 @@ def _inputs(request: Any) -> list[Tensor]:
     for index, given in enumerate(request.inputs):
         shape = kserve.checked_shape(given.name, list(given.shape))
         count = kserve.element_count(shape)
+        if count > max_elements:
+            raise V2Error(
+                f"input '{given.name}': shape {list(shape)} holds more than {max_elements} elements"
+            )
+        if raw and given.HasField("contents"):
+            raise V2Error(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"'{given.name}'"
+            )
         if given.datatype != kserve.BYTES:
             raise V2Error(
                 f"input '{given.name}': datatype {given.datatype!r}; this server's models "

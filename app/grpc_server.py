@@ -83,6 +83,9 @@ class Gate:
         except Refused as exc:
             self.refuse(context, exc, protocol)
             raise  # not reached: abort raised
+        except Exception:
+            last_resort(context, protocol, f"{protocol} admission")
+            raise  # not reached: abort raised
 
     def _limit(self, context: grpc.ServicerContext, protocol: str) -> None:
         """RATE_LIMIT, before any work (hits and misses alike): over the client's budget, the
@@ -216,7 +219,13 @@ def start(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.grpc.threads, thread_name_prefix="grpc"),
         maximum_concurrent_rpcs=settings.grpc.max_concurrent_rpcs or 4 * settings.grpc.threads,
-        options=[*message_size_options(size), ("grpc.so_reuseport", 1)],
+        # A request is bounded by the limit; an answer may be larger (an ``ocr`` envelope
+        # with a PDF's pictures), as Triton's and its clients' 2 GiB.
+        options=[
+            *message_size_options(size),
+            ("grpc.max_send_message_length", 2**31 - 1),
+            ("grpc.so_reuseport", 1),
+        ],  # fmt: skip
     )
     gate = Gate(cache, settings)
     _add_servicer(server, PipelineServicer(cache, settings, gate))

@@ -117,3 +117,12 @@ def test_line_reuse_is_refused_where_its_exactness_is_unmeasured(runtime):
         {"CACHE_LINES": "on", "OCR_ENGINE": "serving", "SERVING_URL": "http://s:9", **runtime}
     ).lines.enabled
     assert Settings.from_env({**runtime}).lines.ttl_seconds == 0  # 0: CACHE_TTL_SECONDS
+
+
+def test_the_pipeline_cannot_take_the_open_inference_protocols_path():
+    """``/v2/...`` is KServe v2's: a pipeline named v2 would lose its routes to it (and give
+    nginx two ``location /v2/``)."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"PIPELINE_SERVICE_NAME": "v2"})
+    assert str(info.value).startswith("PIPELINE_SERVICE_NAME:")
+    assert Settings.from_env({"PIPELINE_SERVICE_NAME": "v3"}).protocols.pipeline_service_name

@@ -211,6 +211,9 @@ def test_protocol_errors_in_each_transport(v2, redis_client, tmp_path):
         ({"output": "lines"}, "400", "INVALID_ARGUMENT"),
         ({"model": "ocr", "input": "input", "shape": [2, 1],
           "elements": [_enc(WORD_EN), _enc(WORD_EN)]}, "400", "INVALID_ARGUMENT"),
+        ({"model": "ocr", "input": "input", "shape": [1, 1],
+          "elements": [base64.b64encode(b'{"file": "\xff\xfe"}').decode()]}, "400",
+         "INVALID_ARGUMENT"),
     ]  # fmt: skip
     steps = []
     for overrides, _, _ in cases:
@@ -249,6 +252,14 @@ def test_keys_and_deadlines(v2, tmp_path):
     assert json.loads(answers[3]["value"]["elements"][0])["cache"] == "HIT"
     assert answers[4]["error"]["status"] == "StatusCode.DEADLINE_EXCEEDED"
     assert answers[5]["value"] is True
+    # The call the client gave up on may still be computing its image: this request joins
+    # it (or finds its entry, or computes it if the call ended before it began), so nothing
+    # of this test runs on into the next.
+    again = requests.post(
+        f"{service.base}/v1/ocr", json={"image": b64(PHOTOTEST.read_bytes())},
+        headers=with_key, timeout=120,
+    )  # fmt: skip
+    assert again.status_code == 200 and again.json()["lines"]
 
 
 def test_hostile_bodies_get_a_400_in_the_protocols_form(client):
@@ -332,6 +343,20 @@ def test_undecodable_grpc_messages_are_invalid_argument(grpc_front):
             with pytest.raises(grpc.RpcError) as raised:
                 call(b"\xff\xff\xff\xff garbage", timeout=30)
             assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        from tritonclient.grpc import service_pb2 as pb2
+
+        both = pb2.ModelInferRequest(
+            model_name="ocr-image",
+            inputs=[pb2.ModelInferRequest.InferInputTensor(
+                name="image", datatype="BYTES", shape=[1],
+                contents=pb2.InferTensorContents(bytes_contents=[b"x"]))],
+            raw_input_contents=[b"\x01\x00\x00\x00x"],
+        )  # fmt: skip
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as raised:
+            call(both.SerializeToString(), timeout=30)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "raw_input_contents" in (raised.value.details() or "")
         stream = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics")
         with pytest.raises(grpc.RpcError) as raised:
             stream(b"", timeout=30)

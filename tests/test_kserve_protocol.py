@@ -55,7 +55,7 @@ def test_framing_that_lies_is_refused():
 
 def test_a_binary_request_parses_and_its_answer_is_framed_back():
     body, length = _binary_request([b"one", b"two"])
-    request = kserve_http.parse(body, str(length))
+    request = kserve_http.parse(body, str(length), 16)
     assert request.inputs[0].elements == [b"one", b"two"] and request.binary_output
     model = kserve.find("ocr-image", "1")
     tensor = kserve.the_input(model, request.inputs)
@@ -92,12 +92,40 @@ def test_models_versions_shapes_and_datatypes():
         assert raised.value.status == 400, bad
     meta = ocr.metadata("f00")
     assert meta["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1, 1]}]
-    assert ocr.config()["max_batch_size"] == 1 and ocr.config()["input"][0]["dims"] == [1]
+    config = ocr.config("f00")
+    assert config["max_batch_size"] == 1 and config["input"][0]["dims"] == [1]
+    assert config["parameters"] == {"engine_fingerprint": {"string_value": "f00"}}
+    assert (ocr.max_elements(16), kserve.OCR_IMAGE.max_elements(16)) == (1, 16)
+
+
+def test_what_a_parser_would_spend_on_is_refused_first():
+    """Nesting past Python's stack, a shape past the model's elements, more elements than
+    the shape: each a 400 before (or instead of) the work."""
+    deep = '{"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": '
+    deep += "[" * 1015 + '"a"' + "]" * 1015 + "}]}"
+    huge = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [10**9],
+                                   "data": []}]})  # fmt: skip
+    many = kserve.encode_bytes([b""] * 100_000)
+    head = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2],
+                                   "parameters": {"binary_data_size": len(many)}}]})  # fmt: skip
+    for body, length in ((deep, None), (huge, None), (head.encode() + many, str(len(head)))):
+        raw = body.encode() if isinstance(body, str) else body
+        with pytest.raises(V2Error) as raised:
+            kserve_http.parse(raw, length, 16)
+        assert raised.value.status == 400
+    one = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1],
+                                  "data": [["a"]]}], "id": ""})  # fmt: skip
+    request = kserve_http.parse(one.encode(), None, 16)
+    assert request.inputs[0].elements == [b"a"]
+    out = kserve.output(kserve.OCR_IMAGE, (1, 1), [b"{}"])
+    answer, _ = kserve_http.render(kserve.OCR_IMAGE, request, [out])
+    assert "id" not in json.loads(answer)  # as Triton: an empty id is not echoed
 
 
 def test_compressed_bodies_are_bounded():
     body = b'{"inputs": []}'
-    assert kserve_http.decompressed(gzip.compress(body), "gzip", 100) == body
+    assert kserve_http.decompressed(body, " Identity ", 100) == body
+    assert kserve_http.decompressed(gzip.compress(body), "GZIP", 100) == body
     assert kserve_http.decompressed(zlib.compress(body), "deflate", 100) == body
     bomb = gzip.compress(b"\0" * 1_000_000)
     for raw, encoding in ((bomb, "gzip"), (gzip.compress(body)[:-9], "gzip"), (body, "br")):
@@ -132,7 +160,7 @@ def test_mutated_binary_requests_parse_or_are_refused_with_a_400(elements, mutat
             raw.insert(at, value)
     header = str(head) if length is None else length
     try:
-        request = kserve_http.parse(bytes(raw), header)
+        request = kserve_http.parse(bytes(raw), header, 16)
     except V2Error as exc:
         assert exc.status == 400 and str(exc)
         return
@@ -150,6 +178,6 @@ def test_mutated_binary_requests_parse_or_are_refused_with_a_400(elements, mutat
 @EXAMPLES
 def test_any_json_parses_or_is_refused_with_a_400(document):
     try:
-        kserve_http.parse(json.dumps(document).encode(), None)
+        kserve_http.parse(json.dumps(document).encode(), None, 16)
     except V2Error as exc:
         assert exc.status == 400

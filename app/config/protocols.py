@@ -17,7 +17,7 @@ class GrpcSettings(Section):
         "GRPC_MAX_MESSAGE_BYTES",
         e.integer(0, (1 << 31) - 1),
         0,
-        "message limit, both ways (0: `MAX_REQUEST_BYTES`)",
+        "the largest gRPC request (the serving engine's client: both ways) (0: `MAX_REQUEST_BYTES`); answers up to 2 GiB",
     )
     threads: int = env(
         "GRPC_THREADS",

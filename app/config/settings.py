@@ -92,6 +92,10 @@ class Settings:
             raise ConfigError("EDGE_SOCKET: required when EDGE=external (the socket nginx uses)")
         if edge.tls_cert_file and edge.mode == "none":
             raise ConfigError("TLS_CERT_FILE: TLS is served by the nginx edge, and EDGE=none")
+        if self.protocols.pipeline_service_name == "v2":
+            raise ConfigError(
+                "PIPELINE_SERVICE_NAME: v2 is the Open Inference Protocol's (/v2/...)"
+            )
         if self.tenants.auth == "keys" and not self.tenants.keys_file:
             raise ConfigError("API_KEYS_FILE: required when AUTH=keys (the tenants and their keys)")
         paddle = self.paddle
@@ -146,7 +150,8 @@ class Settings:
         return self.server.web_threads + (self.grpc.threads if self.grpc.enabled else 0)
 
     def grpc_message_limit(self) -> int:
-        """gRPC message limit, both ways: ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""
+        """gRPC message limit (a server's requests; the serving engine's client, both ways):
+        ``GRPC_MAX_MESSAGE_BYTES`` or ``MAX_REQUEST_BYTES``."""
         return self.grpc.max_message_bytes or self.server.max_request_bytes
 
 

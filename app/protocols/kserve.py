@@ -107,10 +107,15 @@ class Model:
             "parameters": {"engine_fingerprint": fingerprint, "description": self.description},
         }
 
-    def config(self) -> dict[str, Any]:
+    def max_elements(self, max_images: int) -> int:
+        """The most elements its input may hold: one request for ``ocr`` (max_batch_size
+        1), ``MAX_IMAGES_PER_REQUEST`` images for ``ocr-image``."""
+        return 1 if self.batch else max_images
+
+    def config(self, fingerprint: str) -> dict[str, Any]:
         """Triton's model configuration in its JSON form (``GET .../config``); the gRPC
         answer is the same fields as a ``ModelConfig`` message. A batching model's dims leave
-        out the batch dimension."""
+        out the batch dimension; the engine's fingerprint is among its parameters."""
         dims = list(self.input.shape[1:] if self.batch else self.input.shape)
         out_dims = list(self.output.shape[1:] if self.batch else self.output.shape)
         return {
@@ -121,6 +126,7 @@ class Model:
             "input": [{"name": self.input.name, "data_type": "TYPE_STRING", "dims": dims}],
             "output": [{"name": self.output.name, "data_type": "TYPE_STRING", "dims": out_dims}],
             "version_policy": {"specific": {"versions": [int(VERSION)]}},
+            "parameters": {"engine_fingerprint": {"string_value": fingerprint}},
         }
 
 
@@ -188,10 +194,11 @@ def decode_bytes(raw: bytes | memoryview, count: int, name: str) -> list[bytes]:
             raise V2Error(f"input '{name}': a BYTES element runs past its data")
         elements.append(bytes(view[offset : offset + length]))
         offset += length
+        if len(elements) > count:
+            break
     if len(elements) != count:
-        raise V2Error(
-            f"input '{name}': its data holds {len(elements)} BYTES elements, its shape {count}"
-        )
+        held = "more" if len(elements) > count else str(len(elements))
+        raise V2Error(f"input '{name}': its data holds {held} BYTES elements, its shape {count}")
     return elements
 
 

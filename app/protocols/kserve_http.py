@@ -37,9 +37,10 @@ _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate: zl
 def decompressed(body: bytes, encoding: str | None, limit: int) -> bytes:
     """The body a client compressed (``Content-Encoding`` gzip or deflate, which
     ``tritonclient.http`` offers), at most ``limit`` bytes once inflated."""
-    if not encoding or encoding == "identity":
+    encoding = (encoding or "").strip().lower()
+    if encoding in ("", "identity"):
         return body
-    wbits = _WBITS.get(encoding.strip().lower())
+    wbits = _WBITS.get(encoding)
     if wbits is None:
         raise V2Error(f"Unsupported compression type {encoding[:40]!r}: gzip or deflate")
     inflater = zlib.decompressobj(wbits)
@@ -62,8 +63,9 @@ class InferRequest:
     binary_output: bool  # the request's default for outputs not named
 
 
-def parse(body: bytes, header_length: str | None) -> InferRequest:
-    """The request's tensors; any malformation is a 400 that says what."""
+def parse(body: bytes, header_length: str | None, max_elements: int) -> InferRequest:
+    """The request's tensors; any malformation is a 400 that says what. A tensor whose shape
+    holds more than ``max_elements`` is refused before its data is read."""
     view = memoryview(body)
     if header_length is None:
         head, rest = view, view[len(view) :]
@@ -87,7 +89,7 @@ def parse(body: bytes, header_length: str | None) -> InferRequest:
     tensors: list[Tensor] = []
     offset = 0
     for raw in inputs:
-        tensor, used = _input(raw, rest[offset:])
+        tensor, used = _input(raw, rest[offset:], max_elements)
         tensors.append(tensor)
         offset += used
     if offset != len(rest):
@@ -112,7 +114,7 @@ def parse(body: bytes, header_length: str | None) -> InferRequest:
     )
 
 
-def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
+def _input(raw: Any, binary: memoryview, max_elements: int) -> tuple[Tensor, int]:
     """One input and how many bytes of the binary data it took."""
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise V2Error("each input needs a 'name' (a string)")
@@ -124,6 +126,10 @@ def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
         raise V2Error(f"input '{name}': datatype {datatype!r}; this server's models take BYTES")
     shape = checked_shape(name, raw.get("shape"))
     count = element_count(shape)
+    if count > max_elements:
+        raise V2Error(
+            f"input '{name}': shape {list(shape)} holds more than {max_elements} elements"
+        )
     size = _parameters(raw).get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -139,24 +145,32 @@ def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
     data = raw.get("data")
     if data is None:
         raise V2Error(f"input '{name}' has neither 'data' nor binary_data_size")
-    elements = _flatten(data, name)
+    elements = _flatten(data, name, shape)
     if len(elements) != count:
+        held = "more" if len(elements) > count else str(len(elements))
         raise V2Error(
-            f"input '{name}': {len(elements)} elements in 'data', {count} in its shape "
-            f"{list(shape)}"
+            f"input '{name}': {held} elements in 'data', {count} in its shape {list(shape)}"
         )
     return Tensor(name, datatype, shape, elements), 0
 
 
-def _flatten(data: Any, name: str) -> list[bytes]:
-    """JSON BYTES data: strings, in a flat or a nested (row-major) list."""
-    if isinstance(data, str):
-        return [data.encode()]
-    if not isinstance(data, list):
-        raise V2Error(f"input '{name}': BYTES data must be strings")
+def _flatten(data: Any, name: str, shape: tuple[int, ...]) -> list[bytes]:
+    """JSON BYTES data: strings, in a flat or a nested (row-major) list no deeper than the
+    shape; no more than the shape's count of them read (a loop, not recursion: JSON may nest
+    past Python's stack)."""
+    count, rank = element_count(shape), max(1, len(shape))
     found: list[bytes] = []
-    for item in data:
-        found.extend(_flatten(item, name))
+    pending: list[tuple[Any, int]] = [(data, 0)]
+    while pending and len(found) <= count:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            found.append(item.encode())
+        elif not isinstance(item, list):
+            raise V2Error(f"input '{name}': BYTES data must be strings")
+        elif depth >= rank:
+            raise V2Error(f"input '{name}': 'data' nested deeper than its shape {list(shape)}")
+        else:
+            pending.extend((child, depth + 1) for child in reversed(item))
     return found
 
 
@@ -199,7 +213,7 @@ def render(
             entry["data"] = [e.decode("utf-8", "replace") for e in tensor.elements]
         described.append(entry)
     answer: dict[str, Any] = {"model_name": model.name, "model_version": VERSION}
-    if request.id is not None:
+    if request.id:  # as Triton: an empty id is not echoed
         answer["id"] = request.id
     answer["outputs"] = described
     head = orjson.dumps(answer)

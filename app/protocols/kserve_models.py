@@ -84,7 +84,11 @@ def _paddlex(
     a request that fails validation, 500 inside), as PaddleX's HPS server answers; what the
     service refuses before any work (keys, quotas, load) is the protocol's error."""
     bodies, statuses, tiers = [], set(), []
-    for element in tensor.elements:
+    for index, element in enumerate(tensor.elements):
+        try:
+            element.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise V2Error(f"input '{tensor.name}' element {index}: not UTF-8 ({exc})") from None
         served = paddlex_serve.serve(service, element, controls)
         if isinstance(served.error, EngineBusy | Refused):
             raise protocol_error(served.error)
@@ -117,11 +121,15 @@ def _images(
         if not image:
             raise V2Error(f"input '{tensor.name}' element {index}: empty, not an image")
     try:
+        asked = controls()  # a bad control header is not an image's fault
         params = task_params(
             service.default_params, service.default_task, None, None,
             settings.hunyuan.target_language,
         )  # fmt: skip
-        outcomes = service.cache.get_or_compute_many(images, params, controls())
+    except OcrCacheError as exc:
+        raise protocol_error(exc) from None
+    try:
+        outcomes = service.cache.get_or_compute_many(images, params, asked)
     except ClientError as exc:
         raise _which_image(tensor, exc, settings.server.max_image_pixels) from None
     except OcrCacheError as exc:

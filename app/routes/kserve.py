@@ -29,7 +29,8 @@ def handle(service: OcrService, call: Call) -> Answer:
             call.headers.get("Content-Encoding"),
             service.settings.server.max_request_bytes,
         )
-        parsed = kserve_http.parse(body, call.headers.get(kserve_http.HEADER_LENGTH))
+        most = model.max_elements(service.settings.protocols.max_images_per_request)
+        parsed = kserve_http.parse(body, call.headers.get(kserve_http.HEADER_LENGTH), most)
         tensor = kserve.the_input(model, parsed.inputs)
         kserve.requested_outputs(model, list(parsed.outputs))
         show = trust.shows_cache_status(call.trusted, service.settings.controls)
@@ -40,7 +41,8 @@ def handle(service: OcrService, call: Call) -> Answer:
         return error(call, kserve_models.protocol_error(exc))
     common.observe(call, PROTOCOL, 200, inferred.cache_status)
     body, headers = kserve_http.render(model, parsed, [inferred.output])
-    headers += common.cache_headers(inferred.cache_status, inferred.tiers)
+    if inferred.cache_status != "none":  # an ocr envelope with an error: no cache status
+        headers += common.cache_headers(inferred.cache_status, inferred.tiers)
     return Answer(200, body, headers)
 
 
@@ -126,7 +128,7 @@ def model_ready(model: str, version: str = "") -> Response:
 @blueprint.get("/v2/models/<model>/config")
 @blueprint.get("/v2/models/<model>/versions/<version>/config")
 def model_config(model: str, version: str = "") -> Response:
-    return _json(kserve.find(model, version).config())
+    return _json(kserve.find(model, version).config(current().cache.engine.fingerprint))
 
 
 @blueprint.post("/v2/repository/index")
