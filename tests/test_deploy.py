@@ -834,7 +834,7 @@ def test_front_pod_runs_the_edge_beside_the_front_server(overlay: str) -> None:
     assert [p["name"] for p in front["ports"]] == ["grpc"] and _port(front, "grpc") == GRPC_PORT
     service = _named(objects, "Service", "ocr-cache")
     targets = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
-    assert targets == {"http": "http", "grpc": "grpc"}
+    assert targets == {"http": "http", "grpc": "grpc", "triton-http": "http", "triton-grpc": "grpc"}
     # One environment for both: nginx's limits are the service's (MAX_REQUEST_BYTES, ...).
     config_name = _named(objects, "ConfigMap", "ocr-cache-env")["metadata"]["name"]
     for container in (front, edge):

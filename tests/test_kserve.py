@@ -401,3 +401,41 @@ def test_a_traceparent_is_continued_over_both_transports(grpc_front, traced):
     for name in ("inference.GRPCInferenceService/ModelInfer", "POST /v2/models/{name}/infer"):
         assert format(spans[name].context.trace_id, "032x") == trace, sorted(spans)
     assert spans["inference.GRPCInferenceService/ModelInfer"].attributes["ocr.model"] == "ocr-image"
+
+
+def test_typed_contents_and_one_rate_budget_across_both_grpc_services(grpc_front):
+    """``contents.bytes_contents`` is read as Triton reads it; ``RATE_LIMIT`` is one budget a
+    client across ``PipelineService`` and ``GRPCInferenceService`` (the server's ``Gate``)."""
+    from tritonclient.grpc import service_pb2 as pb2
+    from tritonclient.grpc import service_pb2_grpc as pb2_grpc
+
+    from app.env import RateLimit
+    from app.protocols.pipeline_stubs import pb2 as pipeline_pb2
+    from app.protocols.pipeline_stubs import pb2_grpc as pipeline_grpc
+
+    _, address = grpc_front(rate_limit=RateLimit(1 / 60, 2))  # 3 calls, no refill in a test
+    typed = pb2.ModelInferRequest(
+        model_name="ocr-image",
+        inputs=[pb2.ModelInferRequest.InferInputTensor(
+            name="image", datatype="BYTES", shape=[1],
+            contents=pb2.InferTensorContents(bytes_contents=[WORD_EN.read_bytes()]))],
+    )  # fmt: skip
+    with grpc.insecure_channel(address) as channel:
+        v2_stub = pb2_grpc.GRPCInferenceServiceStub(channel)
+        reply = v2_stub.ModelInfer(typed, timeout=120)
+        assert json.loads(kserve_elements(reply)[0])["lines"]
+        pipeline = pipeline_grpc.PipelineServiceStub(channel)
+        word = base64.b64encode(WORD_EN.read_bytes()).decode()
+        answer = pipeline.inference(pipeline_pb2.Request(key=["image"], value=[word]), timeout=60)
+        assert answer.err_no == 0  # a call of the budget on the other service
+        v2_stub.ModelInfer(typed, timeout=60)  # the budget's last (1 + a burst of 2)
+        with pytest.raises(grpc.RpcError) as refused:
+            v2_stub.ModelInfer(typed, timeout=60)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert int(dict(refused.value.trailing_metadata())["retry-after"]) >= 1
+
+
+def kserve_elements(reply: Any) -> list[bytes]:
+    from app.protocols import kserve
+
+    return kserve.decode_bytes(reply.raw_output_contents[0], 1, "result")

@@ -104,70 +104,38 @@ def _hps(module: Any, step: dict[str, Any]) -> dict[str, Any]:
             "headers": step.get("headers")}  # fmt: skip
 
 
-def _sync(kind: str, module: Any, client: Any, step: dict[str, Any]) -> Any:
-    call, grpc = step["call"], kind.startswith("grpc")
+def _plan(module: Any, step: dict[str, Any], grpc: bool) -> tuple[str, tuple, dict, Any]:
+    """(the client's method, its arguments, its keyword arguments, how to read what it
+    returns) for one step: the same for the sync and the asyncio clients."""
+    call = step["call"]
     model, version = step.get("model", "ocr-image"), step.get("version", "")
-    if call == "live":
-        return client.is_server_live()
-    if call == "ready":
-        return client.is_server_ready()
-    if call == "model_ready":
-        return client.is_model_ready(model, version)
-    if call == "server_metadata":
-        return client.get_server_metadata(as_json=True) if grpc else client.get_server_metadata()
-    if call == "model_metadata":
-        if grpc:
-            return client.get_model_metadata(model, version, as_json=True)
-        return client.get_model_metadata(model, version)
-    if call == "model_config":
-        if grpc:
-            return client.get_model_config(model, version, as_json=True)
-        return client.get_model_config(model, version)
-    if call == "index":
-        if grpc:
-            return client.get_model_repository_index(as_json=True)
-        return client.get_model_repository_index()
-    if call == "infer":
-        result = client.infer(**_infer_args(module, step, grpc))
-        return _result(result, step.get("output", "result"))
-    if call == "hps":
-        result = client.infer(**_hps(module, step))
-        return json.loads(result.as_numpy("output")[0, 0].decode("utf-8"))
-    raise SystemExit(f"unknown call {call}")
+    as_json = {"as_json": True} if grpc else {}  # gRPC: the message as JSON, not protobuf
 
+    def same(value: Any) -> Any:
+        return value
 
-async def _async(kind: str, module: Any, client: Any, step: dict[str, Any]) -> Any:
-    call, grpc = step["call"], kind.startswith("grpc")
-    model, version = step.get("model", "ocr-image"), step.get("version", "")
-    if call == "live":
-        return await client.is_server_live()
-    if call == "ready":
-        return await client.is_server_ready()
-    if call == "model_ready":
-        return await client.is_model_ready(model, version)
-    if call == "server_metadata":
-        if grpc:
-            return await client.get_server_metadata(as_json=True)
-        return await client.get_server_metadata()
-    if call == "model_metadata":
-        if grpc:
-            return await client.get_model_metadata(model, version, as_json=True)
-        return await client.get_model_metadata(model, version)
-    if call == "model_config":
-        if grpc:
-            return await client.get_model_config(model, version, as_json=True)
-        return await client.get_model_config(model, version)
-    if call == "index":
-        if grpc:
-            return await client.get_model_repository_index(as_json=True)
-        return await client.get_model_repository_index()
     if call == "infer":
-        result = await client.infer(**_infer_args(module, step, grpc))
-        return _result(result, step.get("output", "result"))
+        output = step.get("output", "result")
+        return "infer", (), _infer_args(module, step, grpc), lambda r: _result(r, output)
     if call == "hps":
-        result = await client.infer(**_hps(module, step))
-        return json.loads(result.as_numpy("output")[0, 0].decode("utf-8"))
-    raise SystemExit(f"unknown call {call}")
+        return (
+            "infer",
+            (),
+            _hps(module, step),
+            lambda r: json.loads(r.as_numpy("output")[0, 0].decode("utf-8")),
+        )
+    plans = {
+        "live": ("is_server_live", (), {}),
+        "ready": ("is_server_ready", (), {}),
+        "model_ready": ("is_model_ready", (model, version), {}),
+        "server_metadata": ("get_server_metadata", (), as_json),
+        "model_metadata": ("get_model_metadata", (model, version), as_json),
+        "model_config": ("get_model_config", (model, version), as_json),
+        "index": ("get_model_repository_index", (), as_json),
+    }
+    if call not in plans:
+        raise SystemExit(f"unknown call {call}")
+    return (*plans[call], same)
 
 
 async def main() -> None:
@@ -184,11 +152,10 @@ async def main() -> None:
             opened[kind] = make()
         client = opened[kind]
         line: dict[str, Any] = {"client": kind, "call": step["call"]}
+        method, args, kwargs, read = _plan(module, step, kind.startswith("grpc"))
         try:
-            if kind.endswith("-aio"):
-                line["value"] = await _async(kind, module, client, step)
-            else:
-                line["value"] = _sync(kind, module, client, step)
+            value = getattr(client, method)(*args, **kwargs)
+            line["value"] = read(await value if kind.endswith("-aio") else value)
         except InferenceServerException as exc:
             line["error"] = {"status": exc.status(), "message": exc.message()}
         print(json.dumps(line), flush=True)
