@@ -157,6 +157,26 @@ def restore(cluster: LoopbackCluster, fleet: Fleet) -> None:
              60, "replicas in sync")  # fmt: skip
     for role in fleet.fronts + fleet.engines:
         role.wait_ready(120)
+    engines_reported_in(cluster, fleet)
+
+
+def engines_reported_in(cluster: LoopbackCluster, fleet: Fleet) -> None:
+    """Every engine in the queue's live register (reported within the last 5 s): a ready
+    engine may not have reported to a master that came back since, and a front whose queue
+    shows no live engine sends its misses the direct way, past the queue a test watches."""
+
+    def live() -> int:
+        try:
+            key = queue_key(cluster)
+        except LookupError:  # no register yet: the master came back empty
+            return 0
+        client = cluster.client(cluster.owner(key))
+        seconds, micros = client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        return int(client.zcount(key, now_ms - 5000, "+inf"))
+
+    wait_for(lambda: live() >= len(fleet.engines), 60, "every engine in the live register",
+             lambda: f"live: {live()}")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +190,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoopbackCl
 @pytest.fixture
 def world(fleet: tuple[LoopbackCluster, Fleet]) -> Iterator[tuple[LoopbackCluster, Fleet]]:
     cluster, fl = fleet
+    engines_reported_in(cluster, fl)
     yield cluster, fl
     restore(cluster, fl)
 
