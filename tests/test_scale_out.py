@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
 from app.ports import free_port
 from tests.conftest import CORPUS, ROOT
@@ -40,7 +41,7 @@ class Instance:
             ENGINE_PROCESSES=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
             OCR_WORK_DIR=str(tmp / "models"),
             PROMETHEUS_MULTIPROC_DIR=str(tmp / f"metrics-{self.port}"),
-            DISPATCH_CLAIM_MS="3000", LOG_LEVEL="warning",
+            DISPATCH_CLAIM_MS="3000", LOG_LEVEL="warning", REQUEST_TIMEOUT_SECONDS="60",
             # 2 shared cores run 4-5 workers and 32 client threads here: a Redis answer can
             # take longer than the 50 ms default without Redis being down.
             REDIS_TIMEOUT_MS="250", **env,
@@ -68,9 +69,26 @@ class Instance:
         return requests.post(f"{self.base}/v1/ocr", json={"image": b64(data)}, timeout=120)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """``sig`` to the whole group, then the supervisor's own bound on a graceful stop:
+        the front's (REQUEST_TIMEOUT_SECONDS + 5), then the engines' (OCR_TIMEOUT_SECONDS +
+        10). A stop past it fails, the group killed."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
-            self.proc.wait(60)
+            settings = Settings.from_env({"REQUEST_TIMEOUT_SECONDS": "60"})
+            bound = (
+                settings.server.request_timeout_seconds + 5 + settings.engine.timeout_seconds + 10
+            )
+            started = time.monotonic()
+            try:
+                self.proc.wait(bound)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                raise AssertionError(
+                    f"serve did not stop within its own bound, {bound:.0f} s"
+                ) from None
+            took = time.monotonic() - started
+            print(f"instance on {self.port} stopped in {took:.1f} s (bound {bound:.0f} s)")
 
 
 @pytest.fixture(scope="module")
