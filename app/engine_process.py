@@ -122,8 +122,15 @@ def engine_app(shared: service.OcrService, settings: Settings) -> Flask:
     return app
 
 
+EXIT_BROKEN = 3  # the exit status of an engine that retired broken: restarted, and seen
+
+
 class Retirement:
-    """Past a call or memory bound: replacement first (under ``serve``), then a drain."""
+    """Past a call or memory bound: replacement first (under ``serve``), then a drain. A
+    broken engine (``ENGINE_UNREADY_AFTER_FAILURES`` unexpected failures in a row: its
+    feeders already take nothing) drains at once and exits ``EXIT_BROKEN``, for ``serve`` or
+    the kubelet to restart it: a corrupt model in memory or a lost GPU context is not mended
+    by waiting."""
 
     def __init__(self, shared: service.OcrService, settings: Settings, stop: threading.Event):
         self._shared = shared
@@ -131,12 +138,21 @@ class Retirement:
         self._max_rss = settings.processes.max_rss_mb
         self._stop = stop
         self.reason = ""
+        self.broken = False
 
     def watch(self) -> None:
-        if not (self._max_calls or self._max_rss):
-            return
-        runner = self._shared.cache.computer.runner
+        runner, state = self._shared.cache.computer.runner, self._shared.engine_state
         while not self._stop.wait(1.0):
+            if state.failing:
+                self.broken = True
+                self.reason = (
+                    f"{state.failures} failures in a row (ENGINE_UNREADY_AFTER_FAILURES): broken"
+                )
+                metrics.ENGINE_BROKEN.inc()
+                log.error("engine broken after %s; it takes no more tickets and exits for a "
+                          "restart", self.reason)  # fmt: skip
+                self._stop.set()
+                return
             if self._max_calls and runner.calls >= self._max_calls:
                 self.reason = f"{runner.calls} calls (ENGINE_MAX_CALLS={self._max_calls})"
             elif self._max_rss and (rss := rss_mb()) > self._max_rss:
@@ -222,7 +238,7 @@ def run(settings: Settings) -> int:
     tracing.shutdown()
     log.info("engine process %d stopped%s", os.getpid(),
              f" (retired after {retirement.reason})" if retirement.reason else "")  # fmt: skip
-    return 0
+    return EXIT_BROKEN if retirement.broken else 0
 
 
 def drain(shared: service.OcrService, timeout: float) -> None:

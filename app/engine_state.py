@@ -51,6 +51,11 @@ class EngineState:
         return self._consecutive_failures >= self._unready_after
 
     @property
+    def failures(self) -> int:
+        """The engine's own failures in a row now."""
+        return self._consecutive_failures
+
+    @property
     def status(self) -> str:
         if self.error:
             return "failed"

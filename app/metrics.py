@@ -70,6 +70,11 @@ REDIS_BREAKER_OPEN = Gauge(
     "1 while the Redis circuit breaker skips Redis (open or probing), else 0",
     multiprocess_mode="livemax",
 )
+ENGINE_BROKEN = Counter(
+    "ocr_engine_broken_total",
+    "Engine processes that stopped taking tickets and exited for a restart after "
+    "ENGINE_UNREADY_AFTER_FAILURES failures of their own in a row (the OcrEngineBroken alert)",
+)
 ENGINE_READY = Gauge(
     "ocr_engine_ready",
     "1 when the engine is loaded and not failing (what /readyz reports), else 0",
@@ -121,7 +126,8 @@ DISPATCH_TICKETS = Counter(
     "ocr_dispatch_tickets_total",
     "Tickets (queued misses) by what became of them at an engine (computed, failed, caller_gone, "
     "already_stored, reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES; "
-    "interjected: taken to run inside an engine's call in progress, counted again as computed)",
+    "interjected: taken to run inside an engine's call in progress, counted again as computed; "
+    "retried: failed by its engine unexpectedly and handed back for another, counted as failed)",
     ["outcome"],
 )
 # The cold tier (L3, app/cache/l3.py).

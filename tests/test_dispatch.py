@@ -298,9 +298,10 @@ def test_a_ticket_whose_consumer_died_is_reclaimed(settings, redis_client):
 
 
 def test_an_engine_error_reaches_the_requester_at_once_and_is_not_cached(settings, redis_client):
-    """The consumer's error comes back as an error (not after OCR_TIMEOUT_SECONDS, set to an
-    hour here), and nothing a request reads stays in Redis: no entry, no ticket marker (the
-    error marker expires on its own)."""
+    """The engines' error comes back as an error (not after OCR_TIMEOUT_SECONDS, set to an
+    hour here) once the second engine failed the ticket too (the first hands it back, once),
+    and nothing a request reads stays in Redis: no entry, no ticket marker (the error marker
+    expires on its own)."""
     failing, other = SerialEngine(), SerialEngine()
     a = make_cache(settings, failing, ocr_timeout_seconds=3600.0)
     make_cache(settings, other, ocr_timeout_seconds=3600.0)
@@ -308,7 +309,7 @@ def test_an_engine_error_reaches_the_requester_at_once_and_is_not_cached(setting
     with pytest.raises(EngineError) as raised:
         a.get_or_compute(IMAGES[0])
     assert not isinstance(raised.value, EngineTimeout)
-    assert failing.calls + other.calls == 1
+    assert failing.calls == other.calls == 1  # run once more, on the other engine, not again
     assert only_error_markers(redis_client)
     failing.fail = other.fail = 0
     assert a.get_or_compute(IMAGES[0]).status is CacheStatus.MISS

@@ -108,10 +108,9 @@ def test_grpc_answers_internal(buggy_app, caplog):
 
 def test_nothing_is_cached_after_a_bug(buggy_app, make_app):
     assert buggy_app.test_client().post("/v1/ocr", json={"image": IMAGE}).status_code == 500
-    # The buggy engine stops taking tickets from the shared queue first: left feeding, it
-    # could take the healthy app's ticket and answer it EngineCrashed (seen in a clean-clone
-    # run), which is not what this test is about.
-    buggy_app.extensions["ocr"]["cache"].close()
+    # The buggy engine still feeds on the shared queue: a ticket of the healthy app's it takes
+    # is handed back to the healthy engine, never answered EngineCrashed (a clean-clone run
+    # saw that before tests/test_broken_engine.py's retry).
     healthy = make_app().test_client()
     statuses = [healthy.post("/v1/ocr", json={"image": IMAGE}).headers["X-Cache"] for _ in "ab"]
     assert statuses == ["MISS", "HIT"]

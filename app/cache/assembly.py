@@ -187,8 +187,10 @@ def build(
             hold_seconds=tenants.queue_hold_seconds,
             interjecting=interject is not None and dispatch.interject and fair,
         )  # fmt: skip
+        broken_after = engine_settings.unready_after_failures
         feeders.start(wait_for_engine, lambda ts, inside: computer.serve(feeders, ts, inside),
-                      healthy=lambda: not computer.failing)  # fmt: skip
+                      healthy=lambda: not computer.failing,
+                      broken=lambda: computer.failures >= broken_after)  # fmt: skip
     misses = MissPath(
         computer, queue, store, keys, codec, engine_settings.timeout_seconds,
         keep=lambda probe, result, ttl: chain.write_back(probe, result, ttl, "l2"),

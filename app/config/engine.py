@@ -28,7 +28,7 @@ class EngineSettings(Section):
         "ENGINE_UNREADY_AFTER_FAILURES",
         e.integer(1, 1000),
         5,
-        "engine failures in a row before `/readyz` says `failing`",
+        "engine failures in a row before `/readyz` says `failing` and the engine takes no more tickets (an engine process exits 3, for a restart)",
     )
     batch_max: int = env(
         "ENGINE_BATCH_MAX",

@@ -10,7 +10,9 @@ not computed.
 Only the engine's own errors mark it failing (readiness, the feeders' pause): a request that
 stopped waiting (``EngineTimeout``) or a full queue (``EngineBusy``) is load, not a broken
 engine. Nor is either retried: a timed-out call is still running (it cannot be interrupted)
-and its requesters' time is gone, and a full queue stays full.
+and its requesters' time is gone, and a full queue stays full. A queued ticket the engine
+failed on its own (``EngineError``) or by a bug is handed back for another engine process,
+once (``Feeders.retry``): a broken engine fails no request a healthy one can answer.
 
 Traced (``app.tracing``): each ticket is an ``engine.ticket`` span continuing the trace its
 requester put in it (``Ticket.trace``); the engine call an ``engine.recognize`` span under the
@@ -111,10 +113,15 @@ class Computer:
         self._decode = decode
         self._wait_for_engine = wait_for_engine
         self._on_engine_outcome = on_engine_outcome
-        self.failing = False  # the engine's last call failed (the feeders slow down)
+        self.failures = 0  # the engine's own failures in a row (its feeders slow, then stop)
+
+    @property
+    def failing(self) -> bool:
+        """The engine's last call failed: its feeders slow down."""
+        return self.failures > 0
 
     def _outcome(self, ok: bool) -> None:
-        self.failing = not ok
+        self.failures = 0 if ok else self.failures + 1
         self._on_engine_outcome(ok)
 
     def compute(
@@ -293,12 +300,12 @@ class Computer:
                     with spans[ticket.id].active():
                         _answer(self._chain, feeders, ticket, probe, answer)
                     answered.add(ticket.id)
-            except Exception as exc:  # a bug: the requesters hear of it now, not at their timeout
+            except Exception as exc:  # a bug: another engine runs it, or its requesters hear now
                 log.exception("dispatch: serving %d tickets failed", len(members))
-                self.failing = True  # this process's feeders slow down (readiness unchanged)
+                self._outcome(False)  # this process's feeders slow down, then stop
                 for ticket, _ in members:
                     if ticket.id not in answered:
-                        feeders.fail(ticket, f"bug:{exc.__class__.__name__}")
+                        feeders.retry(ticket, f"bug:{exc.__class__.__name__}")
                         metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
         return spent
 
@@ -336,6 +343,8 @@ def _answer(
         feeders.fail(ticket, f"busy:{answer.retry_after}:{answer}")
     elif isinstance(answer, EngineTimeout):
         feeders.fail(ticket, f"timeout:{answer}")
+    elif isinstance(answer, EngineError):  # the engine's own failure: another may succeed
+        feeders.retry(ticket, f"error:{answer}")
     elif isinstance(answer, Exception):
         feeders.fail(ticket, f"error:{answer}")
     else:

@@ -15,6 +15,13 @@
   ``{key}:error:{id}``, 60 s, and the done channel; never cached). The marker is written
   before the ticket leaves the queue, so each waiter finds it even when the message has not
   reached it; no later request reads it (it queues a ticket of its own).
+- A ticket its engine failed with an unexpected error (a bug, the engine's own failure; not
+  the image's fault, not a timeout) on its first delivery is handed back instead, once, while
+  another engine process is live (``retry``, ``queue_retry.lua``): it stays pending, idle as
+  a dead holder's, and another engine reclaims it; its requesters go on waiting. One broken
+  engine then fails no request that a healthy one can answer. Not taken within a claim time
+  (the other engine died meanwhile), the failing process reclaims it itself: a second
+  delivery, failed outright if it fails again.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import redis
 
 from app import metrics
 from app.cache.keys import KeySpace, QueueKeys
-from app.cache.scripts import QUEUE_FINISH, QUEUE_RELEASE, QUEUE_STALE
+from app.cache.scripts import QUEUE_FINISH, QUEUE_RELEASE, QUEUE_RETRY, QUEUE_STALE
 from app.cache.store import REDIS_ERRORS, RedisStore
 from app.queue.ticket import ERROR_TTL_S, GROUP, Decoded, Ticket, as_text, by_lane, decode
 
@@ -41,7 +48,8 @@ Serve = Callable[[Sequence[Ticket]], Mapping[str, float]]
 class Claims:
     """The tickets this process's engines hold. ``marker(ticket)``: its entry key's marker
     (``TicketQueue.marker``); ``beat(client, consumer)``: report an engine live
-    (``Heartbeat.beat``)."""
+    (``Heartbeat.beat``); ``process``: the prefix of this process's consumers (``retry``
+    hands a ticket to an engine of another process); ``live_ms``: the live window."""
 
     def __init__(
         self,
@@ -54,6 +62,8 @@ class Claims:
         claim_ms: int,
         max_deliveries: int,
         batch_max: int,
+        process: str = "",
+        live_ms: int = 30_000,
     ) -> None:
         self._store = store
         self._keys = keys
@@ -63,6 +73,11 @@ class Claims:
         self._claim_ms = claim_ms
         self._max_deliveries = max_deliveries
         self._batch_max = batch_max
+        self._process = process
+        self._live_ms = live_ms
+        self._retries_lock = threading.Lock()  # the feeders' threads share the two below
+        self._retries: dict[str, str] = {}  # ticket id -> its failure, if no one retries it
+        self._handed: dict[str, float] = {}  # ids handed back -> until when others may take them
 
     def serve(
         self,
@@ -95,11 +110,48 @@ class Claims:
             log.exception("dispatch: serving %d tickets failed", len(wanted))
         finally:
             stop.set()
-            toucher.join()
+            toucher.join()  # before a hand-back: it would claim the ticket back
+            handed = self._hand_back(client, consumer, tickets)
             try:
-                self.finish(client, tickets, seconds, cost)
+                self.finish(client, [t for t in tickets if t.id not in handed], seconds, cost)
             except REDIS_ERRORS:
                 pass  # the tickets stay pending and are reclaimed, then dropped as done
+
+    def retry(self, ticket: Ticket, marker: str) -> None:
+        """``ticket`` failed here with an unexpected error (``marker``): once its call ends
+        it is handed back for another engine if this was its first delivery and another
+        engine process is live, else its requesters are told ``marker`` then."""
+        if ticket.deliveries > 1 or self._max_deliveries < 2:
+            self.fail(ticket, marker)
+            return
+        with self._retries_lock:
+            self._retries[ticket.id] = marker
+
+    def _hand_back(self, client: Any, consumer: str, tickets: list[Ticket]) -> set[str]:
+        """The ids of ``tickets`` handed back to the queue (``retry``); those that could not
+        be are failed with their marker."""
+        with self._retries_lock:
+            failed = [(t, self._retries.pop(t.id)) for t in tickets if t.id in self._retries]
+        handed: set[str] = set()
+        for ticket, marker in failed:
+            names = self._names
+            try:
+                back = QUEUE_RETRY(
+                    client, [names.stream(ticket.lane), names.engines, names.bell],
+                    [GROUP, consumer, ticket.id, self._claim_ms, self._live_ms,
+                     f"{self._process}-"],
+                )  # fmt: skip
+            except REDIS_ERRORS:
+                back = 0
+            if back:
+                handed.add(ticket.id)
+                with self._retries_lock:
+                    self._handed[ticket.id] = time.monotonic() + self._claim_ms / 1000
+                metrics.DISPATCH_TICKETS.labels(outcome="retried").inc()
+                log.warning("ticket %s handed back for another engine: %s", ticket.id, marker)
+            else:
+                self.fail(ticket, marker)
+        return handed
 
     def _wanted(self, client: Any, tickets: list[Ticket]) -> list[Ticket]:
         """Tickets someone may still wait for: before their deadline, and their marker (when
@@ -165,6 +217,9 @@ class Claims:
     def reclaim(self, client: Any, consumer: str) -> list[Ticket]:
         """Tickets idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their holder died."""
         names = self._names
+        now = time.monotonic()
+        with self._retries_lock:  # not taken by another engine in time: ours to run again
+            self._handed = {i: until for i, until in self._handed.items() if until > now}
         stale = QUEUE_STALE(
             client, [names.lanes, names.stream_prefix], [GROUP, self._claim_ms, self._batch_max]
         )
@@ -172,6 +227,8 @@ class Claims:
         for i in range(0, len(stale), 4):
             lane, entry_id = as_text(stale[i]), as_text(stale[i + 1])
             owner, delivered = as_text(stale[i + 2]), int(stale[i + 3])
+            if entry_id in self._handed:
+                continue  # handed back by this process (``retry``): another engine's to run
             claimed = client.xclaim(names.stream(lane), GROUP, consumer, self._claim_ms, [entry_id])
             if not claimed or claimed[0][1] is None:
                 continue  # someone else claimed it first, or it was deleted

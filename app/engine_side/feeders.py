@@ -10,8 +10,11 @@ meanwhile, and finish them (``claims.py``). With interjection, each slot also ha
 interjector (``interjection.py``).
 
 While its engine fails (its own errors, not requests that stopped waiting) a feeder takes
-one batch per ``UNHEALTHY_PAUSE_SECONDS``: a broken engine must not drain the fleet's queue
-into errors, yet it still probes, so it recovers.
+one batch per ``UNHEALTHY_PAUSE_SECONDS``: a failing engine must not drain the fleet's queue
+into errors, yet it still probes, so it recovers; a ticket it failed that way is handed back
+for another engine once (``Claims.retry``). Once ``broken()`` (its engine failed that many
+tickets in a row: ``ENGINE_UNREADY_AFTER_FAILURES``) it takes none at all and leaves the
+live register; an engine process then retires (``app.engine_process``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from app.engine_side.heartbeat import Heartbeat
 from app.engine_side.interjection import Calls, Interjector, Serve
 from app.engine_side.scheduler import Scheduler
 from app.queue.requester import TicketQueue
-from app.queue.ticket import Ticket
+from app.queue.ticket import Ticket, as_text
 from app.vocabulary import EngineError
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class Feeders:
         self._threads: list[threading.Thread] = []
         self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self._interjecting = interjecting
+        self._broken: Callable[[], bool] = lambda: False
         self._connections = Connections(store)
         self.heartbeat = Heartbeat(
             names, claim_ms=claim_ms, label=label, labels=labels, hold_seconds=hold_seconds,
@@ -86,6 +90,7 @@ class Feeders:
         self.claims = Claims(
             store, keys, names, marker=queue.marker, beat=self.heartbeat.beat,
             claim_ms=claim_ms, max_deliveries=max_deliveries, batch_max=batch_max,
+            process=self._name, live_ms=queue.live_ms,
         )  # fmt: skip
         self.scheduler = Scheduler(
             names, mean_seconds=mean_seconds, batch_max=batch_max, live_ms=queue.live_ms,
@@ -99,13 +104,19 @@ class Feeders:
         _live.add(self)
 
     def start(
-        self, wait_ready: Callable[[], None], serve: Serve, healthy: Callable[[], bool]
+        self,
+        wait_ready: Callable[[], None],
+        serve: Serve,
+        healthy: Callable[[], bool],
+        broken: Callable[[], bool] = lambda: False,
     ) -> None:
         """``wait_ready`` blocks until the engine is loaded; ``serve`` computes tickets and
-        stores them (``succeeded``/``fail``); ``healthy()`` False: its last call failed."""
+        stores them (``succeeded``/``fail``/``retry``); ``healthy()`` False: its last call
+        failed; ``broken()`` True: it failed too many in a row to take any more."""
+        self._broken = broken
         for slot in range(self._slots):
             thread = threading.Thread(
-                target=self._feed, args=(slot, wait_ready, serve, healthy),
+                target=self._feed, args=(slot, wait_ready, serve, healthy, broken),
                 name=f"dispatch-{slot}", daemon=True,
             )  # fmt: skip
             thread.start()
@@ -135,8 +146,18 @@ class Feeders:
         """Tell the ticket's requesters it failed (``Claims.fail``)."""
         self.claims.fail(ticket, marker)
 
+    def retry(self, ticket: Ticket, marker: str) -> None:
+        """The engine failed the ticket unexpectedly: another engine runs it once more, if
+        one is live (``Claims.retry``); else its requesters are told ``marker``."""
+        self.claims.retry(ticket, marker)
+
     def _feed(
-        self, slot: int, wait_ready: Callable[[], None], serve: Serve, healthy: Callable[[], bool]
+        self,
+        slot: int,
+        wait_ready: Callable[[], None],
+        serve: Serve,
+        healthy: Callable[[], bool],
+        broken: Callable[[], bool],
     ) -> None:
         self._store.pooled_reads()  # its one connection of its own is ``client`` below
         while not self._stopped.is_set():
@@ -149,6 +170,11 @@ class Feeders:
         client: Any = None
         backoff, next_reclaim = 0.1, 0.0
         while not self._stopped.is_set():
+            if broken():  # takes nothing; out of the register, so no ticket is handed to it
+                if client is not None:
+                    self.heartbeat.leave(client, consumer)
+                self._stopped.wait(UNHEALTHY_PAUSE_SECONDS)
+                continue
             if not healthy() and self._stopped.wait(UNHEALTHY_PAUSE_SECONDS):
                 break
             try:
@@ -162,9 +188,11 @@ class Feeders:
                 if time.monotonic() >= next_reclaim:
                     tickets = self.claims.reclaim(client, consumer)
                     next_reclaim = time.monotonic() + self._claim_ms / 2000
-                cost = 0.0
+                cost, retry = 0.0, False
                 if not tickets and not self._stopped.is_set():
-                    tickets, cost = self._read(client, consumer)
+                    tickets, cost, retry = self._read(client, consumer)
+                if retry:  # a ticket was handed back for another engine: reclaim it now
+                    next_reclaim = 0.0
                 backoff = 0.1
             except REDIS_ERRORS as exc:
                 log.debug("dispatch feeder: %s; retrying", exc.__class__.__name__)
@@ -186,16 +214,19 @@ class Feeders:
             self.heartbeat.leave(client, consumer)
         self._connections.drop(slot, client)
 
-    def _read(self, client: Any, consumer: str) -> tuple[list[Ticket], float]:
+    def _read(self, client: Any, consumer: str) -> tuple[list[Ticket], float, bool]:
         """The next tickets by the round robin (and what each was charged), waiting on the
-        doorbell for at most ``BLOCK_MS`` when there are none."""
+        doorbell for at most ``BLOCK_MS`` when there are none; and whether the bell rang for
+        a ticket handed back (``queue_retry.lua``)."""
         tickets, cost = self.scheduler.take(client, consumer)
         if not tickets and not self._stopped.is_set():
-            client.blpop([self._names.bell], timeout=BLOCK_MS / 1000)
-            if self._stopped.is_set():  # woken by stop(): a ticket taken now could be cut
-                return [], 0.0  # off by the process's exit, its requester told of a "bug"
+            rung = client.blpop([self._names.bell], timeout=BLOCK_MS / 1000)
+            if self._stopped.is_set() or self._broken():  # woken by stop(): a ticket taken now
+                return [], 0.0, False  # could be cut off by the exit, its requester told of a "bug"
+            if rung and as_text(rung[1]) == "retry":
+                return [], 0.0, True
             tickets, cost = self.scheduler.take(client, consumer)
-        return tickets, cost
+        return tickets, cost, False
 
 
 # Every started set of feeders, so tests (and shutdown) can stop them all.

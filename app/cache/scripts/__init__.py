@@ -59,6 +59,7 @@ QUEUE_TAKE = Script("queue_take")
 QUEUE_STALE = Script("queue_stale")
 QUEUE_FINISH = Script("queue_finish")
 QUEUE_RELEASE = Script("queue_release")
+QUEUE_RETRY = Script("queue_retry")
 QUEUE_VIEW = Script("queue_view")  # read-only: app/queue/inspect.py
 # A tenant's quotas (app/cache/quotas.py) and rate limits (app/cache/rate_limit.py).
 QUOTA_SLOTS = Script("quota_slots")
@@ -72,6 +73,7 @@ JOB_PAGE = Script("job_page")
 
 ALL = (
     QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_HEARTBEAT, QUEUE_TAKE, QUEUE_STALE,
-    QUEUE_FINISH, QUEUE_RELEASE, QUEUE_VIEW, QUOTA_SLOTS, QUOTA_ENGINE_TIME, RATE_LIMIT_GCRA,
+    QUEUE_FINISH, QUEUE_RELEASE, QUEUE_RETRY, QUEUE_VIEW, QUOTA_SLOTS, QUOTA_ENGINE_TIME,
+    RATE_LIMIT_GCRA,
     PIXEL_RECORD, JOB_TRANSITION, JOB_PAGE,
 )  # fmt: skip
