@@ -73,10 +73,11 @@ SPREAD = {
 }  # fmt: skip
 # The longest files first (``--durations``, 2 cores), so that the workers end together.
 LONGEST = (
-    "test_roles.py", "test_parity.py", "test_fleet_cluster.py", "test_scale_out.py",
-    "test_eviction_served.py", "test_jobs_served.py", "test_cluster_structures.py",
-    "test_lines.py", "test_jobs.py", "test_engine_queue.py", "test_edge.py", "test_faults.py",
-    "test_topologies.py", "test_security.py", "test_slow_clients.py", "test_serve.py",
+    "test_parity.py", "test_roles.py", "test_fleet_cluster.py", "test_lines.py",
+    "test_eviction_served.py", "test_cluster_structures.py", "test_scale_out.py", "test_jobs.py",
+    "test_edge.py", "test_topologies.py", "test_tenants_edge.py", "test_faults.py",
+    "test_serve.py", "test_slow_clients.py", "test_front_server.py", "test_tracing_served.py",
+    "test_security.py", "test_jobs_served.py", "test_engine_queue.py",
 )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY, generate_latest
 from app import grpc_server
 from app.engine_calls.engine_runner import EngineBusy
 from app.vocabulary import EngineTimeout
-from tests.conftest import CORPUS, SHORT, WORD_CH, WORD_EN
+from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
 from tests.fleet import wait_for
 from tests.helpers import metric_sum
 
@@ -31,13 +31,19 @@ def _metrics() -> str:
     return generate_latest(REGISTRY).decode()
 
 
-def _big_calls(cache, n: int) -> tuple[list[threading.Thread], list[object]]:
-    """``n`` distinct slow computations at once (distinct keys: nothing coalesces)."""
+def _big_calls(
+    cache, n: int, images: list[bytes] | None = None
+) -> tuple[list[threading.Thread], list[object]]:
+    """``n`` distinct slow computations at once (distinct keys: nothing coalesces), or one of
+    each of ``images`` as they are."""
     params = cache.engine.default_params
     outcomes: list[object] = [None] * n
 
     def call(i: int) -> None:
         try:
+            if images is not None:
+                outcomes[i] = cache.get_or_compute(images[i]).status
+                return
             outcomes[i] = cache.get_or_compute(
                 BIG, replace(params, det_limit_type="min", det_limit_side_len=2400 + 32 * i)
             ).status
@@ -49,6 +55,23 @@ def _big_calls(cache, n: int) -> tuple[list[threading.Thread], list[object]]:
         t.start()
         time.sleep(0.05)  # in order: the first one runs, the others queue behind it
     return threads, outcomes
+
+
+class HeldEngine:
+    """The real engine, whose calls wait until ``release`` is set: the queue stays full for
+    as long as a test looks at it, whatever the machine's speed."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.kind = engine.kind
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def recognize(self, request):
+        self.release.wait(120)
+        return self._engine.recognize(request)
 
 
 def _wait_depth(value: float, timeout: float, gauge: str = "ocr_engine_queue_depth") -> None:
@@ -83,20 +106,27 @@ def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
             assert time.monotonic() < deadline, "the engine is still busy with dropped work"
 
 
-def test_a_full_queue_is_refused_in_every_protocol(make_app):
+def test_a_full_queue_is_refused_in_every_protocol(make_app, engine):
     """The global miss queue (its depth is ``ocr_dispatch_queue_depth``) refuses alike in
     every protocol (the worker's own queue, for calls made here: tests/test_cache_unit.py)."""
     gauge = "ocr_dispatch_queue_depth"
-    # The three big pages run one after another (about 12 s each here, more on a loaded
-    # host): the last one's deadline is not what this test is about.
-    app = make_app(ocr_timeout_seconds=240.0, dispatch_queue_max=2)
+    held = HeldEngine(engine)  # the first call holds the engine until the checks are done
+    app = make_app(engine_override=held, ocr_timeout_seconds=240.0, dispatch_queue_max=2)
+    state = app.extensions["ocr"]["engine_state"]
+    wait_for(lambda: state.ready, 60, f"the engine ready (status {state.status})")
     cache = app.extensions["ocr"]["cache"]
+    cache.dispatch_ready(5)
     settings = app.extensions["ocr"]["settings"].with_overrides(host="127.0.0.1")
     server, port = grpc_server.start(cache, settings, port=0)
     stub = grpc_server.pb2_grpc.PipelineServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
     http = app.test_client()
     image = base64.b64encode(SHORT.read_bytes()).decode()
-    threads, outcomes = _big_calls(cache, 3)  # one runs, two wait: the queue is full
+    small = [
+        WORD_EN.read_bytes(),
+        PHOTOTEST.read_bytes(),
+        (CORPUS / "rapidocr_issue_170.png").read_bytes(),
+    ]
+    threads, outcomes = _big_calls(cache, 3, small)  # one runs (held), two wait: full
     _wait_depth(2, 60, gauge)
     try:
         with pytest.raises(grpc.RpcError) as info:
@@ -117,6 +147,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app):
         assert metric_sum(_metrics(), gauge) == 2
     finally:
         server.stop(0)
+        held.release.set()
         for t in threads:
             t.join(timeout=240)
     assert all(str(o) == "MISS" for o in outcomes), outcomes  # queued work still completes

@@ -66,14 +66,18 @@ def test_a_job_outlives_a_front_worker_and_an_engine_killed_mid_page(tmp_path: P
         assert fleet.engines() and fleet.engines() != [engine]
         job_id = url.rsplit("/", 1)[1]
         assert "".join(fleet.output).count(f"job {job_id}: driving") == 2  # taken over
-    assert state["status"] == "succeeded", state
+        assert state["status"] == "succeeded", state
+        # Every page as the synchronous PaddleX /ocr reads the same file, computed afresh
+        # (no cached entry read, none stored) by the engine that replaced the killed one.
+        body = {"file": base64.b64encode(pdf).decode(), "fileType": 0, "visualize": False,
+                "textRecScoreThresh": Settings.from_env({}).ocr.rec_score_thresh}  # fmt: skip
+        answer = requests.post(
+            f"{fleet.base}/ocr", json=body, timeout=300,
+            headers={"Cache-Control": "no-cache, no-store"},
+        )  # fmt: skip
+        assert answer.headers["X-Cache"] == "MISS", answer.headers
     assert state["progress"] == {"pages_done": 4, "pages_failed": 0, "pages_total": 4}
     assert [page["page"] for page in state["pages"]] == [1, 2, 3, 4]
-    # Every page as the synchronous PaddleX /ocr reads the same file (all hits by now).
-    body = {"file": base64.b64encode(pdf).decode(), "fileType": 0, "visualize": False,
-            "textRecScoreThresh": Settings.from_env({}).ocr.rec_score_thresh}  # fmt: skip
-    with serve(tmp_path, **settings) as fleet:  # the same pages, computed afresh elsewhere
-        answer = requests.post(f"{fleet.base}/ocr", json=body, timeout=300)
     expected = [item["prunedResult"]["rec_texts"] for item in answer.json()["result"]["ocrResults"]]
     assert [[line["text"] for line in page["lines"]] for page in state["pages"]] == expected
     assert any(expected)

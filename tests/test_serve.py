@@ -90,7 +90,7 @@ def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
         HTTP_PORT=str(port),
         HOST="127.0.0.1",
         WEB_CONCURRENCY="2",
-        ENGINE_PROCESSES="2",
+        ENGINE_PROCESSES="1",
         WEB_THREADS="4",
         OCR_WORK_DIR=str(tmp_path / "models"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
