@@ -157,6 +157,7 @@ bench: install
 	$(BIN)/python -m bench.fairness_jobs
 	$(BIN)/python -m bench.tracing
 	$(BIN)/python -m bench.kserve
+	$(BIN)/python -m bench.cold_start
 
 # Issues 23, 36 and 45 alone: the service's L2 hits against the seed design, echo apps and the
 # candidate servers behind the same nginx (wrk -t2 -c8, L1 off, 5/100/312 KB, CPU per request);
@@ -167,6 +168,7 @@ bench-edge: install
 	$(BIN)/python -m bench.edge
 	$(BIN)/python -m bench.tracing
 	$(BIN)/python -m bench.kserve
+	$(BIN)/python -m bench.cold_start
 
 # The fair queue alone: tenant B's misses while tenant A floods the queue, FIFO against
 # deficit round robin with and without interjection (about 45 minutes on 2 cores;

@@ -70,6 +70,10 @@ REDIS_BREAKER_OPEN = Gauge(
     "1 while the Redis circuit breaker skips Redis (open or probing), else 0",
     multiprocess_mode="livemax",
 )
+# Read from Redis by a front at each scrape (app/queue/backlog.py), not kept in a process.
+QUEUE_BACKLOG = "ocr_queue_backlog"
+QUEUE_ENGINES_LIVE = "ocr_queue_engines_live"
+QUEUE_OLDEST_WAIT = "ocr_queue_oldest_wait_seconds"
 ENGINE_BROKEN = Counter(
     "ocr_engine_broken_total",
     "Engine processes that stopped taking tickets and exited for a restart after "

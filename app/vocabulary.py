@@ -203,9 +203,9 @@ class EngineBusy(EngineError):
 
 
 class EngineUnavailable(EngineBusy):
-    """No engine process is reachable (none live on the queue, none answering directly)
-    after ``ENGINE_WAIT_SECONDS``: 503 + ``Retry-After`` in every HTTP protocol, gRPC
-    UNAVAILABLE. A front never waits to its deadline for an engine that does not exist."""
+    """A direct call (Redis down, ``no-cache``/``no-store``) found no engine process
+    answering (within ``ENGINE_WAIT_SECONDS``, 0 by default): 503 + ``Retry-After`` in every
+    HTTP protocol, gRPC UNAVAILABLE. A queued miss instead waits for an engine to start."""
 
     code = "engine_unavailable"
 

@@ -68,7 +68,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # set up once), except in these files, whose tests are independent and long (each serves its
 # own fleet): they spread over the workers.
 SPREAD = {
-    "test_roles.py", "test_jobs.py", "test_lines.py", "test_faults.py", "test_topologies.py",
+    "test_jobs.py", "test_lines.py", "test_faults.py", "test_topologies.py",
     "test_engine_queue.py", "test_jobs_served.py", "test_eviction_served.py",
 }  # fmt: skip
 # The longest files first (``--durations``, 2 cores), so that the workers end together.

@@ -572,14 +572,22 @@ def test_a_feeder_survives_redis_failing_while_it_checks_its_tickets(settings, d
     assert served == [[ticket]]
 
 
-def test_no_live_engine_computes_here(settings, double, redis_client):
-    """The live-engine register is gone (evicted, or no feeder reported yet): computed by this
-    process's own engine at once."""
+def test_with_no_live_engine_a_miss_waits_for_one(settings, double, redis_client):
+    """The live-engine register is empty (engines scaled to zero, or none reported yet, or
+    it was evicted): the miss is queued all the same and waits, and the engine that reports
+    in later computes it."""
     cache = make_cache(settings, double)
     cache.close()  # its feeders stop; the register is then evicted
-    engines = cache.keys.dispatch().engines
-    redis_client.delete(engines)
-    assert cache.get_or_compute(IMAGES[0]).status is CacheStatus.MISS and double.calls == 1
+    redis_client.delete(cache.keys.dispatch().engines)
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(cache.get_or_compute, IMAGES[0])
+        stream = cache.keys.dispatch().stream("~")
+        wait_for(lambda: redis_client.xlen(stream) == 1, "the miss never queued")
+        assert not asked.done() and double.calls == 0  # nobody computes it here
+        later = CountingEngine()
+        make_cache(settings, later)  # an engine starts: its feeder takes the ticket
+        assert asked.result(WAIT).status is CacheStatus.MISS
+    assert later.calls == 1 and double.calls == 0
 
 
 def test_calls_made_here_queue_in_the_worker_and_are_refused_when_it_is_full(settings):

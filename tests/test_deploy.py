@@ -42,7 +42,10 @@ DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring", "l3"]
 TENANTS_EXAMPLE = ROOT / "k8s/components/api-keys/tenants.example.json"
-OVERLAYS = ["cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "l3", "tenants"]
+OVERLAYS = [
+    "cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "scale-to-zero", "l3",
+    "tenants",
+]  # fmt: skip
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
 FRONT_PORTS = {9998, 18091}
@@ -983,8 +986,6 @@ def test_keda_overlay_scales_the_engines_on_the_global_miss_queue() -> None:
     """The autoscaling example of issues 14 and 36: KEDA on the dispatch queue's depth (the
     gauge the service exports) and CPU, targeting the engine Deployment; the engines' own HPA
     is gone (KEDA makes one), the fronts' CPU HPA stays."""
-    from app import metrics
-
     objects = _objects("keda")
     scaled = _named(objects, "ScaledObject", "ocr-engine")
     deployment = _named(objects, "Deployment", "ocr-engine")
@@ -995,8 +996,7 @@ def test_keda_overlay_scales_the_engines_on_the_global_miss_queue() -> None:
     target = scaled["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     triggers = {t["type"]: t for t in scaled["spec"]["triggers"]}
-    gauge = metrics.DISPATCH_QUEUE_DEPTH._name
-    assert gauge in triggers["prometheus"]["metadata"]["query"]
+    assert "ocr_queue_backlog" in triggers["prometheus"]["metadata"]["query"]
     assert float(triggers["prometheus"]["metadata"]["threshold"]) >= 1
     assert triggers["cpu"]["metadata"]["value"] == "70"
     assert 1 <= scaled["spec"]["minReplicaCount"] < scaled["spec"]["maxReplicaCount"]
@@ -1005,13 +1005,31 @@ def test_keda_overlay_scales_the_engines_on_the_global_miss_queue() -> None:
     assert _engine_labels() in selected  # the engines' gauges reach Prometheus
 
 
+def test_scale_to_zero_overlay_wakes_the_engines_on_any_waiting_work() -> None:
+    """KEDA keeps no engine pod while nothing waits and activates on the first waiting miss
+    or job: the fronts' backlog gauge (read from Redis at each scrape), max over fronts per
+    kind; the miss deadline leaves time for a cold start, within the request's own bound."""
+    objects = _objects("scale-to-zero")
+    scaled = _named(objects, "ScaledObject", "ocr-engine")
+    assert scaled["spec"]["minReplicaCount"] == 0 < scaled["spec"]["maxReplicaCount"]
+    assert "ocr-engine" not in {n for k, n in objects if k == "HorizontalPodAutoscaler"}
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["query"] == "sum(max by (kind) (ocr_queue_backlog))"
+    assert float(trigger["metadata"]["activationThreshold"]) == 0  # one waiting miss wakes it
+    config = next(o for (k, n), o in objects.items() if k == "ConfigMap" and "env" in n)["data"]
+    assert (
+        60 <= int(config["OCR_TIMEOUT_SECONDS"]) < int(config.get("REQUEST_TIMEOUT_SECONDS", 120))
+    )
+
+
 # ---------------------------------------------------------------------------- the two roles
 
 
 # Overlays whose engines hold the PaddleOCR model in-process (the others call a sidecar or vLLM).
-MODEL_OVERLAYS = {"cpu", "gpu", "monitoring", "keda", "l3", "tenants"}
+MODEL_OVERLAYS = {"cpu", "gpu", "monitoring", "keda", "scale-to-zero", "l3", "tenants"}
 # Overlays that scrape with the Prometheus Operator (the monitoring component).
-MONITORED_OVERLAYS = {"monitoring", "keda"}
+MONITORED_OVERLAYS = {"monitoring", "keda", "scale-to-zero"}
 GIB = 1024**3
 
 
@@ -1207,7 +1225,7 @@ def test_engine_autoscaling(overlay: str) -> None:
     by KEDA where the keda component is in (then no HPA of theirs)."""
     objects = _objects(overlay)
     hpas = {n: o for (k, n), o in objects.items() if k == "HorizontalPodAutoscaler"}
-    if overlay == "keda":
+    if overlay in ("keda", "scale-to-zero"):
         assert "ocr-engine" not in hpas
         return
     target = hpas["ocr-engine"]["spec"]["scaleTargetRef"]

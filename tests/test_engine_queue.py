@@ -145,6 +145,10 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app, engine):
             cache.get_or_compute(WORD_CH.read_bytes())
         assert busy.value.retry_after >= 1
         assert metric_sum(_metrics(), gauge) == 2
+        # The backlog the fronts report (KEDA's figure): the running miss and the two queued.
+        backlog = http.get("/metrics").get_data(as_text=True)
+        assert metric_sum(backlog, "ocr_queue_backlog", kind="misses") == 3
+        assert metric_sum(backlog, "ocr_queue_engines_live") >= 1
     finally:
         server.stop(0)
         held.release.set()

@@ -380,10 +380,10 @@ def test_retries_are_bounded_and_failures_are_not_cached(front, fake, redis_clie
 def test_timeouts_are_not_retried_and_not_cached(front, fake, redis_client):
     _, client = front(hunyuan_timeout_seconds=0.4)
     fake.delay = 1.0
-    started = time.monotonic()
     resp = ocr(client, PHOTOTEST.read_bytes())
+    # 504, not the answer the server sends after 1 s: the call ended at its 0.4 s timeout.
     assert resp.status_code == 504 and "in time" in resp.get_json()["error"]["message"]
-    assert time.monotonic() - started < 0.9 and fake.calls == 1
+    assert fake.calls == 1  # not retried
     assert pipeline(client, PHOTOTEST.read_bytes()).get_json()["err_no"] == 6000
     assert stored_keys(redis_client) == []
 

@@ -151,91 +151,103 @@ def texts(response: requests.Response) -> list[str]:
     return [line["text"] for line in response.json()["lines"]]
 
 
-def test_fronts_never_load_paddle_and_engines_do(tmp_path):
-    with serve(tmp_path) as fleet:
-        first, again = fleet.ocr(WORD_EN), fleet.ocr(WORD_EN)
-        assert first.headers["X-Cache"] == "MISS" and again.headers["X-Cache"] == "HIT"
-        assert texts(first) == texts(again) and texts(first)
-        workers, engines = fleet.front_workers(), fleet.engines()
-        assert len(workers) == 2 and len(engines) == 1
-        assert not any(maps_paddle(pid) for pid in workers), "a front worker mapped libpaddle"
-        assert all(maps_paddle(pid) for pid in engines)
-        output = "".join(fleet.output)
-        assert "1 front (2 workers" in output and "1 engine process (paddle" in output
-        # The front's /metrics is the machine's: the engine's call is counted there.
-        metrics = requests.get(f"{fleet.base}/metrics", timeout=5).text
-        assert metric_sum(metrics, "ocr_engine_calls_total", outcome="ok") == 1
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[Fleet]:
+    """One `serve` for the tests below that share its settings (a fleet's start is an engine's
+    load: seconds of CPU each); they leave it as they found it (an engine killed is replaced,
+    stopped ones are continued), and run in this order."""
+    with serve(tmp_path_factory.mktemp("roles"), ENGINE_DIRECT_MAX_INFLIGHT="1") as running:
+        yield running
 
 
-def test_direct_endpoint_is_guarded(tmp_path):
-    with serve(tmp_path, ENGINE_DIRECT_MAX_INFLIGHT="1") as fleet:
-        url = f"http://127.0.0.1:{fleet.engine_port}/internal/v1/recognize"
-        body = {"format": 1, "image": b64(SHORT.read_bytes()), "params": {}, "namespace": ""}
-        assert requests.post(url, json=body, timeout=10).status_code == 401
-        wrong = {"Authorization": "Bearer not-the-token-at-all"}
-        assert requests.post(url, json=body, headers=wrong, timeout=10).status_code == 401
-        auth = {"Authorization": f"Bearer {TOKEN}"}
-        unknown = requests.post(url, json={**body, "format": 99}, headers=auth, timeout=10)
-        assert unknown.status_code == 400 and "format" in unknown.json()["error"]["message"]
-        huge = b"x" * (30 * 1024 * 1024)
-        assert requests.post(url, data=huge, headers=auth, timeout=30).status_code == 413
-        junk = {**body, "image": base64.b64encode(b"not an image").decode()}
-        assert requests.post(url, json=junk, headers=auth, timeout=10).status_code == 400
-        ok = requests.post(url, json=body, headers=auth, timeout=60)
-        assert ok.status_code == 200 and "lines" in ok.json()["result"]
-        # One call in flight at most: a second one meanwhile is refused at once.
-        big = {**body, "image": b64(BIG.read_bytes())}
-        answers = []
-        with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(requests.post, url, json=big, headers=auth, timeout=120)
-            while not running.done():
-                answers.append(requests.post(url, json=body, headers=auth, timeout=30))
-            answers.append(running.result())
-        refused = [answer for answer in answers if answer.status_code == 503]
-        assert refused and refused[0].headers["Retry-After"] == "1"
-        assert {answer.status_code for answer in answers} == {200, 503}
+def _calls(fleet: Fleet) -> float:
+    metrics = requests.get(f"{fleet.base}/metrics", timeout=5).text
+    return metric_sum(metrics, "ocr_engine_calls_total", outcome="ok")
 
 
-def test_an_engine_killed_mid_computation_loses_no_miss(tmp_path):
-    with serve(tmp_path) as fleet:
-        # The reference: the same image, computed through the direct path (no-store).
-        reference = texts(fleet.ocr(BIG, **{"Cache-Control": "no-store"}))
-        [engine] = fleet.engines()
-        with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(fleet.ocr, BIG)
-            # Queued and taken: the engine is computing it (seconds of engine time).
-            wait_for(lambda: fleet.computing() or waiting.done(), 120, "the engine computing",
-                     fleet.tail)  # fmt: skip
-            os.kill(engine, signal.SIGKILL)
-            answer = waiting.result()
-        assert texts(answer) == reference
-        deadline = time.monotonic() + 60
-        while not (fleet.engines() and fleet.engines() != [engine]):
-            assert time.monotonic() < deadline, "no engine was started in its place"
-            time.sleep(0.5)
-        assert fleet.ocr(SHORT).status_code == 200 and "exited" in "".join(fleet.output)
+def test_fronts_never_load_paddle_and_engines_do(fleet, tmp_path):
+    image, before = variant(WORD_EN, 1, tmp_path), _calls(fleet)
+    first, again = fleet.ocr(image), fleet.ocr(image)
+    assert first.headers["X-Cache"] == "MISS" and again.headers["X-Cache"] == "HIT"
+    assert texts(first) == texts(again) and texts(first)
+    workers = fleet.front_workers()
+    engines = wait_for(lambda: fleet.engines() if len(fleet.engines()) == 1 else None, 60,
+                       "one engine process", fleet.tail)  # fmt: skip
+    assert len(workers) == 2
+    assert not any(maps_paddle(pid) for pid in workers), "a front worker mapped libpaddle"
+    assert all(maps_paddle(pid) for pid in engines)
+    output = "".join(fleet.output)
+    assert "1 front (2 workers" in output and "1 engine process (paddle" in output
+    # The front's /metrics is the machine's: the engine's call is counted there.
+    assert _calls(fleet) == before + 1
 
 
-def test_hits_go_on_while_every_engine_is_stopped(tmp_path):
-    with serve(tmp_path, WEB_THREADS="16") as fleet:
-        assert fleet.ocr(WORD_EN).status_code == 200
-        engines = fleet.engines()
-        for pid in engines:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            with ThreadPoolExecutor(len(DISTINCT)) as pool:
-                misses = [pool.submit(fleet.ocr, CORPUS / name) for name in DISTINCT]
-                time.sleep(1.0)
-                hits = [fleet.ocr(WORD_EN) for _ in range(40)]
-                assert all(not miss.done() for miss in misses)  # they wait for an engine
-                for pid in engines:
-                    os.kill(pid, signal.SIGCONT)
-                answers = [miss.result() for miss in misses]
-        finally:
+def test_direct_endpoint_is_guarded(fleet):
+    url = f"http://127.0.0.1:{fleet.engine_port}/internal/v1/recognize"
+    body = {"format": 1, "image": b64(SHORT.read_bytes()), "params": {}, "namespace": ""}
+    assert requests.post(url, json=body, timeout=10).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token-at-all"}
+    assert requests.post(url, json=body, headers=wrong, timeout=10).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    unknown = requests.post(url, json={**body, "format": 99}, headers=auth, timeout=10)
+    assert unknown.status_code == 400 and "format" in unknown.json()["error"]["message"]
+    huge = b"x" * (30 * 1024 * 1024)
+    assert requests.post(url, data=huge, headers=auth, timeout=30).status_code == 413
+    junk = {**body, "image": base64.b64encode(b"not an image").decode()}
+    assert requests.post(url, json=junk, headers=auth, timeout=10).status_code == 400
+    ok = requests.post(url, json=body, headers=auth, timeout=60)
+    assert ok.status_code == 200 and "lines" in ok.json()["result"]
+    # One call in flight at most: a second one meanwhile is refused at once.
+    big = {**body, "image": b64(BIG.read_bytes())}
+    answers = []
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(requests.post, url, json=big, headers=auth, timeout=120)
+        while not running.done():
+            answers.append(requests.post(url, json=body, headers=auth, timeout=30))
+        answers.append(running.result())
+    refused = [answer for answer in answers if answer.status_code == 503]
+    assert refused and refused[0].headers["Retry-After"] == "1"
+    assert {answer.status_code for answer in answers} == {200, 503}
+
+
+def test_an_engine_killed_mid_computation_loses_no_miss(fleet):
+    # The reference: the same image, computed through the direct path (no-store).
+    reference = texts(fleet.ocr(BIG, **{"Cache-Control": "no-store"}))
+    [engine] = fleet.engines()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(fleet.ocr, BIG)
+        # Queued and taken: the engine is computing it (seconds of engine time).
+        wait_for(lambda: fleet.computing() or waiting.done(), 120, "the engine computing",
+                 fleet.tail)  # fmt: skip
+        os.kill(engine, signal.SIGKILL)
+        answer = waiting.result()
+    assert texts(answer) == reference
+    deadline = time.monotonic() + 60
+    while not (fleet.engines() and fleet.engines() != [engine]):
+        assert time.monotonic() < deadline, "no engine was started in its place"
+        time.sleep(0.5)
+    assert fleet.ocr(SHORT).status_code == 200 and "exited" in "".join(fleet.output)
+
+
+def test_hits_go_on_while_every_engine_is_stopped(fleet):
+    assert fleet.ocr(WORD_EN).status_code == 200
+    engines = fleet.engines()
+    for pid in engines:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(len(DISTINCT)) as pool:
+            misses = [pool.submit(fleet.ocr, CORPUS / name) for name in DISTINCT]
+            time.sleep(1.0)
+            hits = [fleet.ocr(WORD_EN) for _ in range(40)]
+            assert all(not miss.done() for miss in misses)  # they wait for an engine
             for pid in engines:
                 os.kill(pid, signal.SIGCONT)
-        assert {hit.headers["X-Cache"] for hit in hits} == {"HIT"}
-        assert all(texts(answer) is not None for answer in answers)
+            answers = [miss.result() for miss in misses]
+    finally:
+        for pid in engines:
+            os.kill(pid, signal.SIGCONT)
+    assert {hit.headers["X-Cache"] for hit in hits} == {"HIT"}
+    assert all(texts(answer) is not None for answer in answers)
 
 
 def test_engine_retires_and_is_replaced_without_a_gap(tmp_path):
@@ -296,13 +308,15 @@ def test_web_concurrency_alone_stops_serve_with_one_line():
 
 
 @pytest.fixture()
-def front_without_engines(tmp_path, redis_server) -> Iterator[tuple[str, int]]:
-    """`python -m app front` alone: Redis up, no engine process anywhere."""
+def front_without_engines(tmp_path) -> Iterator[tuple[str, int]]:
+    """`python -m app front` alone, Redis down (nothing listens on its port), no engine
+    process anywhere: the direct path, whose engine Service refuses every connection. (With
+    Redis up a miss waits for an engine instead: tests/test_scale_to_zero.py.)"""
     port, grpc_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(
         HOST="127.0.0.1", HTTP_PORT=str(port), GRPC_PORT=str(grpc_port), WEB_CONCURRENCY="1",
-        REDIS_URL=redis_server.url, ENGINE_WAIT_SECONDS="1", ENGINE_TOKEN=TOKEN,
+        REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", ENGINE_TOKEN=TOKEN,
         ENGINE_URLS=f"http://127.0.0.1:{free_port()}", OCR_WORK_DIR=str(tmp_path / "models"),
         CACHE_KEY_PREFIX=f"noengine{port}",
     )  # fmt: skip
@@ -332,7 +346,9 @@ def front_without_engines(tmp_path, redis_server) -> Iterator[tuple[str, int]]:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_no_engine_is_a_503_in_every_protocol(front_without_engines):
+def test_redis_down_and_no_engine_is_a_503_at_once_in_every_protocol(front_without_engines):
+    """ENGINE_WAIT_SECONDS is 0 by default: no retry of engines that refuse the connection,
+    a 503 with Retry-After now (the requests' 30 s timeouts bound a wait)."""
     base, grpc_port = front_without_engines
     data = b64(WORD_EN.read_bytes())
     rest = requests.post(f"{base}/v1/ocr", json={"image": data}, timeout=30)

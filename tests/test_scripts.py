@@ -102,10 +102,21 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def test_submit_with_no_live_engine_queues_and_bounds_the_lane_as_for_one(client: Any) -> None:
+    """Scaled to zero: the ticket waits for an engine to start; the lane holds what it holds
+    for one engine, and each doorbell one ring (none is listening)."""
+    names = queue(client)
+    first = submit(client, names, "z", "z1", per_engine=2)
+    assert text(first[0]) and [int(v) for v in first[1:]] == [1, 0, 1]  # waiting, engines, all
+    assert int(submit(client, names, "z", "z2", per_engine=2)[1]) == 2
+    assert client.lrange(names.bell, 0, -1) == [b"1"]
+    assert client.lrange(names.interject_bell, 0, -1) == [b"1"]
+    full = submit(client, names, "z", "z3", per_engine=2)
+    assert text(full[0]) == "" and int(full[1]) == 2 and client.xlen(names.stream("z")) == 2
+
+
 def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client: Any) -> None:
     names = queue(client)
-    assert text(submit(client, names, "a", "e1")[0]) == "none"  # no live engine
-    assert client.xlen(names.stream("a")) == 0
     live_engine(client, names)
     answer = submit(client, names, "a", "e1")
     ticket = text(answer[0])

@@ -9,9 +9,10 @@
    (``compute.Computer.serve``).
 3. It computes with its engine (``Computer.compute_and_store``; on a front the engine is a
    proxy to an engine process's direct endpoint, ``app.engines.direct``) when there is no queue
-   to use: caching off or Redis down (the queue answers nothing), no engine reported in yet,
-   a request that recomputes (``no-cache``) or stores nothing (``no-store``: its result has
-   no way back through Redis), or a ticket that ended without an entry to read.
+   to use: caching off or Redis down (the queue answers nothing), a request that recomputes
+   (``no-cache``) or stores nothing (``no-store``: its result has no way back through Redis),
+   or a ticket that ended without an entry to read. With no engine live, a queued miss waits
+   for one to start (up to its deadline); these direct calls get 503 at once.
 
 Before any of that, a tenant's miss quotas (``quotas.Quotas.miss``: misses in flight, engine
 seconds per minute) may refuse the miss (429); hits never meet them.

@@ -72,8 +72,8 @@ class ProcessSettings(Section):
     engine_wait_seconds: float = env(
         "ENGINE_WAIT_SECONDS",
         e.number(0.0, 3600.0),
-        30.0,
-        "how long a front's miss waits for a reachable engine before 503",
+        0.0,
+        "how long a front's direct call (Redis down only) retries engines that refuse the connection before 503 (0: at once: an engine Service with no endpoint fails fast)",
     )
     engine_nice: int = env(
         "ENGINE_NICE",

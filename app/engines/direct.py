@@ -1,9 +1,10 @@
 """The engines' direct endpoint, both ends of the wire: a front's ``EngineProxy`` and the
 format an engine process reads (``app/engine_process.py``).
 
-A front holds no engine. Its misses go through the Redis queue to engine processes; only
-when there is no queue to use (Redis down, caching off, or no engine reported in) does it
-call an engine process directly, over ``POST /internal/v1/recognize`` on ``ENGINE_PORT``,
+A front holds no engine. Its misses go through the Redis queue to engine processes (which
+may be none yet: a miss waits there for one to start); only when there is no queue to use
+(Redis down, caching off; ``no-cache``/``no-store`` requests) does it call an engine process
+directly, over ``POST /internal/v1/recognize`` on ``ENGINE_PORT``,
 with the shared ``ENGINE_TOKEN``. The proxy carries the configured engine's identity
 (fingerprint, parameters, description: computed from the model files, nothing loaded), so
 a front keys and renders exactly as an engine would, and its calls are the engine's.
@@ -84,7 +85,9 @@ def decode_request(body: bytes) -> tuple[bytes, OcrParams, str]:
 class EngineProxy(EngineBase):
     """A front's engine: the identity of ``engine`` (never loaded), its calls sent to the
     engine processes at ``urls`` in turn. An engine that refuses the connection is skipped;
-    when none answers for ``wait_seconds``, ``EngineUnavailable`` (503, gRPC UNAVAILABLE)."""
+    when none answers, ``EngineUnavailable`` (503, gRPC UNAVAILABLE) at once, or after
+    ``wait_seconds`` of retries (``ENGINE_WAIT_SECONDS``): an engine Service scaled to zero
+    refuses every connection."""
 
     def __init__(
         self,

@@ -343,6 +343,11 @@ class JobStore:
             lambda c: c.xclaim(self.stream, GROUP, consumer, 0, [entry], idle=idle_ms, justid=True)
         )
 
+    def backlog(self) -> int:
+        """Jobs waiting for a driver or held by one (a dead driver's too, until taken over):
+        the stream's entries, each deleted when its job ends."""
+        return int(self._do(lambda c: c.xlen(self.stream)) or 0)
+
     def done(self, entry: str | bytes) -> None:
         def run(client: Any) -> None:
             client.xack(self.stream, GROUP, entry)

@@ -17,17 +17,19 @@ by that check. Every key here may be evicted under ``allkeys-lru``: that costs a
 resubmission or one local engine call, never a wait to the deadline.
 
 - **Bounded per lane**: a new ticket is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
-  tickets per live engine are already waiting in its tenant's lane (a tenant's flood fills
-  only its own); live engines are the feeders that reported lately (within
-  ``DISPATCH_CLAIM_MS``, and at least three of their polls, by Redis' clock). Its
+  tickets per live engine (one, with none live) are already waiting in its tenant's lane (a
+  tenant's flood fills only its own); live engines are the feeders that reported lately
+  (within ``DISPATCH_CLAIM_MS``, and at least three of their polls, by Redis' clock). Its
   ``Retry-After``: the mean engine call times the tickets waiting, over the live engines.
+- **Scale to zero**: a ticket is queued whether or not an engine is live; it waits for one
+  to start (KEDA's activation on the backlog, ``app/queue/backlog.py``) up to its deadline.
 - **Deadlines**: a waiter stops at its own (``OCR_TIMEOUT_SECONDS``); the ticket's creator
   then deletes it if no engine has started it. A ticket runs on its creator's deadline: a
   waiter that joined it with more time left is not failed by that deadline (an engine's
   ``timeout:``), it submits again. An entry that appears while the caller's own ticket is
   still queued (another process stored it) withdraws that ticket unstarted.
-- **Redis down**, or no live engine: the caller computes with its own engine (``None``; a
-  front's is the direct path to an engine process, ``app/engines/direct.py``).
+- **Redis down**: the caller computes with its own engine (``None``; a front's is the direct
+  path to an engine process, ``app/engines/direct.py``).
 
 - **Withdrawn**: a caller waiting inside ``cancellable(event)`` (a document job's page)
   stops once ``event`` is set: its ticket is deleted if no engine has started it, and it
@@ -127,8 +129,9 @@ class TicketQueue:
 
     def request(self, ticket: Ticket, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
         """(``ticket``'s result once an engine stored it, whether it joined a ticket another
-        request had queued); None: compute it here instead (Redis down, no live engine, or
-        the ticket ended without an entry to read). ``read(ticket id)`` answers (Redis ok, the
+        request had queued); None: compute it here instead (Redis down, or the ticket ended
+        without an entry to read). With no engine live it waits for one to start, up to its
+        deadline (``EngineTimeout``). ``read(ticket id)`` answers (Redis ok, the
         entry's result, the ticket's error marker)."""
         channel = self._keys.done(ticket.key)
         event = self._notifier.register(channel)  # before submitting: no message is missed
@@ -172,8 +175,6 @@ class TicketQueue:
             metrics.DISPATCH_QUEUE_DEPTH.set(int(answer[3]))
         held_in = as_text(answer[3]) if len(answer) > 3 and not created else lane
         ticket_id = as_text(raw_id)
-        if ticket_id == "none":
-            return None  # no engine reported in: this process computes (or waits to load)
         if not ticket_id:
             metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
             metrics.TENANT_REJECTIONS.labels(

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify
 
 from app import metrics, stats
 from app.cache.store import RedisStore
+from app.queue import backlog
 from app.routes.common import JSON
 from app.service import current
 
@@ -38,13 +39,18 @@ def readyz() -> Any:
             "state": "up" if store.ping() else "down",
             "breaker": store.breaker_state,
         }
+    if (waiting := backlog.read(service)) is not None:
+        body["queue"] = waiting.as_json()  # ready with no engine: misses wait for one
     return jsonify(body), (200 if status == "ready" else 503)
 
 
 @blueprint.get("/metrics")
 def metrics_endpoint() -> Response:
+    waiting = backlog.read(current())
+    if waiting is not None:  # back to what the queue holds, 0 too, with no engine reporting
+        metrics.DISPATCH_QUEUE_DEPTH.set(waiting.queued)
     payload, content_type = metrics.render()
-    return Response(payload, content_type=content_type)
+    return Response(payload + backlog.exposition(waiting), content_type=content_type)
 
 
 @blueprint.get("/v1/stats")

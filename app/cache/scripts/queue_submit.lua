@@ -1,8 +1,10 @@
 -- Submit a miss to the global queue, atomically: join the ticket already queued or running
 -- for this entry key (its marker names it), else add one to its tenant's lane, bounded per
--- lane (per-engine max times the live engines), keep the lane in the ring (a lane becoming
--- active goes to its head: it was served least lately), remember its share, and ring both
--- doorbells (idle engines', and busy engines' interjectors').
+-- lane (per-engine max times the live engines, at least one: with none live the ticket
+-- waits for an engine to start), keep the lane in the ring (a lane becoming active goes to
+-- its head: it was served least lately), remember its share, and ring both doorbells (idle
+-- engines', and busy engines' interjectors'; each holds a ring per live engine at most, one
+-- with none).
 --
 -- KEYS[1] the lane's stream        KEYS[2] the live-engine register (sorted set)
 -- KEYS[3] the entry's marker       KEYS[4] the ring of lanes with waiting tickets
@@ -16,7 +18,7 @@
 -- Returns {id, waiting, engines, every lane's waiting}: waiting -1 when it joined (then the
 -- fourth value is the lane that holds the ticket joined: a document job's page and a request
 -- for the same image share one ticket whichever lane it waits in); id "" when the lane is
--- full, "none" without a live engine (then only three values).
+-- full (then only three values).
 local current = redis.call('GET', KEYS[3])
 if current then
   if #redis.call('XRANGE', KEYS[1], current, current) > 0 then
@@ -38,8 +40,8 @@ if not ok then
   pending = {0}
 end
 local waiting = redis.call('XLEN', KEYS[1]) - pending[1]
-if engines == 0 then return {'none', waiting, engines} end
-if waiting >= tonumber(ARGV[2]) * engines then return {'', waiting, engines} end
+local room = math.max(1, engines)
+if waiting >= tonumber(ARGV[2]) * room then return {'', waiting, engines} end
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
 redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
 if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('LPUSH', KEYS[4], ARGV[5]) end
@@ -47,7 +49,7 @@ redis.call('SADD', KEYS[5], ARGV[5])
 redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
 for bell = 7, 8 do
   redis.call('LPUSH', KEYS[bell], '1')
-  redis.call('LTRIM', KEYS[bell], 0, engines - 1)
+  redis.call('LTRIM', KEYS[bell], 0, room - 1)
 end
 local total = 0
 for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do

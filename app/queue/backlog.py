@@ -1,0 +1,107 @@
+"""The work waiting for engines, as the fronts report it: read from Redis when ``/metrics`` or
+``/readyz`` asks, so it is right with no engine at all (engines report the queue's other
+gauges, ``heartbeat.py``, and at zero there are none to report).
+
+- ``misses``: every ticket in any lane of the miss queue, waiting or running, those held by
+  an engine that died included (until another engine reclaims them): one figure for the
+  whole fleet, over all tenants' lanes, back to 0 when nothing waits.
+- ``jobs``: document jobs waiting for a driver or held by one (their pages become misses
+  only once an engine process's driver takes them).
+- the live engine slots (the queue's register) and the oldest waiting ticket's wait.
+
+Every front reads the same queue, so a query takes the ``max`` over fronts, never the sum.
+KEDA activates the engines on it from zero (``k8s/components/scale-to-zero``). One read of
+the queue's picture (``queue_view.lua``, counts only) per scrape or probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from app import metrics
+from app.cache.store import RedisStore
+from app.jobs.store import JobsUnavailable
+from app.queue import inspect
+
+if TYPE_CHECKING:
+    from app.service import OcrService
+
+
+@dataclass(frozen=True)
+class Backlog:
+    misses: int  # queued or running
+    queued: int  # not taken yet (``ocr_dispatch_queue_depth``)
+    jobs: int
+    engines: int
+    oldest_wait_seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        """``/readyz``'s ``queue``."""
+        return {"engines_live": self.engines, "misses_waiting": self.misses,
+                "jobs_waiting": self.jobs,
+                "oldest_wait_seconds": round(self.oldest_wait_seconds, 3)}  # fmt: skip
+
+
+def read(service: OcrService) -> Backlog | None:
+    """The backlog now; None: no queue (caching off, no Redis) or Redis not answering."""
+    cache = service.cache
+    queue = cache.misses.queue
+    if queue is None or not isinstance(cache.store, RedisStore):
+        return None
+    names, live_ms = queue.names, queue.live_ms
+    ok, snapshot = cache.store.run(
+        "dispatch", lambda client: inspect.read(client, names, live_ms=live_ms, held=0)
+    )
+    if not ok or snapshot is None:
+        return None
+    jobs = 0
+    if service.jobs is not None:
+        try:
+            jobs = service.jobs.backlog()
+        except JobsUnavailable:
+            jobs = 0
+    oldest = (snapshot.oldest_wait_ms or 0) / 1000
+    misses = snapshot.waiting + snapshot.running
+    return Backlog(misses, snapshot.waiting, jobs, snapshot.live, oldest)
+
+
+class _Collector:
+    def __init__(self, backlog: Backlog) -> None:
+        self._backlog = backlog
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        backlog = self._backlog
+        waiting = GaugeMetricFamily(
+            metrics.QUEUE_BACKLOG,
+            "Work waiting for an engine, read from Redis by a front (max over fronts): misses "
+            "queued or running in any lane, a dead engine's included; document jobs waiting "
+            "for or held by a driver",
+            labels=["kind"],
+        )
+        waiting.add_metric(["misses"], backlog.misses)
+        waiting.add_metric(["jobs"], backlog.jobs)
+        yield waiting
+        yield GaugeMetricFamily(
+            metrics.QUEUE_ENGINES_LIVE,
+            "Engine slots live on the miss queue (its register), read from Redis by a front",
+            value=backlog.engines,
+        )
+        yield GaugeMetricFamily(
+            metrics.QUEUE_OLDEST_WAIT,
+            "How long the oldest miss waiting for an engine has waited, read by a front",
+            value=backlog.oldest_wait_seconds,
+        )
+
+
+def exposition(backlog: Backlog | None) -> bytes:
+    """The backlog's gauges in Prometheus' text form (nothing when it could not be read)."""
+    if backlog is None:
+        return b""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(backlog))
+    return generate_latest(registry)
