@@ -80,14 +80,14 @@ test: install install-tools install-redis
 	else $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); fi
 
 # The unit layer (no engine, no processes, no deployment checks), the loop to run on every
-# edit: 18-22 s on 2 quiet cores once the bytecode is cached (below). Three pytest-xdist
-# workers, each with its own Redis on a free port; a test file runs whole in one worker (its
+# edit: 19-20 s on 2 cores once the bytecode is cached (below). Four pytest-xdist workers
+# (19-20 s against 20-21 s with three: its tests mostly wait), each with its own Redis on a free port; a test file runs whole in one worker (its
 # tests keep their order and process, as tests/test_fuzz_parsers.py's example count needs),
 # the parser fuzzing at a third of make test's examples (FUZZ_PARSER_SCALE). schemathesis's
 # pytest plugin is left out: no unit test uses it, and its imports cost each process most of
 # a second. One file alone runs sooner in one process: make test-fast PYTEST_ARGS='-n 0
 # tests/test_x.py'.
-TEST_FAST_WORKERS ?= 3
+TEST_FAST_WORKERS ?= 4
 test-fast: install
 	FUZZ_PARSER_SCALE=0.33 $(BIN)/python -m pytest \
 		-m "unit and not integration and not deploy and not slow" \
