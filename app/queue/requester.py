@@ -238,7 +238,10 @@ class TicketQueue:
                 if self._outlives(error, created, deadline):
                     return True, None, False
                 raise failure(error)
-            if not ok:  # Redis stopped answering: this process's own engine
+            if not ok and self._store.breaker_state != "closed":
+                # Redis stopped answering (its breaker opened): this process's own engine. One
+                # failed read on a slow moment is not that: the next poll tells (a miss sent the
+                # direct way while its engine restarted was answered 503: a loaded run).
                 self._give_up(ticket_id, ticket, created)
                 return False, None, False
             if finished:  # done, and its entry is already gone (evicted): one call here
