@@ -14,15 +14,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from tests.conftest import CORPUS
+from tests.fleet import wait_for
 from tests.otlp_receiver import Receiver, Span
 from tests.test_roles import serve
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 IMAGE = CORPUS / "paddleocr_word_en_1.png"
-JOINED = CORPUS / "paddleocr_word_ko_1.jpg"
+JOINED = CORPUS / "sroie_000.jpg"
 WAIT = 60.0  # the longest a batch of spans may take to arrive (they come in 0.2 s batches)
 
 
@@ -47,6 +49,11 @@ def spans_of(receiver: Receiver, trace_id: str, *names: str) -> dict[str, Span]:
             return found
         assert time.monotonic() < deadline, f"spans of {trace_id}: {sorted(found)}"
         time.sleep(0.1)
+
+
+def _waiting(fleet) -> int:  # type: ignore[no-untyped-def]
+    """Misses queued or running, as the front reads the queue."""
+    return int(requests.get(f"{fleet.base}/readyz", timeout=10).json()["queue"]["misses_waiting"])
 
 
 def computing_trace(receiver: Receiver, trace_ids: list[str]) -> str:
@@ -84,11 +91,16 @@ def test_a_miss_and_a_hit_are_traced_across_the_front_and_the_engine(receiver, t
         miss = spans_of(receiver, miss_id, *names)
         hit = spans_of(receiver, hit_id, "POST /v1/ocr")
 
-        # Four requests at once for one new image: one computes, the others join it (in
-        # their worker's single flight, or on its queued ticket from the other worker).
+        # Four requests for one new image: one computes, the others join it (in their
+        # worker's single flight, or on its queued ticket from the other worker). The three
+        # are sent once the first is in the queue (a receipt: seconds of engine time): sent
+        # all at once, on a loaded machine the first ended before the others came (all hits).
         together = [traceparent() for _ in range(4)]
         with ThreadPoolExecutor(len(together)) as pool:
-            answers = list(pool.map(lambda t: fleet.ocr(JOINED, traceparent=t[1]), together))
+            first = pool.submit(fleet.ocr, JOINED, traceparent=together[0][1])
+            wait_for(lambda: _waiting(fleet) >= 1 or first.done(), 60, "the first miss queued")
+            rest = [pool.submit(fleet.ocr, JOINED, traceparent=t[1]) for t in together[1:]]
+            answers = [first.result(), *(future.result() for future in rest)]
         assert [a.status_code for a in answers] == [200] * 4, "".join(fleet.output)[-4000:]
         joined = {t: a.headers["X-Cache"] for (t, _), a in zip(together, answers, strict=True)}
         computing = computing_trace(receiver, list(joined))
