@@ -80,6 +80,9 @@ def fleet(tmp: Path, redis_url: str, **overrides: str) -> Iterator[Fleet]:
         REDIS_URL=redis_url, ENGINE_TOKEN=TOKEN, ENGINE_WORKERS="1", DISPATCH_CLAIM_MS="2000",
         ENGINE_URLS=f"http://127.0.0.1:{free_port()}", OCR_WORK_DIR=str(tmp / "models"),
         CACHE_KEY_PREFIX=f"zero{port}", LOG_LEVEL="info",
+        # A loaded machine's Redis can take longer than the 50 ms default without being down
+        # (a submit that timed out went the direct way, to no engine: 503): as tests/test_serve.
+        REDIS_TIMEOUT_MS="500",
     )  # fmt: skip
     env.update(overrides)
     running = Fleet(tmp, env)
