@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # every pytest process's start here, where the environment sets PYTHONDONTWRITEBYTECODE).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-fairness-jobs bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak chaos-fleet bench-fleet install-redis
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-fairness-jobs bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak chaos-fleet bench-fleet bench-queue install-redis
 
 install: $(STAMP) install-edge
 
@@ -158,6 +158,7 @@ bench: install
 	$(BIN)/python -m bench.tracing
 	$(BIN)/python -m bench.kserve
 	$(BIN)/python -m bench.cold_start
+	$(MAKE) bench-queue
 
 # Issues 23, 36 and 45 alone: the service's L2 hits against the seed design, echo apps and the
 # candidate servers behind the same nginx (wrk -t2 -c8, L1 off, 5/100/312 KB, CPU per request);
@@ -183,6 +184,9 @@ bench-fairness-jobs: install ; $(BIN)/python -m bench.fairness_jobs
 # engines, Redis Cluster against one node, keys and commands per master, the queue master's
 # share, and a skewed trace replayed against the capacity model; bench/results/fleet.json.
 bench-fleet: install install-redis ; $(BIN)/python -m bench.fleet
+# What the miss queue costs its Redis master per miss and per idle engine process (issue 48,
+# bench/queue_cost.py): about 2 minutes; bench/results/queue_cost.json.
+bench-queue: install install-redis ; $(BIN)/python -m bench.queue_cost
 
 # The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of
 # the corpus, with the real engine as ground truth (about 15 minutes on 2 shared cores);

@@ -79,6 +79,11 @@ ENGINE_BROKEN = Counter(
     "Engine processes that stopped taking tickets and exited for a restart after "
     "ENGINE_UNREADY_AFTER_FAILURES failures of their own in a row (the OcrEngineBroken alert)",
 )
+ENGINE_ORPHAN_YIELDS = Counter(
+    "ocr_engine_orphan_yields_total",
+    "Engine calls run at a pause of a call whose callers had all gone (an orphan), instead "
+    "of after its end",
+)
 ENGINE_READY = Gauge(
     "ocr_engine_ready",
     "1 when the engine is loaded and not failing (what /readyz reports), else 0",

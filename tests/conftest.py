@@ -190,8 +190,12 @@ def engine(base_settings: Settings) -> Any:
 @pytest.fixture()
 def make_app(
     base_settings: Settings, engine: Any, redis_client: redis.Redis
-) -> Callable[..., object]:
+) -> Iterator[Callable[..., object]]:
+    """Apps of the test; at its end their feeders stop taking tickets: an app left behind
+    would take the next test's tickets from the shared queue with its own settings."""
     from app.web import create_app
+
+    made: list[Any] = []
 
     def factory(engine_override: object | None = None, **overrides: object):  # type: ignore[no-untyped-def]
         app = create_app(
@@ -207,9 +211,12 @@ def make_app(
             # Its feeder took its place in the global miss queue (at once when Redis answers;
             # a test whose Redis is down goes on after 5 s: its misses are computed here).
             app.extensions["ocr"]["cache"].dispatch_ready(5)
+        made.append(app)
         return app
 
-    return factory
+    yield factory
+    for app in made:
+        app.extensions["ocr"]["cache"].close(1.0)
 
 
 @pytest.fixture()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import re
 import socket
 import threading
 import time
@@ -25,6 +26,7 @@ from app.cache.keys import QueueKeys, digest_image
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
 from app.engines.base import OcrRequest
+from app.queue import inspect
 from app.queue.ticket import Ticket
 from app.vocabulary import (
     CacheControls,
@@ -147,7 +149,9 @@ def test_params_and_tenant_travel_with_the_ticket(settings, redis_client):
     assert redis_client.exists(a.key_for(digest_image(IMAGES[0]), OcrParams())) == 0
 
 
-def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
+def test_the_queue_is_bounded_and_its_depth_is_read_from_redis(settings):
+    """A full lane refuses (503); the depth KEDA and the gauges read is the queue's own,
+    read from Redis (``app/queue/backlog.py`` at each scrape)."""
     engine = SerialEngine()
     cache = make_cache(settings, engine, dispatch_queue_max=1)
     engine.hold()
@@ -162,7 +166,8 @@ def test_the_queue_is_bounded_and_its_depth_is_a_gauge(settings):
         with pytest.raises(EngineBusy) as busy:
             cache.get_or_compute(IMAGES[2])  # one engine, one waiting ticket: full
         assert busy.value.retry_after >= 1
-        assert counter("ocr_dispatch_queue_depth") == 1
+        picture = cache.store.run("t", lambda c: inspect.read(c, names, live_ms=10_000))[1]
+        assert (picture.waiting, picture.running) == (1, 1)
         assert counter("ocr_engine_queue_dropped_total", reason="full") == before + 1
         engine.release.set()
         assert [running.result(WAIT).status, waiting.result(WAIT).status] == ["MISS", "MISS"]
@@ -193,16 +198,17 @@ def test_a_ticket_whose_caller_gave_up_is_not_computed(settings, redis_client):
 
 
 def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> None:
-    """A ticket written straight into the default lane, as a writer to Redis could (the lane
-    registered; the feeders' heartbeat puts it in the round robin's ring), ringing the idle
-    engines' doorbell as submitting does (unrung, an idle feeder finds it within its
-    ``BLOCK_MS`` wait all the same, a second later)."""
+    """A ticket written straight into the default lane, as a writer to Redis could: the lane
+    registered and in the round robin's ring, the idle engines' doorbell rung, as submitting
+    does."""
     try:
         client.xgroup_create(names.stream("~"), "engines", id="0", mkstream=True)
     except redis.ResponseError:  # BUSYGROUP: it exists
         pass
     client.xadd(names.stream("~"), dict(zip(fields[::2], fields[1::2], strict=True)))
     client.sadd(names.lanes, "~")
+    if client.lpos(names.ring, "~") is None:
+        client.lpush(names.ring, "~")
     client.lpush(names.bell, "1")
 
 
@@ -387,7 +393,7 @@ def test_a_feeder_opens_one_redis_connection_whatever_it_computes(
         engine.release.set()
         outcomes = [f.result(WAIT) for f in asked]
     assert [o.result.lines[0].text for o in outcomes] == [text_of(d) for d in IMAGES]
-    feeders = {name: n for name, n in opened.items() if name.startswith("dispatch-")}
+    feeders = {name: n for name, n in opened.items() if re.fullmatch(r"dispatch-\d+", name)}
     assert feeders == {f"dispatch-{slot}": 1 for slot in range(4)}
 
 

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from app import grpc_server
+from app.cache.keys import digest_image
 from app.engine_calls.engine_runner import EngineBusy
 from app.vocabulary import EngineTimeout
 from tests.conftest import CORPUS, PHOTOTEST, SHORT, WORD_CH, WORD_EN
@@ -32,10 +33,11 @@ def _metrics() -> str:
 
 
 def _big_calls(
-    cache, n: int, images: list[bytes] | None = None
+    cache, n: int, images: list[bytes] | None = None, first: int = 2400
 ) -> tuple[list[threading.Thread], list[object]]:
-    """``n`` distinct slow computations at once (distinct keys: nothing coalesces), or one of
-    each of ``images`` as they are."""
+    """``n`` distinct slow computations at once (distinct keys: nothing coalesces, and a
+    test's ``first`` detection size apart from another's: an orphan's entry is stored), or
+    one of each of ``images`` as they are."""
     params = cache.engine.default_params
     outcomes: list[object] = [None] * n
 
@@ -45,7 +47,7 @@ def _big_calls(
                 outcomes[i] = cache.get_or_compute(images[i]).status
                 return
             outcomes[i] = cache.get_or_compute(
-                BIG, replace(params, det_limit_type="min", det_limit_side_len=2400 + 32 * i)
+                BIG, replace(params, det_limit_type="min", det_limit_side_len=first + 32 * i)
             ).status
         except Exception as exc:  # the outcome under test
             outcomes[i] = exc
@@ -106,10 +108,48 @@ def test_timed_out_calls_are_dropped_and_the_next_request_is_served(make_app):
             assert time.monotonic() < deadline, "the engine is still busy with dropped work"
 
 
+def test_after_a_burst_past_its_deadline_a_small_page_runs_at_the_orphans_next_pause(make_app):
+    """Issue 48's burst: one engine on one inference thread, a short ``OCR_TIMEOUT_SECONDS``
+    (2 s), six distinct long pages at once (4 s or more each here): every one answers 504 at
+    its deadline, and the one that started runs on, an orphan nobody waits for. A small page
+    sent just after goes in at the orphan's next pause (a recognition batch away) instead of
+    waiting for its end, and is answered (200, not 504 at its own deadline). The orphan then
+    resumes and its entry is stored: asking for that page again is a hit."""
+    app = make_app(ocr_timeout_seconds=2.0, web_threads=8)
+    cache = app.extensions["ocr"]["cache"]
+    # The engine is shared with the tests before: one's orphan may still run on it.
+    _wait_depth(0, 120, "ocr_engine_calls_running")
+    before = _metrics()
+    threads, outcomes = _big_calls(cache, 6, first=2592)
+    for t in threads:
+        t.join(timeout=60)
+    assert all(isinstance(o, EngineTimeout) for o in outcomes), outcomes
+    time.sleep(0.2)
+    assert cache.computer.runner.orphans == 1  # the page that started runs on
+    small = cache.get_or_compute(WORD_EN.read_bytes())  # EngineTimeout here: it waited
+    assert small.result.lines and small.status.value == "MISS"
+    yields = metric_sum(_metrics(), "ocr_engine_orphan_yields_total")
+    assert yields - metric_sum(before, "ocr_engine_orphan_yields_total") == 1
+    params = cache.engine.default_params
+
+    keys = [
+        cache.key_for(digest_image(BIG), replace(params, det_limit_type="min",
+                                                 det_limit_side_len=2592 + 32 * i))
+        for i in range(6)
+    ]  # fmt: skip
+
+    def stored() -> int:  # the six pages whose entry is in L2 (read, never computed)
+        return int(cache.store.run("test", lambda client: client.exists(*keys))[1] or 0)
+
+    wait_for(lambda: stored() == 1, 120, "the orphan's entry stored once it ended",
+             lambda: f"stored: {stored()} of the six; {_metrics()}")  # fmt: skip
+    assert cache.computer.runner.orphans == 0
+
+
 def test_a_full_queue_is_refused_in_every_protocol(make_app, engine):
-    """The global miss queue (its depth is ``ocr_dispatch_queue_depth``) refuses alike in
-    every protocol (the worker's own queue, for calls made here: tests/test_cache_unit.py)."""
-    gauge = "ocr_dispatch_queue_depth"
+    """The global miss queue (its depth is ``ocr_dispatch_queue_depth``, read from Redis at
+    each scrape) refuses alike in every protocol (the worker's own queue, for calls made
+    here: tests/test_cache_unit.py)."""
     held = HeldEngine(engine)  # the first call holds the engine until the checks are done
     app = make_app(engine_override=held, ocr_timeout_seconds=240.0, dispatch_queue_max=2)
     state = app.extensions["ocr"]["engine_state"]
@@ -126,8 +166,13 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app, engine):
         PHOTOTEST.read_bytes(),
         (CORPUS / "rapidocr_issue_170.png").read_bytes(),
     ]
+
+    def depth() -> float:
+        scraped = http.get("/metrics").get_data(as_text=True)
+        return metric_sum(scraped, "ocr_dispatch_queue_depth")
+
     threads, outcomes = _big_calls(cache, 3, small)  # one runs (held), two wait: full
-    _wait_depth(2, 60, gauge)
+    wait_for(lambda: depth() == 2, 60, "two tickets queued", _metrics)
     try:
         with pytest.raises(grpc.RpcError) as info:
             stub.inference(grpc_server.pb2.Request(key=["image"], value=[image]), timeout=10)
@@ -144,7 +189,7 @@ def test_a_full_queue_is_refused_in_every_protocol(make_app, engine):
         with pytest.raises(EngineBusy) as busy:
             cache.get_or_compute(WORD_CH.read_bytes())
         assert busy.value.retry_after >= 1
-        assert metric_sum(_metrics(), gauge) == 2
+        assert depth() == 2
         # The backlog the fronts report (KEDA's figure): the running miss and the two queued.
         backlog = http.get("/metrics").get_data(as_text=True)
         assert metric_sum(backlog, "ocr_queue_backlog", kind="misses") == 3

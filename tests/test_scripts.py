@@ -107,7 +107,7 @@ def test_submit_with_no_live_engine_queues_and_bounds_the_lane_as_for_one(client
     for one engine, and each doorbell one ring (none is listening)."""
     names = queue(client)
     first = submit(client, names, "z", "z1", per_engine=2)
-    assert text(first[0]) and [int(v) for v in first[1:]] == [1, 0, 1]  # waiting, engines, all
+    assert text(first[0]) and [int(v) for v in first[1:]] == [1, 0]  # waiting, engines
     assert int(submit(client, names, "z", "z2", per_engine=2)[1]) == 2
     assert client.lrange(names.bell, 0, -1) == [b"1"]
     assert client.lrange(names.interject_bell, 0, -1) == [b"1"]
@@ -120,7 +120,7 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     live_engine(client, names)
     answer = submit(client, names, "a", "e1")
     ticket = text(answer[0])
-    assert [int(v) for v in answer[1:]] == [1, 1, 1]  # waiting in its lane, engines, all lanes
+    assert [int(v) for v in answer[1:]] == [1, 1]  # waiting in its lane, live engines
     assert text(client.get(names.marker("e1", "sha"))) == ticket
     assert client.lrange(names.ring, 0, -1) == [b"a"]
     assert client.smembers(names.lanes) == {b"a"}
@@ -139,7 +139,7 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     assert client.xlen(names.stream("a+jobs")) == 0
     assert text(client.get(names.marker("e1", "sha"))) == ticket
     answer = submit(client, names, "b", "e2", per_engine=1)
-    assert [int(v) for v in answer[1:]] == [1, 1, 2]  # every lane's waiting tickets
+    assert [int(v) for v in answer[1:]] == [1, 1]  # its lane's waiting tickets, live engines
     full = submit(client, names, "a", "e3", per_engine=1)
     assert text(full[0]) == "" and int(full[1]) == 1  # a's lane holds its one per engine
 
@@ -148,10 +148,13 @@ def test_alive_tells_a_queued_ticket_and_puts_its_lane_back(client: Any) -> None
     names = queue(client)
     live_engine(client, names)
     ticket = text(submit(client, names, "a", "e1")[0])
-    client.delete(names.ring, names.lanes)  # taken by the LRU
-    keys = [names.stream("a"), names.marker("e1", "sha"), names.ring, names.lanes]
+    client.delete(names.ring, names.lanes, names.bell)  # taken by the LRU
+    keys = [names.stream("a"), names.marker("e1", "sha"), names.ring, names.lanes, names.bell]
     assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a"]) == 1
     assert client.lrange(names.ring, 0, -1) == [b"a"] and client.smembers(names.lanes) == {b"a"}
+    assert client.lrange(names.bell, 0, -1) == [b"1"]  # the idle engines hear of it
+    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a"]) == 1
+    assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung already: not again
     assert scripts.QUEUE_ALIVE(client, keys, ["0-1", "a"]) == 0  # the marker names another
 
 
@@ -168,12 +171,12 @@ def test_cancel_withdraws_only_an_undelivered_ticket(client: Any) -> None:
     assert client.xlen(names.stream("a")) == 1
 
 
-def heartbeat(client: Any, names: QueueKeys, consumer: str) -> list[Any]:
-    keys = [names.engines, names.lanes, names.ring, names.stream_prefix]
-    return scripts.QUEUE_HEARTBEAT(client, keys, [consumer, 4000, GROUP])
+def upkeep(client: Any, names: QueueKeys) -> list[Any]:
+    keys = [names.lanes, names.ring, names.bell, names.stream_prefix]
+    return scripts.QUEUE_LANES(client, keys, [GROUP])
 
 
-def test_heartbeat_registers_the_engine_and_reads_every_lane(client: Any) -> None:
+def test_the_lanes_upkeep_reads_every_lane_and_keeps_the_ring_whole(client: Any) -> None:
     names = queue(client)
     live_engine(client, names, "other")
     submit(client, names, "a", "e1")
@@ -182,13 +185,29 @@ def test_heartbeat_registers_the_engine_and_reads_every_lane(client: Any) -> Non
     client.xreadgroup(GROUP, "other", {names.stream("b"): ">"})  # b's one ticket runs
     client.delete(names.ring)
     client.sadd(names.lanes, "gone")  # a lane without a stream, out of the ring
-    answer = heartbeat(client, names, "engine-1")
+    answer = upkeep(client, names)
     lanes = {text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
     assert lanes == {"a": 2, "b": 0}
-    assert client.zscore(names.engines, "engine-1") is not None
-    assert 0 < client.pttl(names.engines) <= 4000
     assert client.lrange(names.ring, 0, -1) == [b"a"]  # back in the ring: it has waiting
     assert client.smembers(names.lanes) == {b"a", b"b"}  # "gone" forgotten
+    assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung by the submissions: left as is
+    client.delete(names.bell)  # the rings lost (the LRU took the list): rung once again
+    upkeep(client, names)
+    assert client.lrange(names.bell, 0, -1) == [b"1"]
+
+
+def test_submit_counts_live_engines_by_their_reports_and_keeps_the_dead_for_reaping(
+    client: Any,
+) -> None:
+    """The register keeps an engine that stopped reporting (others reap its tickets, then
+    remove it: ``queue_stale``); the lane's bound counts only the live ones."""
+    names = queue(client)
+    live_engine(client, names, "live")
+    seconds, _ = client.time()
+    client.zadd(names.engines, {"dead": (seconds - 60) * 1000})
+    answer = submit(client, names, "a", "e1")
+    assert int(answer[2]) == 1  # one live engine
+    assert client.zscore(names.engines, "dead") is not None
 
 
 def take(client: Any, names: QueueKeys, consumer: str, *interject: str) -> list[Any]:
@@ -267,10 +286,18 @@ def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:
     submit(client, names, "b", "e2")
     client.xreadgroup(GROUP, "dead", {names.stream("a"): ">"})
     time.sleep(0.01)
-    keys = [names.lanes, names.stream_prefix]
-    stale = scripts.QUEUE_STALE(client, keys, [GROUP, 5, 10])
+    seconds, _ = client.time()
+    now_ms = seconds * 1000
+    client.zadd(names.engines, {"dead": now_ms - 60_000, "idle-dead": now_ms - 60_000})
+    keys = [names.lanes, names.stream_prefix, names.engines]
+    stale = scripts.QUEUE_STALE(client, keys, [GROUP, 5, 10, now_ms - 10_000])
     assert [text(v) for v in stale] == ["a", ticket, "dead", "1"]
-    assert scripts.QUEUE_STALE(client, keys, [GROUP, 60_000, 10]) == []  # none idle that long
+    # The engines gone from the register once they hold nothing: "dead" still holds a ticket.
+    assert client.zscore(names.engines, "idle-dead") is None
+    assert client.zscore(names.engines, "dead") is not None
+    assert client.zscore(names.engines, "engine-1") is not None  # live
+    none_idle = scripts.QUEUE_STALE(client, keys, [GROUP, 60_000, 10, now_ms - 10_000])
+    assert none_idle == []  # none idle that long
 
 
 def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any) -> None:

@@ -80,14 +80,16 @@ def test_a_ticket_of_an_unknown_format_is_not_misread() -> None:
 
 
 def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> str:
-    """A ticket written straight into the default lane, as another release's front would
-    (ringing the idle engines' doorbell too: unrung, an idle feeder finds it a second later)."""
+    """A ticket written straight into the default lane, as another release's front would:
+    the lane in the round robin's ring, the idle engines' doorbell rung."""
     try:
         client.xgroup_create(names.stream("~"), "engines", id="0", mkstream=True)
     except redis.ResponseError:  # BUSYGROUP: it exists
         pass
     entry = client.xadd(names.stream("~"), raw(fields))
     client.sadd(names.lanes, "~")
+    if client.lpos(names.ring, "~") is None:
+        client.lpush(names.ring, "~")
     client.lpush(names.bell, "1")
     return entry.decode()
 

@@ -24,6 +24,7 @@ from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.cache.store import RedisStore
 from app.config import Settings
+from app.engine_calls.compute import _probe_of
 from app.engine_calls.engine_runner import EngineRunner
 from app.engine_side.feeders import UNHEALTHY_PAUSE_SECONDS
 from app.engine_state import EngineState
@@ -167,7 +168,7 @@ def test_the_engines_own_error_is_a_failure(front):
 def _probes(front: Front, n: int) -> list:
     computer = front.cache._computer
     tickets = [_ticket(front, data, time.time() + 60) for data in IMAGES[:n]]
-    return [computer._probe(ticket) for ticket in tickets]
+    return [_probe_of(computer._keys, computer._decode, ticket) for ticket in tickets]
 
 
 def _ticket(front: Front, data: bytes, deadline: float) -> Ticket:

@@ -169,7 +169,7 @@ def build(
             redis, keys, notifier,
             per_engine_max=dispatch.queue_max,
             live_ms=max(dispatch.claim_ms, 3 * BLOCK_MS),
-            poll_seconds=0.5,
+            poll_seconds=1.0,  # a waiter's first fallback check (then at doubling gaps)
             mean_seconds=lambda: runner.mean_seconds,
             writer=codec.writer,
             fair=fair,

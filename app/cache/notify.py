@@ -3,8 +3,9 @@
 One listener thread per process holds one pattern subscription (``{prefix}:done:*``) and
 wakes the local threads waiting on a key, so a waiter blocks on an Event instead of
 polling Redis; a message on ``{prefix}:purge`` drops this process's L1. If Redis is
-unreachable the listener retries in the background; waiters also poll between messages
-(``app.queue.requester.TicketQueue``), so a lost message costs a poll, and a Redis error
+unreachable the listener retries in the background; once it is back every waiter is woken
+to look (a message sent meanwhile is lost), and waiters check on their ticket now and then
+(``app.queue.requester.TicketQueue``), so a lost message costs a check, and a Redis error
 sends them to their own engine.
 """
 
@@ -70,7 +71,7 @@ class Notifier:
                 self._waiters.pop(channel, None)
 
     def _run(self) -> None:
-        backoff = 0.1
+        backoff, before = 0.1, False
         while True:  # a daemon thread: it lives as long as the worker process
             client: Any = None
             try:
@@ -79,7 +80,9 @@ class Notifier:
                 pubsub.psubscribe(self._pattern)
                 pubsub.subscribe(self._purge_channel)
                 self._first_try.set()
-                backoff = 0.1
+                if before:  # messages sent while it was away are lost: every waiter checks
+                    self._wake_all()
+                before, backoff = True, 0.1
                 while True:
                     message = pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "pmessage":
@@ -107,10 +110,18 @@ class Notifier:
             event.messages.append(message)
             event.set()
 
+    def _wake_all(self) -> None:
+        with self._lock:
+            events = [event for waiting in self._waiters.values() for event in waiting]
+        for event in events:
+            event.messages.append("")  # no notice: look now
+            event.set()
+
 
 class Wakeup(threading.Event):
     """A waiter's event, with the messages that woke it (the queue's feeders say
-    ``ok:<ticket>``, ``error:<ticket>:...`` or ``lost:<ticket>`` there)."""
+    ``ok:<ticket>``, ``error:<ticket>:...``, ``lost:<ticket>`` or ``gone:<ticket>`` there;
+    "" after the listener reconnected)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -132,9 +132,17 @@ class Computer:
         self._wait_for_engine()
         kind, spent = self._engine.kind, list[float]()
         request = _request(probe)
+        namespace = probe.controls.namespace
+
+        def late(result: OcrResult) -> None:
+            """Its caller timed out, yet the call ended: the result kept for a retry (its
+            engine time charged then)."""
+            self._spent(namespace, sum(spent), None)
+            self._chain.record(probe, result, probe.controls.ttl or self.ttl())
+
         try:
             result = self.runner.run(
-                self._engine.recognize, request, timeout=timeout, elapsed=spent
+                self._engine.recognize, request, timeout=timeout, elapsed=spent, late=late
             )
         except EngineBusy:
             self._calls.labels(engine=kind, outcome="busy").inc()
@@ -249,14 +257,14 @@ class Computer:
         spent: dict[str, float] = {}
         genuine: list[tuple[Ticket, Probe]] = []
         for ticket in tickets:
-            if not self._is_genuine(ticket):
+            if not _is_genuine(self._engine, self._keys, ticket):
                 # Only a writer to Redis could queue this (a key that is not the one its image,
                 # params and tenant name): refused, so no entry can be stored under it.
                 log.warning("dispatch: ticket %s does not match its key; refused", ticket.id)
                 feeders.fail(ticket, "error:a queued ticket that does not match its key")
                 metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
                 continue
-            genuine.append((ticket, self._probe(ticket)))
+            genuine.append((ticket, _probe_of(self._keys, self._decode, ticket)))
         l2 = self._chain.index("l2")
         self._chain.lookup([probe for _, probe in genuine], start=l2, stop=l2 + 1)
         groups: dict[OcrParams, list[tuple[Ticket, Probe]]] = {}
@@ -309,29 +317,29 @@ class Computer:
                         metrics.DISPATCH_TICKETS.labels(outcome="failed").inc()
         return spent
 
-    def _is_genuine(self, ticket: Ticket) -> bool:
-        """A ticket's key is what its own bytes, params and tenant make (and its SHA-256
-        theirs)."""
-        if ticket.namespace and not TENANT_NAME.fullmatch(ticket.namespace):
-            return False
-        try:
-            self._engine.check_params(ticket.params)
-        except ClientError:
-            return False
-        digest = digest_image(ticket.data)
-        return digest.sha256 == ticket.sha256 and ticket.key == self._keys.entry(
-            digest, self._keys.task(ticket.params), ticket.namespace
-        )
 
-    def _probe(self, ticket: Ticket) -> Probe:
-        """A queued ticket as the front door that queued it saw it (to store its result)."""
-        controls = CacheControls(
-            namespace=ticket.namespace, ttl=None if ticket.archive else ticket.ttl
-        )
-        return Probe(
-            ticket.data, ticket.params, digest_image(ticket.data), self._keys.task(ticket.params),
-            controls, key=ticket.key, decode=self._decode,
-        )  # fmt: skip
+def _is_genuine(engine: Engine, keys: KeySpace, ticket: Ticket) -> bool:
+    """A ticket's key is what its own bytes, params and tenant make (and its SHA-256
+    theirs)."""
+    if ticket.namespace and not TENANT_NAME.fullmatch(ticket.namespace):
+        return False
+    try:
+        engine.check_params(ticket.params)
+    except ClientError:
+        return False
+    digest = digest_image(ticket.data)
+    return digest.sha256 == ticket.sha256 and ticket.key == keys.entry(
+        digest, keys.task(ticket.params), ticket.namespace
+    )
+
+
+def _probe_of(keys: KeySpace, decode: Callable[[bytes], DecodedImage], ticket: Ticket) -> Probe:
+    """A queued ticket as the front door that queued it saw it (to store its result)."""
+    controls = CacheControls(namespace=ticket.namespace, ttl=None if ticket.archive else ticket.ttl)
+    return Probe(
+        ticket.data, ticket.params, digest_image(ticket.data), keys.task(ticket.params),
+        controls, key=ticket.key, decode=decode,
+    )  # fmt: skip
 
 
 def _answer(

@@ -2,12 +2,20 @@
 
 A request waits at most ``OCR_TIMEOUT_SECONDS`` for its result. A call that timed out before
 it started is cancelled (its caller has gone: the engine never runs it); one that already
-started cannot be interrupted safely and finishes, its result dropped. When more calls are
-waiting than the queue holds, a new one is refused at once (``EngineBusy``: 503 +
-``Retry-After``, ``err_no``, gRPC RESOURCE_EXHAUSTED) instead of queueing work no one will wait
-for. A caller with no time left is answered at once: its call is never queued.
-``ocr_engine_queue_depth`` is the number of calls waiting to start, ``ocr_engine_calls_running``
-the number running (a timed-out call that started counts until it ends).
+started cannot be interrupted safely and finishes (an *orphan*): its result is still handed
+to ``late`` (the cache stores it, so a retry is a hit). When more calls are waiting than the
+queue holds, a new one is refused at once (``EngineBusy``: 503 + ``Retry-After``,
+``err_no``, gRPC RESOURCE_EXHAUSTED) instead of queueing work no one will wait for. A caller
+with no time left is answered at once: its call is never queued. ``ocr_engine_queue_depth``
+is the number of calls waiting to start, ``ocr_engine_calls_running`` the number running (a
+timed-out call that started counts until it ends).
+
+**Orphans yield.** Where the engine can pause its call (below), every call that comes while
+an orphan runs goes in at the orphan's next pause, whatever its tenant, instead of waiting
+for its end: nobody waits for the orphan, somebody waits for the new call. The orphan
+resumes only when nothing waits, and is never abandoned: its page is already paid for up
+to the pause, and its entry answers the retry that a 504 usually brings. A call with under
+``YIELD_MIN_SECONDS`` left is not begun inside it (once begun, a call is not paused in turn).
 
 Where the engine can pause its call for another (``engine.interject``: the in-process one,
 between recognition batches), ``interjected(fn)`` runs ``fn`` - a ticket's whole
@@ -20,6 +28,7 @@ on another thread beside it was measured waiting up to a second for it).
 from __future__ import annotations
 
 import contextvars
+import logging
 import math
 import threading
 import time
@@ -31,6 +40,10 @@ from typing import Any, TypeVar
 
 from app import metrics
 from app.vocabulary import EngineBusy, EngineTimeout
+
+log = logging.getLogger(__name__)
+
+YIELD_MIN_SECONDS = 0.5  # a call with less time left is not begun inside an orphan
 
 T = TypeVar("T")
 Interject = Callable[[Callable[[], Any]], "Future[Any]"]
@@ -58,6 +71,7 @@ class EngineRunner:
         self._mean_seconds: float | None = None  # moving average of a call (from the first)
         self.calls = 0  # calls that ran to their end (an engine process retires past a bound)
         self.running = 0  # calls running now (a retiring engine process waits for none)
+        self.orphans = 0  # calls running whose caller has gone (timed out)
 
     @property
     def waiting(self) -> int:
@@ -80,11 +94,14 @@ class EngineRunner:
         *args: object,
         timeout: float | None = None,
         elapsed: list[float] | None = None,
+        late: Callable[[T], None] | None = None,
     ) -> T:
         """``fn(*args)`` on an engine thread; EngineBusy, EngineTimeout or fn's own error.
         ``timeout``: this call's own bound (a ticket's time left), else the runner's;
         ``elapsed`` gets the seconds ``fn`` ran (engine time, without the queue wait nor
-        the interjected work it was paused for). Within ``interjected``, inline."""
+        the interjected work it was paused for); ``late(result)``: what becomes of the result
+        of a call that ends after its caller timed out. Within ``interjected``, inline; while
+        an orphan runs, at its next pause."""
         if timeout is None:
             timeout = self._timeout
         elif timeout <= 0:  # the caller's time is gone: no engine work for nobody
@@ -92,6 +109,8 @@ class EngineRunner:
             raise EngineTimeout("OCR took longer than the time its caller had left")
         if getattr(self._inside, "active", False):
             return self._start(elapsed, fn, *args, queued=False)
+        if self._interject is not None and self.orphans:
+            return self._yielded(fn, args, timeout, elapsed)
         with self._lock:
             if self._waiting >= self._max_queue:
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
@@ -110,7 +129,8 @@ class EngineRunner:
             if future.cancel():  # never started: the engine will not run it for nobody
                 self._left_queue()
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
-            # else it is running: it finishes in its thread and its result is dropped.
+            else:  # running: an orphan, which finishes in its thread
+                self._orphaned(future, late)
             raise EngineTimeout(
                 f"OCR took longer than OCR_TIMEOUT_SECONDS={self._timeout:g}"
                 if timeout == self._timeout
@@ -137,7 +157,8 @@ class EngineRunner:
         try:
             return future.result(timeout=max(0.0, timeout))
         except FutureTimeout:
-            if future.cancel():
+            if future.cancel():  # never started: the engine will not run it for nobody
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
                 raise EngineTimeout("no pause of the engine's call came in time") from None
             return future.result()  # started meanwhile: it ends, and it is ours
 
@@ -163,6 +184,40 @@ class EngineRunner:
             self._mean_seconds = elapsed if mean is None else 0.8 * mean + 0.2 * elapsed
             if spent is not None:
                 spent.append(elapsed)
+
+    def _yielded(
+        self, fn: Callable[..., T], args: tuple[object, ...], timeout: float,
+        elapsed: list[float] | None,
+    ) -> T:  # fmt: skip
+        """``fn(*args)`` at the next pause of the orphan running. A call with under
+        ``YIELD_MIN_SECONDS`` left is not begun there: it could not end in time, and once
+        begun it could not be paused in turn for the next one."""
+        if timeout < YIELD_MIN_SECONDS:
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+            raise EngineTimeout(f"OCR took longer than the {timeout:.3g} s its caller had left")
+
+        def begun() -> T:
+            metrics.ENGINE_ORPHAN_YIELDS.inc()
+            return self._start(elapsed, fn, *args, queued=False)
+
+        return self.interjected(begun, timeout)
+
+    def _orphaned(self, future: Future[T], late: Callable[[T], None] | None) -> None:
+        """``future`` runs on though its caller has gone: counted until it ends (calls that
+        come meanwhile go in at its pauses), then its result goes to ``late``."""
+        with self._lock:
+            self.orphans += 1
+
+        def ended(done: Future[T]) -> None:
+            with self._lock:
+                self.orphans -= 1
+            if late is not None and not done.cancelled() and done.exception() is None:
+                try:
+                    late(done.result())
+                except Exception:  # noqa: BLE001 - storing a late result is a bonus
+                    log.warning("a late engine result could not be kept", exc_info=True)
+
+        future.add_done_callback(ended)
 
     def _paused(self, began: float, ended: float) -> float:
         """Seconds of interjected work between ``began`` and ``ended`` (within a call

@@ -2,10 +2,11 @@
 
 - An engine's consumer holds the tickets it took (the stream's pending list). While its
   engine computes them it touches them every third of ``DISPATCH_CLAIM_MS`` (XCLAIM
-  JUSTID), and reports its engine live (``heartbeat.py``).
+  JUSTID); its process reports it live meanwhile (``heartbeat.py``).
 - A ticket idle longer than ``DISPATCH_CLAIM_MS`` (its holder died) is claimed by another
   engine, at most ``DISPATCH_MAX_DELIVERIES`` times: an image that kills engines is then
-  failed, not retried forever.
+  failed, not retried forever. Engines look for such tickets when one of them stopped
+  reporting (``heartbeat.py``) or a ticket was handed back, not on a timer.
 - A ticket nobody may still wait for is dropped unread: past its deadline, or its key's
   marker names another ticket (its requesters moved on to a newer one).
 - When done, a ticket is acknowledged and deleted with its marker (``queue_finish.lua``):
@@ -47,8 +48,7 @@ Serve = Callable[[Sequence[Ticket]], Mapping[str, float]]
 
 class Claims:
     """The tickets this process's engines hold. ``marker(ticket)``: its entry key's marker
-    (``TicketQueue.marker``); ``beat(client, consumer)``: report an engine live
-    (``Heartbeat.beat``); ``process``: the prefix of this process's consumers (``retry``
+    (``TicketQueue.marker``); ``process``: the prefix of this process's consumers (``retry``
     hands a ticket to an engine of another process); ``live_ms``: the live window."""
 
     def __init__(
@@ -58,7 +58,6 @@ class Claims:
         names: QueueKeys,
         *,
         marker: Callable[[Ticket], str],
-        beat: Callable[[Any, str], object],
         claim_ms: int,
         max_deliveries: int,
         batch_max: int,
@@ -69,7 +68,6 @@ class Claims:
         self._keys = keys
         self._names = names
         self._marker = marker
-        self._beat = beat
         self._claim_ms = claim_ms
         self._max_deliveries = max_deliveries
         self._batch_max = batch_max
@@ -86,19 +84,16 @@ class Claims:
         tickets: list[Ticket],
         cost: float,
         serve: Serve,
-        report: bool = True,
     ) -> None:
         """Serve the tickets (each charged ``cost`` when taken), holding them meanwhile, then
-        finish them with their lanes' deficits corrected by the engine time they really took;
-        ``report``: the consumer is an engine (an interjector is not: its engine reports
-        itself)."""
+        finish them with their lanes' deficits corrected by the engine time they really took."""
         try:
             wanted = self._wanted(client, tickets)
         except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
             wanted = [ticket for ticket in tickets if ticket.deadline > time.time()]
         stop = threading.Event()
         toucher = threading.Thread(
-            target=self._touch, args=(consumer, wanted, stop, report),
+            target=self._touch, args=(consumer, wanted, stop),
             name="dispatch-touch", daemon=True,
         )  # fmt: skip
         toucher.start()
@@ -167,13 +162,12 @@ class Claims:
             else:
                 metrics.DISPATCH_TICKETS.labels(outcome="caller_gone").inc()
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+                # A request that joined it with time left submits again on hearing it.
+                self._store.publish(self._keys.done(ticket.key), f"gone:{ticket.id}")
         return wanted
 
-    def _touch(
-        self, consumer: str, tickets: list[Ticket], stop: threading.Event, report: bool
-    ) -> None:
-        """While computing: keep the tickets ours (reset their idle time) and, ``report``,
-        this engine live."""
+    def _touch(self, consumer: str, tickets: list[Ticket], stop: threading.Event) -> None:
+        """While computing: keep the tickets ours (reset their idle time)."""
         lanes = by_lane(tickets)
         names = self._names
         while lanes and not stop.wait(self._claim_ms / 3000):
@@ -182,7 +176,6 @@ class Claims:
                 for lane, members in lanes.items():
                     ids = [ticket.id for ticket in members]
                     client.xclaim(names.stream(lane), GROUP, consumer, 0, ids, justid=True)
-                return self._beat(client, consumer) if report else None
 
             self._store.run("dispatch", run)
 
@@ -215,14 +208,17 @@ class Claims:
         self.finish(client, [decoded.ticket for decoded in rejected], {})
 
     def reclaim(self, client: Any, consumer: str) -> list[Ticket]:
-        """Tickets idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their holder died."""
+        """Tickets idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their holder died (and
+        the register's engines that stopped reporting and hold none, removed)."""
         names = self._names
         now = time.monotonic()
         with self._retries_lock:  # not taken by another engine in time: ours to run again
             self._handed = {i: until for i, until in self._handed.items() if until > now}
+        cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
         stale = QUEUE_STALE(
-            client, [names.lanes, names.stream_prefix], [GROUP, self._claim_ms, self._batch_max]
-        )
+            client, [names.lanes, names.stream_prefix, names.engines],
+            [GROUP, self._claim_ms, self._batch_max, cutoff],
+        )  # fmt: skip
         tickets: list[Ticket] = []
         for i in range(0, len(stale), 4):
             lane, entry_id = as_text(stale[i]), as_text(stale[i + 1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.cache.store import RedisStore
-from app.queue.ticket import BLOCK_MS  # a feeder's longest wait for the doorbell
+from app.queue.ticket import BLOCK_MS, LISTEN_MS  # the longest waits for a doorbell
 
 
 class Connections:
@@ -21,7 +21,7 @@ class Connections:
 
     def open(self, key: int) -> Any:
         """A connection of the thread's own for blocking reads, registered under ``key``."""
-        client = self._store.pubsub_client(BLOCK_MS / 1000 + 5, dedicated=True)
+        client = self._store.pubsub_client(max(BLOCK_MS, LISTEN_MS) / 1000 + 5, dedicated=True)
         if getattr(client, "_single_connection_client", False):
             self._ids[key] = client.client_id()
         return client

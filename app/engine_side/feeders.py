@@ -2,11 +2,13 @@
 when its engine is free, so a miss goes to whichever engine of any worker or replica frees
 up first.
 
-Each turn of a feeder: report its engine live (``heartbeat.py``); every half claim time,
-claim the tickets whose holder died (``claims.py``); else take the next tickets by the round
-robin (``scheduler.py``), waiting on the queue's doorbell (``BLPOP``, rung by every
-submission) for at most ``BLOCK_MS`` when there are none; serve them, holding them
-meanwhile, and finish them (``claims.py``). With interjection, each slot also has an
+Each turn of a feeder: when an engine died (``heartbeat.py`` saw it stop reporting) or a
+ticket was handed back, claim the tickets whose holder is gone (``claims.py``); else take
+the next tickets by the round robin (``scheduler.py``); with none, wait for the queue's
+doorbell (``Doorbell``: one ``BLPOP`` per process, whatever its idle slots, rung by every
+submission); serve them, holding them meanwhile, and finish them (``claims.py``). The
+process's reports run on a thread of their own (``Heartbeat.run``), so an idle process
+costs the queue about one command a second. With interjection, each slot also has an
 interjector (``interjection.py``).
 
 While its engine fails (its own errors, not requests that stopped waiting) a feeder takes
@@ -23,11 +25,8 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
-
-import redis
 
 from app.cache.keys import KeySpace
 from app.cache.store import REDIS_ERRORS, RedisStore
@@ -37,7 +36,7 @@ from app.engine_side.heartbeat import Heartbeat
 from app.engine_side.interjection import Calls, Interjector, Serve
 from app.engine_side.scheduler import Scheduler
 from app.queue.requester import TicketQueue
-from app.queue.ticket import Ticket, as_text
+from app.queue.ticket import LISTEN_MS, Ticket, as_text
 from app.vocabulary import EngineError
 
 log = logging.getLogger(__name__)
@@ -82,15 +81,16 @@ class Feeders:
         self._interjecting = interjecting
         self._broken: Callable[[], bool] = lambda: False
         self._connections = Connections(store)
+        self._doorbell = Doorbell(store, names.bell, self._stopped)
         self.heartbeat = Heartbeat(
             names, claim_ms=claim_ms, label=label, labels=labels, hold_seconds=hold_seconds,
             live_ms=queue.live_ms,
         )  # fmt: skip
-        self.reported = self.heartbeat.reported  # a feeder has reported in: tickets are taken
+        self.reported = self.heartbeat.reported  # a slot has reported in: tickets are taken
         self.claims = Claims(
-            store, keys, names, marker=queue.marker, beat=self.heartbeat.beat,
-            claim_ms=claim_ms, max_deliveries=max_deliveries, batch_max=batch_max,
-            process=self._name, live_ms=queue.live_ms,
+            store, keys, names, marker=queue.marker, claim_ms=claim_ms,
+            max_deliveries=max_deliveries, batch_max=batch_max, process=self._name,
+            live_ms=queue.live_ms,
         )  # fmt: skip
         self.scheduler = Scheduler(
             names, mean_seconds=mean_seconds, batch_max=batch_max, live_ms=queue.live_ms,
@@ -114,6 +114,12 @@ class Feeders:
         stores them (``succeeded``/``fail``/``retry``); ``healthy()`` False: its last call
         failed; ``broken()`` True: it failed too many in a row to take any more."""
         self._broken = broken
+        reporter = threading.Thread(
+            target=self.heartbeat.run, args=(self._store, self._stopped, self._doorbell.wake),
+            name="dispatch-report", daemon=True,
+        )  # fmt: skip
+        reporter.start()
+        self._threads.append(reporter)
         for slot in range(self._slots):
             thread = threading.Thread(
                 target=self._feed, args=(slot, wait_ready, serve, healthy, broken),
@@ -133,6 +139,8 @@ class Feeders:
         """Stop reading new tickets (tickets being computed finish); wakes blocked reads."""
         self._stopped.set()
         self.calls.wake()
+        self._doorbell.wake_local()
+        self.heartbeat.kick()
         self._connections.unblock_all()
         for thread in self._threads:
             thread.join(timeout)
@@ -168,31 +176,37 @@ class Feeders:
                 self._stopped.wait(1.0)
         consumer = f"{self._name}-{slot}"
         client: Any = None
-        backoff, next_reclaim = 0.1, 0.0
+        backoff, joined, look, reclaim = 0.1, False, True, False
         while not self._stopped.is_set():
             if broken():  # takes nothing; out of the register, so no ticket is handed to it
-                if client is not None:
+                if joined and client is not None:
                     self.heartbeat.leave(client, consumer)
+                    joined = False
                 self._stopped.wait(UNHEALTHY_PAUSE_SECONDS)
                 continue
+            if not joined:
+                self.heartbeat.join(consumer)
+                joined = True
             if not healthy() and self._stopped.wait(UNHEALTHY_PAUSE_SECONDS):
                 break
             try:
                 if client is None:
                     client = self._connections.open(slot)
-                try:
-                    self.heartbeat.report_in(client, consumer, report=slot == 0)
-                except redis.ResponseError:  # Redis answered (out of memory under noeviction):
-                    pass  # the tickets already queued are still read
                 tickets: list[Ticket] = []
-                if time.monotonic() >= next_reclaim:
+                cost = 0.0
+                if reclaim or self.heartbeat.reap.is_set():  # an engine died, or a hand-back
+                    self.heartbeat.reap.clear()
+                    reclaim = False
                     tickets = self.claims.reclaim(client, consumer)
-                    next_reclaim = time.monotonic() + self._claim_ms / 2000
-                cost, retry = 0.0, False
+                if not tickets and look and not self._stopped.is_set():
+                    tickets, cost = self.scheduler.take(client, consumer)
+                look = True
                 if not tickets and not self._stopped.is_set():
-                    tickets, cost, retry = self._read(client, consumer)
-                if retry:  # a ticket was handed back for another engine: reclaim it now
-                    next_reclaim = 0.0
+                    heard = self._doorbell.listen(client)
+                    # A quiet doorbell: nothing was submitted, so nothing to take (the lanes'
+                    # upkeep rings it if rings were lost); "retry": reclaim.
+                    look, reclaim = heard in ("ring", "woken"), heard == "retry"
+                    continue
                 backoff = 0.1
             except REDIS_ERRORS as exc:
                 log.debug("dispatch feeder: %s; retrying", exc.__class__.__name__)
@@ -201,32 +215,85 @@ class Feeders:
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            if tickets:
-                lanes = {ticket.lane for ticket in tickets}
-                lane = lanes.pop() if len(lanes) == 1 else ""
-                self.calls.computes(slot, True, min(t.deadline for t in tickets), lane)
-                try:
-                    self.claims.serve(client, consumer, tickets, cost, lambda ts: serve(ts, False))
-                finally:
-                    self.calls.computes(slot, False)
+            if not tickets:
+                continue
+            self._doorbell.hand_over()  # more may wait: another idle slot looks (or listens)
+            lanes = {ticket.lane for ticket in tickets}
+            lane = lanes.pop() if len(lanes) == 1 else ""
+            self.calls.computes(slot, True, min(t.deadline for t in tickets), lane)
+            try:
+                self.claims.serve(client, consumer, tickets, cost, lambda ts: serve(ts, False))
+            finally:
+                self.calls.computes(slot, False)
         if client is not None:  # stopped between tickets: nothing of ours is pending
             self.claims.forget(client, consumer)
             self.heartbeat.leave(client, consumer)
         self._connections.drop(slot, client)
 
-    def _read(self, client: Any, consumer: str) -> tuple[list[Ticket], float, bool]:
-        """The next tickets by the round robin (and what each was charged), waiting on the
-        doorbell for at most ``BLOCK_MS`` when there are none; and whether the bell rang for
-        a ticket handed back (``queue_retry.lua``)."""
-        tickets, cost = self.scheduler.take(client, consumer)
-        if not tickets and not self._stopped.is_set():
-            rung = client.blpop([self._names.bell], timeout=BLOCK_MS / 1000)
-            if self._stopped.is_set() or self._broken():  # woken by stop(): a ticket taken now
-                return [], 0.0, False  # could be cut off by the exit, its requester told of a "bug"
-            if rung and as_text(rung[1]) == "retry":
-                return [], 0.0, True
-            tickets, cost = self.scheduler.take(client, consumer)
-        return tickets, cost, False
+
+class Doorbell:
+    """The queue's doorbell (a Redis list every submission pushes to), heard once per process:
+    the first idle slot listens (``BLPOP``) for all of them, one command per ring or per
+    ``LISTEN_MS``; the others wait on a local condition, which costs Redis nothing, until a
+    slot that took tickets hands over (more may wait) or the listener's turn is free."""
+
+    def __init__(self, store: RedisStore, bell: str, stopped: threading.Event) -> None:
+        self._store = store
+        self._bell = bell
+        self._stopped = stopped
+        self._listening = threading.Lock()
+        self._changed = threading.Condition()
+        self._waiting = 0  # slots waiting here
+        self._turns = 0  # hand-overs not yet taken by a waiting slot
+
+    def listen(self, client: Any) -> str:
+        """``ring`` (a ticket was submitted), ``retry`` (a ticket handed back, or an engine
+        died: reclaim), ``quiet`` (nothing for ``LISTEN_MS``) or ``woken`` (a waiting slot
+        handed the turn: it looks)."""
+        if self._listening.acquire(blocking=False):
+            try:
+                rung = client.blpop([self._bell], timeout=LISTEN_MS / 1000)
+            finally:
+                self._listening.release()
+            if not rung:
+                return "quiet"
+            return "retry" if as_text(rung[1]) == "retry" else "ring"
+        with self._changed:
+            self._waiting += 1
+            try:
+                while not self._stopped.is_set() and not self._turns:
+                    self._changed.wait(LISTEN_MS / 1000)
+                    if not self._listening.locked():
+                        break  # nobody listens now: this slot does
+                if self._turns:
+                    self._turns -= 1
+            finally:
+                self._waiting -= 1
+        return "woken"
+
+    def hand_over(self) -> None:
+        """A slot took tickets: one waiting slot looks next."""
+        with self._changed:
+            if self._waiting > self._turns:
+                self._turns += 1
+                self._changed.notify()
+
+    def wake_local(self) -> None:
+        """Every waiting slot looks (stopping)."""
+        with self._changed:
+            self._turns = self._waiting
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        """An engine died: an idle slot of this process reclaims its tickets (a waiting one
+        at once; the listener by a ``retry`` ring, which any idle engine may hear)."""
+        with self._changed:
+            if self._waiting:
+                self._turns = self._waiting
+                self._changed.notify_all()
+                return
+        if self._listening.locked():
+            self._store.run("dispatch", lambda client: client.lpush(self._bell, "retry"))
 
 
 # Every started set of feeders, so tests (and shutdown) can stop them all.

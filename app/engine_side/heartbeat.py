@@ -1,17 +1,25 @@
-"""Heartbeats and the live-engine register.
+"""Heartbeats, the live-engine register, and the queue's gauges: what an engine process
+tells the queue while it lives, for about one command a second (all its slots together).
 
-An engine's feeder reports it live (a sorted set scored by Redis's clock,
-``queue_heartbeat.lua``) every ``BLOCK_MS`` while idle and every third of
-``DISPATCH_CLAIM_MS`` while computing (``claims.py``). A front submits only while some
-engine reported lately (``TicketQueue.live_ms``); interjection needs every live engine busy.
-A stopped feeder leaves the register; a dead one ages out of it.
-
-Each report also reads every lane's waiting tickets: the first slot's feeder turns them into
-the queue's gauges (its depth, each tenant's waiting tickets, how long one tenant has held
-at least half of them while others wait too); and once per ``VIEW_SECONDS`` at most, any
-slot's feeder reads the queue's picture (``inspect.py``) for the rest: tickets running (per
-tenant too), each tenant's deficit and oldest wait, the oldest wait overall, live engines
-busy and idle.
+- **Reporting in**: one thread per process (``run``) scores every slot that takes tickets
+  in the register (a sorted set; one ``ZADD`` by this host's clock, which fronts and scripts
+  compare with Redis's: hosts' clocks are assumed roughly in sync, as tickets' deadlines
+  are) every half live window (``live_ms``), busy or idle: a slot computing a long page
+  stays live without reporting itself. A front counts the engines that reported within the
+  window; interjection needs every live one busy. A stopped or broken slot leaves the
+  register (``leave``).
+- **An engine that died** stops reporting: every other process's report counts the
+  register's members older than the window (one ``ZCOUNT``, every other report) and, seeing
+  one, sets ``reap``, wakes an idle slot of its own (``wake``), and that slot reclaims the
+  dead engine's tickets once they are idle past the claim time (``claims.py``); the dead
+  member leaves the register once it holds none (``queue_stale.lua``).
+- **The gauges**: every ``GAUGE_SECONDS`` the process reads each lane's waiting tickets
+  (``queue_lanes.lua``, which also keeps the ring whole and rings a silent doorbell when
+  tickets wait) and the queue's picture (``inspect.py``): the depth, each tenant's waiting
+  and running tickets, deficit and oldest wait, the live engines busy and idle, how long one
+  tenant has held at least half the queue while others wait. The fronts read the backlog
+  KEDA scales on from Redis at each scrape (``app/queue/backlog.py``), so these gauges may
+  lag a minute.
 """
 
 from __future__ import annotations
@@ -26,14 +34,14 @@ import redis
 
 from app import metrics
 from app.cache.keys import QueueKeys
-from app.cache.scripts import QUEUE_HEARTBEAT
-from app.cache.store import REDIS_ERRORS
+from app.cache.scripts import QUEUE_LANES
+from app.cache.store import REDIS_ERRORS, RedisStore
 from app.queue import inspect
 from app.queue.ticket import DEFAULT_LANE, GROUP, as_text
 
 log = logging.getLogger(__name__)
 
-VIEW_SECONDS = 1.0  # the gauges read from the queue's picture are this fresh, at most
+GAUGE_SECONDS = 60.0  # the queue's gauges an engine process exports are this fresh, at most
 
 
 class Heartbeat:
@@ -55,35 +63,95 @@ class Heartbeat:
         self._names = names
         self._claim_ms = claim_ms
         self._live_ms = live_ms
-        self._next_view = 0.0  # when the picture's gauges are read again (monotonic)
-        self._view_labels: set[str] = set()
         self._label = label
         self._labels = labels  # every tenant label there is now: each reported, 0 or not
-        self.reported = threading.Event()  # a feeder has reported in: tickets can be taken
+        self._view_labels: set[str] = set()
+        self.reported = threading.Event()  # a slot has reported in: tickets can be taken
+        self.reap = threading.Event()  # an engine died: a free slot reclaims its tickets
         self._holds: dict[str, float] = {}  # tenant label -> since when it holds the queue
         self._hold_labels: set[str] = set()
+        self._members: set[str] = set()  # the slots that take tickets (their consumers)
+        self._lock = threading.Lock()
+        self._kick = threading.Event()  # report now (a slot joined, or stopping)
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
 
-    def beat(self, client: Any, consumer: str) -> dict[str, int]:
-        """Report ``consumer``'s engine live; every lane's waiting tickets."""
+    @property
+    def every(self) -> float:
+        """Seconds between two reports: half the live window."""
+        return self._live_ms / 2000
+
+    def join(self, consumer: str) -> None:
+        """``consumer``'s slot takes tickets from now on: reported in from the next report."""
+        with self._lock:
+            self._members.add(consumer)
+        self._kick.set()
+
+    def kick(self) -> None:
+        """Report now (stopping: ``run`` looks at its event at once)."""
+        self._kick.set()
+
+    def leave(self, client: Any, consumer: str) -> None:
+        """``consumer``'s slot stopped (or broke): no longer live (an idle one would hold
+        interjection back)."""
+        with self._lock:
+            self._members.discard(consumer)
+        try:
+            client.zrem(self._names.engines, consumer)
+        except REDIS_ERRORS:
+            pass  # it ages out of the register
+
+    def run(self, store: RedisStore, stopped: threading.Event, wake: Callable[[], None]) -> None:
+        """The process's reports until ``stopped``: the register every ``every`` seconds (and
+        a dead engine looked for every other time: ``reap`` set and ``wake()`` called), the
+        gauges every ``GAUGE_SECONDS``."""
+        beats, next_gauges = 0, 0.0
+        while not stopped.is_set():
+            with self._lock:
+                members = sorted(self._members)
+            if members:
+                look = beats % 2 == 1  # a dead engine is looked for every other report
+                ok, dead = store.run(
+                    "dispatch", lambda c, m=members, k=look: self.report_in(c, m, k)
+                )
+                if ok:
+                    beats += 1
+                    self.reported.set()
+                    if dead:
+                        self.reap.set()
+                        wake()
+                if ok and time.monotonic() >= next_gauges:
+                    next_gauges = time.monotonic() + GAUGE_SECONDS
+                    store.run("dispatch", self.report_gauges)
+            self._kick.wait(self.every)
+            self._kick.clear()
+
+    def report_in(self, client: Any, members: list[str], look: bool) -> int:
+        """Score ``members`` live now; with ``look``, how many members stopped reporting (dead,
+        or just gone: ``queue_stale.lua`` removes those that hold nothing)."""
+        now_ms = int(time.time() * 1000)
+        client.zadd(self._names.engines, dict.fromkeys(members, now_ms))
+        if not look:
+            return 0
+        return int(client.zcount(self._names.engines, "-inf", f"({now_ms - self._live_ms}"))
+
+    def cutoff_ms(self) -> int:
+        """A member scored before this stopped reporting (``queue_stale.lua``)."""
+        return int(time.time() * 1000) - self._live_ms
+
+    def lanes(self, client: Any) -> dict[str, int]:
+        """Every lane's waiting tickets (the ring kept whole, a silent doorbell rung)."""
         names = self._names
-        answer = QUEUE_HEARTBEAT(
-            client, [names.engines, names.lanes, names.ring, names.stream_prefix],
-            [consumer, self._claim_ms * 4, GROUP],
-        )  # fmt: skip
+        answer = QUEUE_LANES(
+            client, [names.lanes, names.ring, names.bell, names.stream_prefix], [GROUP]
+        )
         return {as_text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
 
-    def report_in(self, client: Any, consumer: str, report: bool) -> None:
-        """A feeder's report: its engine live, and (``report``) the queue's gauges; those read
-        from the queue's picture by whichever slot reports first once they are due (the
-        first slot's may be computing a long page)."""
-        lanes = self.beat(client, consumer)
-        self.reported.set()
-        if report:
-            self.report(lanes)
-        if time.monotonic() >= self._next_view:
-            self._next_view = time.monotonic() + VIEW_SECONDS
-            self.report_view(client)
+    def report_gauges(self, client: Any) -> None:
+        try:
+            self.report(self.lanes(client))
+        except redis.ResponseError as exc:  # Redis answered (out of memory): skip this once
+            log.debug("dispatch: the lanes' upkeep failed: %s", exc)
+        self.report_view(client)
 
     def report(self, lanes: dict[str, int]) -> None:
         """The queue's depth, per tenant too, and how long one tenant has held at least
@@ -138,11 +206,3 @@ class Heartbeat:
             metrics.TENANT_QUEUE_DEFICIT.labels(tenant=label).set(deficit.get(label, 0.0))
             metrics.TENANT_QUEUE_OLDEST_WAIT.labels(tenant=label).set(oldest.get(label, 0) / 1000)
         self._view_labels |= running.keys()
-
-    def leave(self, client: Any, consumer: str) -> None:
-        """``consumer``'s engine stopped: no longer live (an idle one would hold
-        interjection back)."""
-        try:
-            client.zrem(self._names.engines, consumer)
-        except REDIS_ERRORS:
-            pass  # it ages out of the register

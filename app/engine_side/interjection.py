@@ -36,6 +36,8 @@ from app.queue.ticket import INTERJECTOR, Ticket
 
 log = logging.getLogger(__name__)
 
+LOOK_SECONDS = 5.0  # an interjector unrung takes a look this often while its engine computes
+
 # Computes tickets and stores them (all of it inside the engine's call in progress when told
 # so: interjected); answers the engine seconds each ticket's call took (by id).
 Serve = Callable[[Sequence[Ticket], bool], Mapping[str, float]]
@@ -161,11 +163,20 @@ class Interjector:
                     if client is None:
                         client = self._connections.open(key)
                     tickets, cost = list[Ticket](), 0.0
+                    rung, looked = False, time.monotonic()
                     while (lane := calls.lane_while(slot, call)) is not None:
-                        tickets, cost = self._scheduler.take(client, consumer, True, (lane, engine))
-                        if tickets:
-                            break
-                        client.blpop([self._names.interject_bell], timeout=BLOCK_MS / 1000)
+                        # On a ring, else now and then (a ring another engine's interjector
+                        # heard may be for this call): not every wait, which costs Redis.
+                        if rung or time.monotonic() - looked >= LOOK_SECONDS:
+                            looked = time.monotonic()
+                            paused = (lane, engine)
+                            tickets, cost = self._scheduler.take(client, consumer, True, paused)
+                            if tickets:
+                                break
+                        bell = self._names.interject_bell
+                        rung = bool(client.blpop([bell], timeout=BLOCK_MS / 1000))
+                    if rung and not tickets:  # heard as its call ended: for another engine
+                        client.lpush(self._names.interject_bell, "1")
                 except REDIS_ERRORS as exc:
                     log.debug("dispatch interjector: %s", exc.__class__.__name__)
                     self._connections.drop(key, client)
@@ -175,9 +186,7 @@ class Interjector:
                     break  # the call ended
                 metrics.DISPATCH_TICKETS.labels(outcome="interjected").inc(len(tickets))
                 began = time.monotonic()
-                self._claims.serve(
-                    client, consumer, tickets, cost, lambda ts: serve(ts, True), report=False
-                )
+                self._claims.serve(client, consumer, tickets, cost, lambda ts: serve(ts, True))
                 lent += time.monotonic() - began
         if client is not None:
             self._claims.forget(client, consumer)

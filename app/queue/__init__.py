@@ -1,6 +1,6 @@
 """The global miss queue as both roles share it, imported by fronts and engine processes: a
 front's miss becomes a ticket (``ticket``: the record, its wire format, the failure markers,
-``BLOCK_MS``) that the front submits and waits for (``requester``: ``TicketQueue``, which an
+the doorbells' waits) that the front submits and waits for (``requester``: ``TicketQueue``, which an
 engine process's job driver uses too, for its pages), computed by the next free engine of any
 worker or replica, fairly between tenants; ``inspect`` reads the queue's picture in one
 script (``/admin/queue``, ``ocr-cache queue``, the engines' gauges). What takes and serves

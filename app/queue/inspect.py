@@ -4,12 +4,12 @@ running, the lane's deficit, share and mean cost, its oldest wait), the engines 
 live-engine register and the tickets each holds. ``GET /admin/queue`` answers it and
 ``ocr-cache queue`` prints it; the queue's gauges are made of it (``heartbeat.py``).
 
-Times are Redis' clock: a ticket's id is its enqueue time (ms), the register's score an
-engine's last report. A holder of tickets that is not in the register is an interjector
-(``{engine}-interject``: its tickets are listed under its engine, ``interjected``) or a
-consumer that died: its tickets are reclaimed once idle past ``DISPATCH_CLAIM_MS``
-(``claims.py``). Lane names are tenant names: only the admin API shows them; the gauges
-carry the tenants' metrics labels.
+Times are Redis' clock: a ticket's id is its enqueue time (ms); the register's score is an
+engine's last report by its own host's clock (hosts' clocks assumed roughly in sync). A
+holder of tickets that is not in the register is an interjector (``{engine}-interject``:
+its tickets are listed under its engine, ``interjected``) or a consumer that died: its
+tickets are reclaimed once idle past ``DISPATCH_CLAIM_MS`` (``claims.py``). Lane names are
+tenant names: only the admin API shows them; the gauges carry the tenants' metrics labels.
 """
 
 from __future__ import annotations

@@ -9,12 +9,15 @@ stream); engines take from the lanes by deficit round robin over engine time
 Submitting is idempotent per key: a ticket already queued or running for the same entry key
 (a marker beside the stream names it) makes the caller a waiter on it, so one image is
 computed once across processes and replicas, without a lease. A waiter blocks on the
-entry's done notification (``app/cache/notify.py``) and checks on its ticket between
-notifications: an entry that appears is its answer; an error marker is its error; a ticket
-that vanished (finished without an entry, dropped, or taken by the LRU with the stream or
-its marker) is submitted again; a ticket whose lane the LRU took from the ring is put back
-by that check. Every key here may be evicted under ``allkeys-lru``: that costs a
-resubmission or one local engine call, never a wait to the deadline.
+entry's done channel (``app/cache/notify.py``), which says how its ticket ended: ``ok``
+(read the entry), ``error``, ``lost`` (no entry could be stored: compute it here) or
+``gone`` (it left the queue unrun: its creator gave up, or an engine dropped it past its
+deadline; submit again). Waiting costs Redis nothing else but a fallback check on the ticket
+at doubling gaps (``CHECK_MAX_SECONDS`` at most), for what sends no notice: a ticket
+that vanished (taken by the LRU with the stream or its marker) is submitted again, a ticket
+whose lane the LRU took from the ring is put back. Every key here may be evicted under
+``allkeys-lru``: that costs a resubmission or one local engine call, never a wait to the
+deadline.
 
 - **Bounded per lane**: a new ticket is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
   tickets per live engine (one, with none live) are already waiting in its tenant's lane (a
@@ -58,6 +61,11 @@ from app.queue.ticket import BACKGROUND, DEFAULT_LANE, GROUP, Ticket, as_text, f
 from app.vocabulary import EngineBusy, EngineTimeout, OcrCacheError, OcrResult
 
 Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
+
+# A waiter's fallback check on its ticket: first after ``poll_seconds``, then at doubling
+# gaps up to this (``TicketQueue._wait``).
+CHECK_MAX_SECONDS = 16.0
+WAKE_SECONDS = 0.5  # how soon a waiter sees its withdrawal (a local wait: no Redis command)
 
 _CANCEL: ContextVar[threading.Event | None] = ContextVar("ticket_cancel", default=None)
 
@@ -171,8 +179,6 @@ class TicketQueue:
             return None
         raw_id, waiting, engines = answer[:3]
         created = int(waiting) >= 0
-        if len(answer) > 3 and created:
-            metrics.DISPATCH_QUEUE_DEPTH.set(int(answer[3]))
         held_in = as_text(answer[3]) if len(answer) > 3 and not created else lane
         ticket_id = as_text(raw_id)
         if not ticket_id:
@@ -214,8 +220,21 @@ class TicketQueue:
         self, ticket: Ticket, ticket_id: str, created: bool, event: Any, read: Read, deadline: float
     ) -> tuple[bool, OcrResult | None, bool]:
         """(submit again, the result, whether another ticket computed it); a result None:
-        compute here."""
+        compute here.
+
+        Waiting costs Redis nothing but the notices: the entry's done channel says ``ok``,
+        ``error``, ``lost`` (compute it here) or ``gone`` (the ticket left the queue unrun:
+        submit again), and a notice wakes a read. A check on the ticket itself
+        (``queue_alive``) is only the fallback for what sends no notice (the LRU took the
+        ticket or its marker, a notice lost while the listener reconnected): at
+        ``poll_seconds``, then at doubling gaps up to ``CHECK_MAX_SECONDS``, so a long wait
+        costs a few checks more than a short one, not one per half second. The local wake-ups
+        in between (deadline, withdrawal) send nothing."""
         seen, cancel = 0, _CANCEL.get()
+        gap = self._poll_seconds
+        # A joiner reads at once: the ticket it joined may have announced its entry before
+        # this caller registered (between the engine's notice and its finish).
+        next_check = self._clock() + (0 if not created else gap)
         while True:
             if cancel is not None and cancel.is_set():
                 self._give_up(ticket_id, ticket, created, "withdrawn")
@@ -230,41 +249,53 @@ class TicketQueue:
                         return True, None, False
                     raise failure(message.split(":", 2)[2])
             finished = f"ok:{ticket_id}" in messages
-            ok, result, error = read(ticket_id)
-            if result is not None:
-                # Ours, or another ticket's stored meanwhile: then ours is withdrawn unstarted.
-                return False, result, not created or self._give_up(ticket_id, ticket, created, "")
-            if error is not None:
-                if self._outlives(error, created, deadline):
+            gone = f"gone:{ticket_id}" in messages  # left unrun: submit again (after a read)
+            now = self._clock()
+            checking = now >= next_check
+            if messages or checking:  # a notice (any ticket's entry of this key), or the check
+                ok, result, error = read(ticket_id)
+                if result is not None:
+                    # Ours, or another ticket's stored meanwhile: then ours is withdrawn unstarted.
+                    joined = not created or self._give_up(ticket_id, ticket, created, "")
+                    return False, result, joined
+                if error is not None:
+                    if self._outlives(error, created, deadline):
+                        return True, None, False
+                    raise failure(error)
+                if not ok and self._store.breaker_state != "closed":
+                    # Redis stopped answering (its breaker opened): this process's own engine.
+                    # One failed read on a slow moment is not that: the next check tells (a
+                    # miss sent the direct way while its engine restarted was answered 503).
+                    self._give_up(ticket_id, ticket, created)
+                    return False, None, False
+                if finished:  # done, and its entry is already gone (evicted): one call here
+                    return False, None, False
+                if gone:
                     return True, None, False
-                raise failure(error)
-            if not ok and self._store.breaker_state != "closed":
-                # Redis stopped answering (its breaker opened): this process's own engine. One
-                # failed read on a slow moment is not that: the next poll tells (a miss sent the
-                # direct way while its engine restarted was answered 503: a loaded run).
-                self._give_up(ticket_id, ticket, created)
-                return False, None, False
-            if finished:  # done, and its entry is already gone (evicted): one call here
-                return False, None, False
-            remaining = deadline - self._clock()
+            remaining = deadline - now
             if remaining <= 0:
                 self._give_up(ticket_id, ticket, created)
                 raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({ticket_id})")
-            if not self._alive(ticket_id, ticket):
-                # Finished since the read (its entry is stored before it leaves the queue, a
-                # failure's marker too), or dropped, or its marker or stream evicted: then
-                # submit again.
-                ok, result, error = read(ticket_id)
-                if result is not None:
-                    return (
-                        False,
-                        result,
-                        not created or self._give_up(ticket_id, ticket, created, ""),
-                    )
-                if error is not None and not self._outlives(error, created, deadline):
-                    raise failure(error)
-                return True, None, False
-            event.wait(min(remaining, self._poll_seconds))
+            if checking:
+                gap = min(2 * gap, CHECK_MAX_SECONDS)
+                next_check = now + gap
+                if not self._alive(ticket_id, ticket):
+                    # Finished since the read (its entry is stored before it leaves the queue,
+                    # a failure's marker too), or dropped, or its marker or stream evicted:
+                    # then submit again.
+                    ok, result, error = read(ticket_id)
+                    if result is not None:
+                        return (
+                            False,
+                            result,
+                            not created or self._give_up(ticket_id, ticket, created, ""),
+                        )
+                    if error is not None and not self._outlives(error, created, deadline):
+                        raise failure(error)
+                    return True, None, False
+            # Local wake-ups (a withdrawal, the deadline) cost nothing; Redis is asked only at
+            # the next check or on a notice.
+            event.wait(min(remaining, WAKE_SECONDS, max(0.0, next_check - self._clock())))
             event.clear()
 
     def _outlives(self, error: str, created: bool, deadline: float) -> bool:
@@ -274,7 +305,7 @@ class TicketQueue:
 
     def _alive(self, ticket_id: str, ticket: Ticket) -> bool:
         lane, names = ticket.lane, self.names
-        keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes)
+        keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes, names.bell)
         ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, [ticket_id, lane]))
         return not ok or bool(alive)  # Redis unsure: the next read tells
 
@@ -291,6 +322,10 @@ class TicketQueue:
                 c, [self.stream(ticket), self.marker(ticket)], [GROUP, ticket_id]
             ),
         )
-        if ok and deleted and reason:
-            metrics.ENGINE_QUEUE_DROPPED.labels(reason=reason).inc()
+        if ok and deleted:
+            # Whoever joined it hears that it left unrun, and submits again (or reads the
+            # entry that made it unneeded).
+            self._store.publish(self._keys.done(ticket.key), f"gone:{ticket_id}")
+            if reason:
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason=reason).inc()
         return bool(ok and deleted)

@@ -53,9 +53,13 @@ INTERJECTOR = "-interject"  # an engine's interjector consumes as ``{engine}-int
 ERROR_TTL_S = 60
 BACKGROUND = "+jobs"  # the suffix of a lane of document jobs' pages (no tenant name has "+")
 DEFAULT_LANE = "~"  # the default tenant's lane (not a tenant name), and every ticket's in FIFO
-# An idle engine's longest wait for the doorbell, so how stale its report may get: the
-# feeders block this long, and a requester counts an engine live within three of them.
+# A busy engine's interjector's longest wait for its doorbell (``interjection.py``); an
+# engine counts as live within three of it at least (``TicketQueue.live_ms``).
 BLOCK_MS = 1000
+# An idle engine process's longest wait for the doorbell (one listener for all its slots:
+# ``feeders.py``): what one idle process costs the queue, and how long a stop may wait on a
+# Redis Cluster (a single node's blocked read is ended at once).
+LISTEN_MS = 5000
 
 
 class UnknownFormat(OcrCacheError, ValueError):

@@ -54,7 +54,7 @@ class Script:
 QUEUE_SUBMIT = Script("queue_submit")
 QUEUE_ALIVE = Script("queue_alive")
 QUEUE_CANCEL = Script("queue_cancel")
-QUEUE_HEARTBEAT = Script("queue_heartbeat")
+QUEUE_LANES = Script("queue_lanes")
 QUEUE_TAKE = Script("queue_take")
 QUEUE_STALE = Script("queue_stale")
 QUEUE_FINISH = Script("queue_finish")
@@ -72,7 +72,7 @@ JOB_TRANSITION = Script("job_transition")
 JOB_PAGE = Script("job_page")
 
 ALL = (
-    QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_HEARTBEAT, QUEUE_TAKE, QUEUE_STALE,
+    QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_LANES, QUEUE_TAKE, QUEUE_STALE,
     QUEUE_FINISH, QUEUE_RELEASE, QUEUE_RETRY, QUEUE_VIEW, QUOTA_SLOTS, QUOTA_ENGINE_TIME,
     RATE_LIMIT_GCRA,
     PIXEL_RECORD, JOB_TRANSITION, JOB_PAGE,

@@ -1,10 +1,10 @@
 -- Submit a miss to the global queue, atomically: join the ticket already queued or running
 -- for this entry key (its marker names it), else add one to its tenant's lane, bounded per
 -- lane (per-engine max times the live engines, at least one: with none live the ticket
--- waits for an engine to start), keep the lane in the ring (a lane becoming active goes to
--- its head: it was served least lately), remember its share, and ring both doorbells (idle
+-- waits for an engine to start); a lane becoming active joins the ring at its head (it was
+-- served least lately) and the lanes, with its share; and ring both doorbells (idle
 -- engines', and busy engines' interjectors'; each holds a ring per live engine at most, one
--- with none).
+-- with none). Few commands: this runs once per miss on the queue's one master.
 --
 -- KEYS[1] the lane's stream        KEYS[2] the live-engine register (sorted set)
 -- KEYS[3] the entry's marker       KEYS[4] the ring of lanes with waiting tickets
@@ -13,12 +13,12 @@
 -- KEYS[9] the lanes' stream prefix (not a key: lane L's stream is KEYS[9] .. L)
 -- ARGV[1] consumer group  ARGV[2] per-engine max  ARGV[3] live window (ms)
 -- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7...] the ticket's fields
--- Other keys: every lane's stream, KEYS[9] .. lane for each lane in KEYS[5] (same hash tag).
+-- Other keys: the other lanes' streams, KEYS[9] .. lane for each lane in KEYS[5], read only
+-- to find a ticket joined in another lane (same hash tag).
 --
--- Returns {id, waiting, engines, every lane's waiting}: waiting -1 when it joined (then the
--- fourth value is the lane that holds the ticket joined: a document job's page and a request
--- for the same image share one ticket whichever lane it waits in); id "" when the lane is
--- full (then only three values).
+-- Returns {id, waiting, engines}, or {id, -1, 0, lane} when it joined (the lane that holds
+-- the ticket joined: a document job's page and a request for the same image share one
+-- ticket whichever lane it waits in); id "" when the lane is full.
 local current = redis.call('GET', KEYS[3])
 if current then
   if #redis.call('XRANGE', KEYS[1], current, current) > 0 then
@@ -32,8 +32,8 @@ if current then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
-local engines = redis.call('ZCARD', KEYS[2])
+-- Engines report by their own clocks (``heartbeat.py``), roughly in sync with Redis's.
+local engines = redis.call('ZCOUNT', KEYS[2], now - tonumber(ARGV[3]), '+inf')
 local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
 if not ok then
   redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
@@ -44,17 +44,12 @@ local room = math.max(1, engines)
 if waiting >= tonumber(ARGV[2]) * room then return {'', waiting, engines} end
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
 redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
-if not redis.call('LPOS', KEYS[4], ARGV[5]) then redis.call('LPUSH', KEYS[4], ARGV[5]) end
-redis.call('SADD', KEYS[5], ARGV[5])
-redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
+if not redis.call('LPOS', KEYS[4], ARGV[5]) then
+  redis.call('LPUSH', KEYS[4], ARGV[5])
+  redis.call('SADD', KEYS[5], ARGV[5])
+  redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
+end
 for bell = 7, 8 do
-  redis.call('LPUSH', KEYS[bell], '1')
-  redis.call('LTRIM', KEYS[bell], 0, room - 1)
+  if redis.call('LPUSH', KEYS[bell], '1') > room then redis.call('LTRIM', KEYS[bell], 0, room - 1) end
 end
-local total = 0
-for _, other in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  local stream = KEYS[9] .. other
-  local found, others = pcall(redis.call, 'XPENDING', stream, ARGV[1])
-  total = total + redis.call('XLEN', stream) - (found and others[1] or 0)
-end
-return {id, waiting + 1, engines, total}
+return {id, waiting + 1, engines}

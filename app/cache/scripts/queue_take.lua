@@ -62,7 +62,9 @@ end
 -- The lanes with tickets waiting, in ring order; the others leave it and forget their deficit.
 local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
 local mine = {}  -- of a lane's running tickets, how many the engine to pause holds
-for _ = 1, redis.call('LLEN', ring) do
+local ringed_lanes = redis.call('LLEN', ring)
+if ringed_lanes == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
+for _ = 1, ringed_lanes do
   local lane = redis.call('LPOP', ring)
   if not lane then break end
   local stream = prefix .. lane
