@@ -180,6 +180,7 @@ def main() -> None:
         fleet = Fleet(
             Path(tmp), cluster.url, fronts=1, engines=2, front_workers=1,
             OCR_ENGINE="hunyuan", HUNYUAN_BASE_URL=fake.url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
+            HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
             ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90", DISPATCH_CLAIM_MS="10000",
             CACHE_L1_BYTES="0",
         )  # fmt: skip
@@ -201,7 +202,11 @@ def main() -> None:
                 "master_commands_per_s": round(split["master_commands"] / IDLE_S, 2),
                 "others_commands_per_s": round(split["others_commands"] / IDLE_S, 2),
                 "queue_commands_per_s": round(queue_per_s, 2),
-                "queue_commands_per_s_per_engine_process": round(queue_per_s / 2, 2),
+                # The target's figure: the queue master's own count (not less the others',
+                # which have their own idle traffic), per engine process: an upper bound.
+                "master_commands_per_s_per_engine_process": round(
+                    split["master_commands"] / IDLE_S / 2, 2
+                ),
                 "queue_cpu_ms_per_s": round(
                     (split["master_cpu_ms"] - split["others_cpu_ms"]) / IDLE_S, 3
                 ),
@@ -256,7 +261,7 @@ def main() -> None:
             "commands_30s": report["held_30s"]["queue_commands_per_miss"] <= TARGET_COMMANDS,
             "cpu_4s": report["waits_4s"]["queue_cpu_ms_per_miss"] <= TARGET_CPU_MS,
             "cpu_30s": report["held_30s"]["queue_cpu_ms_per_miss"] <= TARGET_CPU_MS,
-            "idle": report["idle"]["queue_commands_per_s_per_engine_process"] <= TARGET_IDLE,
+            "idle": report["idle"]["master_commands_per_s_per_engine_process"] <= TARGET_IDLE,
         },
     }
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
