@@ -129,7 +129,8 @@ def test_after_a_burst_past_its_deadline_a_small_page_runs_at_the_orphans_next_p
     small = cache.get_or_compute(WORD_EN.read_bytes())  # EngineTimeout here: it waited
     assert small.result.lines and small.status.value == "MISS"
     yields = metric_sum(_metrics(), "ocr_engine_orphan_yields_total")
-    assert yields - metric_sum(before, "ocr_engine_orphan_yields_total") == 1
+    # At least the small page (a page of the burst with a second left may have gone in too).
+    assert yields - metric_sum(before, "ocr_engine_orphan_yields_total") >= 1
     params = cache.engine.default_params
 
     keys = [
@@ -141,7 +142,7 @@ def test_after_a_burst_past_its_deadline_a_small_page_runs_at_the_orphans_next_p
     def stored() -> int:  # the six pages whose entry is in L2 (read, never computed)
         return int(cache.store.run("test", lambda client: client.exists(*keys))[1] or 0)
 
-    wait_for(lambda: stored() == 1, 120, "the orphan's entry stored once it ended",
+    wait_for(lambda: stored() >= 1, 120, "the orphan's entry stored once it ended",
              lambda: f"stored: {stored()} of the six; {_metrics()}")  # fmt: skip
     assert cache.computer.runner.orphans == 0
 

@@ -150,12 +150,19 @@ def test_alive_tells_a_queued_ticket_and_puts_its_lane_back(client: Any) -> None
     ticket = text(submit(client, names, "a", "e1")[0])
     client.delete(names.ring, names.lanes, names.bell)  # taken by the LRU
     keys = [names.stream("a"), names.marker("e1", "sha"), names.ring, names.lanes, names.bell]
-    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a"]) == 1
+    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 10_000]) == 1
     assert client.lrange(names.ring, 0, -1) == [b"a"] and client.smembers(names.lanes) == {b"a"}
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # the idle engines hear of it
-    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a"]) == 1
+    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 10_000]) == 1
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung already: not again
-    assert scripts.QUEUE_ALIVE(client, keys, ["0-1", "a"]) == 0  # the marker names another
+    client.delete(names.bell)
+    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"})  # held, touched just now
+    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 10_000]) == 1
+    assert client.lrange(names.bell, 0, -1) == []  # its engine computes it
+    time.sleep(0.01)
+    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 5]) == 1
+    assert client.lrange(names.bell, 0, -1) == [b"retry"]  # untouched past the idle time
+    assert scripts.QUEUE_ALIVE(client, keys, ["0-1", "a", GROUP, 5]) == 0  # marker: another
 
 
 def test_cancel_withdraws_only_an_undelivered_ticket(client: Any) -> None:

@@ -43,7 +43,7 @@ from app.vocabulary import EngineBusy, EngineTimeout
 
 log = logging.getLogger(__name__)
 
-YIELD_MIN_SECONDS = 0.5  # a call with less time left is not begun inside an orphan
+YIELD_MIN_SECONDS = 1.0  # a call with less time left is not begun inside an orphan
 
 T = TypeVar("T")
 Interject = Callable[[Callable[[], Any]], "Future[Any]"]

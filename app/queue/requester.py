@@ -306,7 +306,8 @@ class TicketQueue:
     def _alive(self, ticket_id: str, ticket: Ticket) -> bool:
         lane, names = ticket.lane, self.names
         keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes, names.bell)
-        ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, [ticket_id, lane]))
+        args: list[str | int] = [ticket_id, lane, GROUP, self.live_ms]  # held this long: reclaim
+        ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, args))
         return not ok or bool(alive)  # Redis unsure: the next read tells
 
     def _give_up(
