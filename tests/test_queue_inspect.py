@@ -222,7 +222,7 @@ def test_the_gauges_carry_the_same_figures(
     front, _ = busy
     queue, tenants = front.queue, book()
     heartbeat = Heartbeat(
-        queue.names, claim_ms=30_000, label=tenants.label, labels=tenants.labels,
+        queue.names, label=tenants.label, labels=tenants.labels,
         live_ms=queue.live_ms,
     )  # fmt: skip
     heartbeat.report_view(raw)

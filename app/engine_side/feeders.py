@@ -74,7 +74,6 @@ class Feeders:
         self._store = store
         self._names = names
         self._slots = slots
-        self._claim_ms = claim_ms
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
@@ -83,8 +82,7 @@ class Feeders:
         self._connections = Connections(store)
         self._doorbell = Doorbell(store, names.bell, self._stopped)
         self.heartbeat = Heartbeat(
-            names, claim_ms=claim_ms, label=label, labels=labels, hold_seconds=hold_seconds,
-            live_ms=queue.live_ms,
+            names, label=label, labels=labels, hold_seconds=hold_seconds, live_ms=queue.live_ms,
         )  # fmt: skip
         self.reported = self.heartbeat.reported  # a slot has reported in: tickets are taken
         self.claims = Claims(

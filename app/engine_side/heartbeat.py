@@ -54,14 +54,12 @@ class Heartbeat:
         self,
         names: QueueKeys,
         *,
-        claim_ms: int,
         label: Callable[[str], str] = lambda namespace: namespace or "default",
         labels: Callable[[], list[str]] = lambda: ["default"],
         hold_seconds: float = 300.0,
         live_ms: int = 3000,
     ) -> None:
         self._names = names
-        self._claim_ms = claim_ms
         self._live_ms = live_ms
         self._label = label
         self._labels = labels  # every tenant label there is now: each reported, 0 or not
@@ -133,10 +131,6 @@ class Heartbeat:
         if not look:
             return 0
         return int(client.zcount(self._names.engines, "-inf", f"({now_ms - self._live_ms}"))
-
-    def cutoff_ms(self) -> int:
-        """A member scored before this stopped reporting (``queue_stale.lua``)."""
-        return int(time.time() * 1000) - self._live_ms
 
     def lanes(self, client: Any) -> dict[str, int]:
         """Every lane's waiting tickets (the ring kept whole, a silent doorbell rung)."""
