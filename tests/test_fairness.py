@@ -24,6 +24,7 @@ from PIL import Image
 from app.cache.keys import digest_image
 from app.cache.region import OcrCache
 from app.config import Settings
+from app.engine_side import interjection
 from app.engines.base import OcrRequest
 from app.engines.engine_thread import EngineThread
 from app.queue.ticket import Ticket
@@ -435,11 +436,13 @@ def test_a_call_is_paused_again_only_once_it_ran_as_long_on_its_own(
 
 
 def test_a_tenants_page_may_go_inside_its_own_running_call(
-    settings: Settings, redis_client: redis.Redis
+    settings: Settings, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two engines: a's page held on one, b's page held on the other. b's next page waits
     for nobody: it goes inside b's own call (pausing it takes nothing from a), never inside
-    a's (b has a page running already)."""
+    a's (b has a page running already). The ring reaches b's engine's interjector whichever
+    interjector heard it (a's passes it on): none looks unrung here."""
+    monkeypatch.setattr(interjection, "LOOK_SECONDS", 3600.0)
     fleet, (gate, pool, a_pages) = held_fleet(settings, 1)
     stepped = [e for e in fleet.engines if isinstance(e, SteppedEngine)]
     for engine in stepped:

@@ -218,10 +218,13 @@ def test_submit_counts_live_engines_by_their_reports_and_keeps_the_dead_for_reap
 
 
 def take(client: Any, names: QueueKeys, consumer: str, *interject: str) -> list[Any]:
+    """``interject``: the live window, the paused call's lane, its engine, "1" to pass on."""
     keys = [names.ring, names.deficits, names.shares, names.costs, names.engines, names.lanes,
-            names.stream_prefix]  # fmt: skip
-    window, paused, pauser = (*interject, "", "", "")[:3] if interject else ("", "", "")
-    return scripts.QUEUE_TAKE(client, keys, [GROUP, consumer, 1, "0.5", window, paused, pauser])
+            names.stream_prefix, names.engine_bell_prefix]  # fmt: skip
+    window, paused, pauser, pass_on = (*interject, "", "", "", "")[:4]
+    return scripts.QUEUE_TAKE(
+        client, keys, [GROUP, consumer, 1, "0.5", window, paused, pauser, pass_on]
+    )
 
 
 def test_take_serves_the_lane_with_the_most_credit_and_charges_it(client: Any) -> None:
@@ -284,6 +287,29 @@ def test_interjection_passes_over_a_lane_running_elsewhere_but_not_one_in_debt(
     assert float(client.hget(names.deficits, "a")) == 10.0  # a's credit untouched
     lane, entries, _ = take(client, names, "engine-3")  # a feeder (no interjection): a's turn
     assert text(lane) == "a"
+
+
+def test_a_declined_interjection_rings_the_engine_that_alone_runs_the_lane(client: Any) -> None:
+    """e1 runs a's page, e2 b's; b's next page may go only inside e2's call. e1's interjector
+    heard the shared ring: it takes nothing and, told to pass, rings e2's own bell, once;
+    e2's interjector (its call of lane b alone) takes the page."""
+    names = queue(client)
+    live_engine(client, names, "e1")
+    live_engine(client, names, "e2")
+    submit(client, names, "a", "a0")
+    submit(client, names, "b", "b0")
+    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=1)
+    client.xreadgroup(GROUP, "e2", {names.stream("b"): ">"}, count=1)
+    submit(client, names, "b", "b1")
+    own = names.engine_bell_prefix
+    assert take(client, names, "e1-interject", "10000", "a", "e1") == []  # not told to pass
+    assert not client.exists(own + "e2")
+    for _ in range(2):
+        assert take(client, names, "e1-interject", "10000", "a", "e1", "1") == []
+    assert client.lrange(own + "e2", 0, -1) == [b"passed"]  # once, however often passed
+    assert 0 < client.pttl(own + "e2") <= 10000 and not client.exists(own + "e1")
+    lane, entries, _ = take(client, names, "e2-interject", "10000", "b", "e2", "1")
+    assert text(lane) == "b" and len(entries) == 1
 
 
 def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:

@@ -86,6 +86,12 @@ class QueueKeys:
     def interject_bell(self) -> str:
         return f"{self.tag}:interject"
 
+    @property
+    def engine_bell_prefix(self) -> str:
+        """One engine's own interjector bell is this and its consumer: rung by another
+        engine's interjector that heard a ring only this one may answer (``queue_take.lua``)."""
+        return f"{self.tag}:interject:"
+
     def trace(self, ticket_id: str) -> str:
         """The W3C context of the traced request that queued ticket ``ticket_id``, for the
         requests that join it (their spans link to its trace), while the ticket's marker lives."""

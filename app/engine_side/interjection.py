@@ -16,6 +16,11 @@ it was paused for the ones before, so a paused page keeps at least half its engi
 always ends; none goes into a call whose requesters' time is nearly up; a tenant with a
 ticket running elsewhere waits its turn as before, so a flood gains nothing; an idle engine
 anywhere takes the ticket instead. Each call is charged its own engine time.
+
+A submission rings the shared bell once: one interjector hears it, maybe not the one whose
+call may take the page (the one engine running that tenant's pages). One that may not take
+it rings that engine's own bell (``queue_take.lua``), so the page waits for no look on a
+timer; a ring so passed is not passed again.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from app.cache.store import REDIS_ERRORS
 from app.engine_side.claims import Claims
 from app.engine_side.connections import BLOCK_MS, Connections
 from app.engine_side.scheduler import Scheduler
-from app.queue.ticket import INTERJECTOR, Ticket
+from app.queue.ticket import INTERJECTOR, Ticket, as_text
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +157,7 @@ class Interjector:
         into a call whose requesters' time is nearly up."""
         calls, engine = self._calls, f"{self._name}-{slot}"  # the engine's consumer: what it holds
         consumer, key = f"{engine}{INTERJECTOR}", self._slots + slot
+        shared, own = self._names.interject_bell, self._names.engine_bell_prefix + engine
         client: Any = None
         call = 0
         while (call := calls.next_call(slot, call)) and not self._stopped.is_set():
@@ -163,20 +169,23 @@ class Interjector:
                     if client is None:
                         client = self._connections.open(key)
                     tickets, cost = list[Ticket](), 0.0
-                    rung, looked = False, time.monotonic()
+                    rung, looked = "", time.monotonic()
                     while (lane := calls.lane_while(slot, call)) is not None:
-                        # On a ring, else now and then (a ring another engine's interjector
-                        # heard may be for this call): not every wait, which costs Redis.
+                        # On a ring, else now and then (a ring lost to the LRU): not every
+                        # wait, which costs Redis. A shared ring reaches one interjector: one
+                        # that may not take is told to pass it to the engine that may.
                         if rung or time.monotonic() - looked >= LOOK_SECONDS:
                             looked = time.monotonic()
-                            paused = (lane, engine)
-                            tickets, cost = self._scheduler.take(client, consumer, True, paused)
+                            paused, pass_on = (lane, engine), rung == shared
+                            tickets, cost = self._scheduler.take(
+                                client, consumer, True, paused, pass_on
+                            )
                             if tickets:
                                 break
-                        bell = self._names.interject_bell
-                        rung = bool(client.blpop([bell], timeout=BLOCK_MS / 1000))
-                    if rung and not tickets:  # heard as its call ended: for another engine
-                        client.lpush(self._names.interject_bell, "1")
+                        heard = client.blpop([shared, own], timeout=BLOCK_MS / 1000)
+                        rung = as_text(heard[0]) if heard else ""
+                    if rung == shared and not tickets:  # as its call ended: another's
+                        client.lpush(shared, "1")
                 except REDIS_ERRORS as exc:
                     log.debug("dispatch interjector: %s", exc.__class__.__name__)
                     self._connections.drop(key, client)

@@ -69,16 +69,19 @@ class Scheduler:
         consumer: str,
         interject: bool = False,
         paused: tuple[str, str] = ("", ""),
+        pass_on: bool = False,
     ) -> tuple[list[Ticket], float]:
         """The next tickets by the round robin, and what each was charged (seconds);
         ``interject``: one ticket to run inside this engine's call, if one may; ``paused``:
-        that call's lane ("": several) and its engine's consumer."""
+        that call's lane ("": several) and its engine's consumer; ``pass_on``: none may, but
+        a lane's ticket may go inside the call of the engine that alone runs that lane's
+        tickets: its interjector is rung (once: a ring so passed is not passed again)."""
         names, quantum = self._names, max(0.001, self._mean_seconds())  # a lane's first cost
         count, window = (1, str(self._live_ms)) if interject else (self._batch_max, "")
         answer = QUEUE_TAKE(
             client, [names.ring, names.deficits, names.shares, names.costs, names.engines,
-                     names.lanes, names.stream_prefix],
-            [GROUP, consumer, count, f"{quantum:.6f}", window, *paused],
+                     names.lanes, names.stream_prefix, names.engine_bell_prefix],
+            [GROUP, consumer, count, f"{quantum:.6f}", window, *paused, "1" if pass_on else ""],
         )  # fmt: skip
         if not answer:
             return [], 0.0

@@ -10,17 +10,21 @@
 -- runs elsewhere) is passed over, not waited for: it holds engines already, and its banked
 -- credit would otherwise keep a lane with credit and nothing running waiting for a whole
 -- call. A lane in debt still waits its turn, and a document job's lane never interjects.
--- Else nothing, and the ring is left as it was.
+-- Else nothing, and the ring is left as it was; and, told to pass (ARGV[8]), each lane owed a
+-- turn that this engine may not serve but whose running tickets one engine alone holds has
+-- that engine's interjector rung (its own bell, once: it may pause its call for its lane;
+-- a ring heard on the shared bell reached one interjector, maybe not that one).
 --
 -- KEYS[1] the ring  KEYS[2] the deficits (hash)  KEYS[3] the shares (hash)
 -- KEYS[4] the mean costs (hash)  KEYS[5] the live-engine register  KEYS[6] the lanes
 -- KEYS[7] the lanes' stream prefix (not a key: lane L's stream is KEYS[7] .. L)
+-- KEYS[8] the engines' own interjector bells' prefix (not a key: engine E's is KEYS[8] .. E)
 -- ARGV[1] consumer group  ARGV[2] consumer  ARGV[3] how many at most
 -- ARGV[4] a ticket's cost where a lane has none yet (this engine's mean call, seconds)
 -- ARGV[5] interjection's live window (ms) or ""  ARGV[6] the lane of the call to pause
--- ("": several)  ARGV[7] the consumer of the engine to pause
--- Other keys: every lane's stream, KEYS[7] .. lane for each lane in KEYS[1] and KEYS[6]
--- (same hash tag).
+-- ("": several)  ARGV[7] the consumer of the engine to pause  ARGV[8] "1": pass a ring on
+-- Other keys: every lane's stream, KEYS[7] .. lane for each lane in KEYS[1] and KEYS[6];
+-- an engine's own bell, KEYS[8] .. engine (same hash tag).
 --
 -- Returns {lane, {entries}, what each was charged} or {} when no lane has one to give.
 local ring, deficits, shares, costs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -62,6 +66,7 @@ end
 -- The lanes with tickets waiting, in ring order; the others leave it and forget their deficit.
 local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
 local mine = {}  -- of a lane's running tickets, how many the engine to pause holds
+local sole = {}  -- the one consumer holding all of a lane's running tickets, if one does
 local ringed_lanes = redis.call('LLEN', ring)
 if ringed_lanes == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
 for _ = 1, ringed_lanes do
@@ -76,10 +81,12 @@ for _ = 1, ringed_lanes do
     lanes[i] = lane
     running[i] = pending[1]
     mine[i] = 0
+    sole[i] = false
     if type(pending[4]) == 'table' then
       for _, holder in ipairs(pending[4]) do
         if holder[1] == pauser then mine[i] = tonumber(holder[2]) end
       end
+      if #pending[4] == 1 then sole[i] = pending[4][1][1] end
     end
     cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
     share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
@@ -152,6 +159,17 @@ while #lanes > 0 do
   end
   if not chosen then
     ringed(1, false)  -- as it was: the lanes owed a turn run elsewhere, the others are in debt
+    if interject and ARGV[8] == '1' then
+      for i = 1, #lanes do
+        if credit[i] > 0 and not may[i] and sole[i] and sole[i] ~= pauser
+            and string.sub(lanes[i], -5) ~= '+jobs' then
+          local bell = KEYS[8] .. sole[i]
+          redis.call('LPUSH', bell, 'passed')
+          redis.call('LTRIM', bell, 0, 0)
+          redis.call('PEXPIRE', bell, interject)
+        end
+      end
+    end
     return {}
   end
   local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
@@ -175,7 +193,7 @@ while #lanes > 0 do
   redis.call('HDEL', deficits, lanes[chosen])
   table.remove(lanes, chosen); table.remove(cost, chosen)
   table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
-  table.remove(mine, chosen); table.remove(may, chosen)
+  table.remove(mine, chosen); table.remove(may, chosen); table.remove(sole, chosen)
 end
 redis.call('DEL', ring)
 return {}
