@@ -25,6 +25,7 @@ from app.cache import redis_client as redis_clients
 from app.cache.keys import QueueKeys, digest_image
 from app.config import Settings
 from app.embedded_redis import EmbeddedRedis
+from app.engine_side import feeders
 from app.engines.base import OcrRequest
 from app.queue import inspect
 from app.queue.ticket import Ticket
@@ -301,6 +302,36 @@ def test_a_ticket_whose_consumer_died_is_reclaimed(settings, redis_client):
     assert engine.calls == 1
     assert counter("ocr_dispatch_tickets_total", outcome="reclaimed") == reclaimed + 1
     wait_for(lambda: redis_client.xlen(stream) == 0, "the reclaimed ticket was never acked")
+
+
+def test_a_ticket_nothing_tells_of_is_reclaimed_by_the_sweep(settings, redis_client, monkeypatch):
+    """A ticket still held by a consumer that left the register cleanly (a stopping slot
+    whose finish failed): no engine is seen to die, no waiter is left, no ring. The engines'
+    sweep (twice the claim time) reclaims it, and the queue drains (the backlog KEDA reads
+    returns to 0)."""
+    monkeypatch.setattr(feeders, "LISTEN_MS", 300)  # an idle slot comes round sooner
+    engine = SerialEngine()
+    gate = threading.Event()
+    cache = make_cache(
+        settings, engine, gate=gate.wait, dispatch_claim_ms=300, ocr_timeout_seconds=1.0
+    )
+    names = cache.keys.dispatch()
+    stream = names.stream("~")
+    redis_client.xgroup_create(stream, "engines", id="0", mkstream=True)
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(cache.get_or_compute, IMAGES[0])
+        taken = redis_client.xreadgroup("engines", "left", {stream: ">"}, count=1,
+                                        block=int(WAIT * 1000))  # fmt: skip
+        assert taken, "the requester never queued its ticket"
+        with pytest.raises(EngineTimeout):
+            asked.result(WAIT)
+    redis_client.delete(names.bell)  # its waiter's rings: gone, nothing tells of it now
+    assert redis_client.xlen(stream) == 1 and not redis_client.zscore(names.engines, "left")
+    reclaimed = counter("ocr_dispatch_tickets_total", outcome="reclaimed")
+    gate.set()  # the engine is ready: its feeders start, and its sweep runs
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the ticket was never swept")
+    assert counter("ocr_dispatch_tickets_total", outcome="reclaimed") == reclaimed + 1
+    assert engine.calls == 0  # its caller had gone: dropped, not computed
 
 
 def test_an_engine_error_reaches_the_requester_at_once_and_is_not_cached(settings, redis_client):

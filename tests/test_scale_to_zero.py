@@ -70,8 +70,12 @@ class Fleet:
             return None
         return metric_sum(text, "ocr_queue_backlog", kind="misses")
 
-    def engines_live(self) -> int:
-        return int(self.readyz().json()["queue"]["engines_live"])
+    def queue(self) -> dict[str, Any]:
+        """``/readyz``'s picture of the queue ({}: the read of Redis failed this time)."""
+        return dict(self.readyz().json().get("queue") or {})
+
+    def engines_live(self) -> int | None:
+        return self.queue().get("engines_live")
 
 
 @contextmanager
@@ -140,14 +144,14 @@ ASKED = {"rest": WORD_EN, "pipeline": SHORT, "paddlex": PHOTOTEST, "grpc": WORD_
 
 def test_misses_wait_for_an_engine_started_later(tmp_path, redis_server):
     with fleet(tmp_path, redis_server.url, OCR_TIMEOUT_SECONDS="100") as running:
-        ready = running.readyz().json()
-        assert ready["queue"] == {"engines_live": 0, "misses_waiting": 0, "jobs_waiting": 0,
-                                  "oldest_wait_seconds": 0.0}  # fmt: skip
+        empty = {"engines_live": 0, "misses_waiting": 0, "jobs_waiting": 0,
+                 "oldest_wait_seconds": 0.0}  # fmt: skip
+        wait_for(lambda: running.queue() == empty, 30, "the queue read, empty", seen=running.log)
         with ThreadPoolExecutor(len(ASKED)) as pool:
             asked = {p: pool.submit(_ask, running, p, image) for p, image in ASKED.items()}
             wait_for(lambda: running.backlog() == len(ASKED), 60, "every miss queued",
                      seen=running.log)  # fmt: skip
-            queue = running.readyz().json()["queue"]
+            queue = wait_for(running.queue, 30, "the queue read")
             assert queue["misses_waiting"] == len(ASKED) and queue["oldest_wait_seconds"] > 0
             assert not any(future.done() for future in asked.values())  # they wait
             running.start_engine()
@@ -167,11 +171,13 @@ def test_misses_wait_for_an_engine_started_later(tmp_path, redis_server):
             # come late enough for the call to have ended), then frozen: it holds the ticket.
             wait_for(lambda: _taken(running), 120, "the engine took the ticket", seen=running.log)
             os.kill(engine.pid, signal.SIGSTOP)
-            assert _taken(running) and not held.done(), running.log()
+            wait_for(lambda: _taken(running), 30, "the frozen engine still holds the ticket")
+            assert not held.done(), running.log()
             os.kill(engine.pid, signal.SIGKILL)
             engine.wait(30)
             wait_for(lambda: running.engines_live() == 0, 60, "the dead engine out of the register")
-            assert running.backlog() == 1 and not held.done()
+            wait_for(lambda: running.backlog() == 1, 30, "the dead engine's ticket in the backlog")
+            assert not held.done()
             hit = _ask(running, "rest", WORD_EN)
             assert hit[0] == 200 and hit[1]["cache"] == "HIT"  # hits need no engine
             assert running.readyz().status_code == 200
@@ -183,8 +189,8 @@ def test_misses_wait_for_an_engine_started_later(tmp_path, redis_server):
 
 def _taken(running: Fleet) -> bool:
     """One miss in the queue, and an engine holds it (none waits to be taken)."""
-    queue = running.readyz().json()["queue"]
-    return queue["misses_waiting"] == 1 and queue["oldest_wait_seconds"] == 0
+    queue = running.queue()
+    return queue.get("misses_waiting") == 1 and queue.get("oldest_wait_seconds") == 0
 
 
 def test_with_no_engine_each_miss_times_out_at_its_deadline(tmp_path, redis_server):

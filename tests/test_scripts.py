@@ -299,7 +299,8 @@ def test_a_declined_interjection_rings_the_engine_that_alone_runs_the_lane(clien
     submit(client, names, "a", "a0")
     submit(client, names, "b", "b0")
     client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=1)
-    client.xreadgroup(GROUP, "e2", {names.stream("b"): ">"}, count=1)
+    [[_, held]] = client.xreadgroup(GROUP, "e2", {names.stream("b"): ">"}, count=1)
+    held_b = [entry_id for entry_id, _ in held]
     submit(client, names, "b", "b1")
     own = names.engine_bell_prefix
     assert take(client, names, "e1-interject", "10000", "a", "e1") == []  # not told to pass
@@ -308,6 +309,15 @@ def test_a_declined_interjection_rings_the_engine_that_alone_runs_the_lane(clien
         assert take(client, names, "e1-interject", "10000", "a", "e1", "1") == []
     assert client.lrange(own + "e2", 0, -1) == [b"passed"]  # once, however often passed
     assert 0 < client.pttl(own + "e2") <= 10000 and not client.exists(own + "e1")
+    client.delete(own + "e2")
+    assert take(client, names, "e2-interject", "10000", "x", "e2", "1") == []  # b's own engine
+    assert not client.exists(own + "e2")  # does not ring itself
+    submit(client, names, "c", "c0")  # e2 busy with c's page, b's held by its interjector
+    client.xreadgroup(GROUP, "e2", {names.stream("c"): ">"}, count=1)
+    client.xclaim(names.stream("b"), GROUP, "e2-interject", 0, [text(b) for b in held_b])
+    assert take(client, names, "e1-interject", "10000", "a", "e1", "1") == []
+    assert not client.exists(own + "e2-interject")  # an interjector's hold: no engine to ring
+    client.xclaim(names.stream("b"), GROUP, "e2", 0, [text(b) for b in held_b])
     lane, entries, _ = take(client, names, "e2-interject", "10000", "b", "e2", "1")
     assert text(lane) == "b" and len(entries) == 1
 

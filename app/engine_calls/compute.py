@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -133,11 +134,18 @@ class Computer:
         kind, spent = self._engine.kind, list[float]()
         request = _request(probe)
         namespace = probe.controls.namespace
+        charged = threading.Lock()  # held once its engine time is charged: by one side only
+
+        def charge() -> float:
+            total = sum(spent)
+            if total and charged.acquire(blocking=False):
+                self._charge(namespace, total)
+            return total
 
         def late(result: OcrResult) -> None:
             """Its caller timed out, yet the call ended: the result kept for a retry (its
-            engine time charged then)."""
-            self._spent(namespace, sum(spent), None)
+            engine time charged then, unless the caller saw it end)."""
+            charge()
             self._chain.record(probe, result, probe.controls.ttl or self.ttl())
 
         try:
@@ -155,7 +163,9 @@ class Computer:
             self._outcome(False)
             raise
         finally:
-            self._spent(probe.controls.namespace, sum(spent), seconds)
+            total = charge()  # 0 while an orphan runs on: ``late`` charges it
+            if seconds is not None:
+                seconds.append(total)
         self._outcome(True)
         self._calls.labels(engine=kind, outcome="ok").inc()
         # The engine's own time (a call that waited in the worker queue is not slower).

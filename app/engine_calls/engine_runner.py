@@ -109,17 +109,9 @@ class EngineRunner:
             raise EngineTimeout("OCR took longer than the time its caller had left")
         if getattr(self._inside, "active", False):
             return self._start(elapsed, fn, *args, queued=False)
+        self._enter_queue()
         if self._interject is not None and self.orphans:
             return self._yielded(fn, args, timeout, elapsed)
-        with self._lock:
-            if self._waiting >= self._max_queue:
-                metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
-                raise EngineBusy(
-                    f"the engine queue is full ({self._max_queue} waiting); retry later",
-                    self._retry_after(),
-                )
-            self._waiting += 1
-            metrics.ENGINE_QUEUE_DEPTH.inc()
         # In the caller's context (its current span: the engine's spans are its children).
         call = contextvars.copy_context().run
         future: Future[T] = self._pool.submit(call, self._start, elapsed, fn, *args)
@@ -136,6 +128,18 @@ class EngineRunner:
                 if timeout == self._timeout
                 else f"OCR took longer than the {timeout:.3g} s its caller had left"
             ) from None
+
+    def _enter_queue(self) -> None:
+        """A call waits for the engine (EngineBusy when ``max_queue`` already do)."""
+        with self._lock:
+            if self._waiting >= self._max_queue:
+                metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
+                raise EngineBusy(
+                    f"the engine queue is full ({self._max_queue} waiting); retry later",
+                    self._retry_after(),
+                )
+            self._waiting += 1
+            metrics.ENGINE_QUEUE_DEPTH.inc()
 
     def interjected(self, fn: Callable[[], T], timeout: float) -> T:
         """``fn()`` on the engine's thread at the next pause of the call in progress (at
@@ -192,15 +196,23 @@ class EngineRunner:
         """``fn(*args)`` at the next pause of the orphan running. A call with under
         ``YIELD_MIN_SECONDS`` left is not begun there: it could not end in time, and once
         begun it could not be paused in turn for the next one."""
+        begun = threading.Event()  # it left the queue (it waits in it as a queued call does)
         if timeout < YIELD_MIN_SECONDS:
+            self._left_queue()
             metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
             raise EngineTimeout(f"OCR took longer than the {timeout:.3g} s its caller had left")
 
-        def begun() -> T:
+        def at_pause() -> T:
+            begun.set()
+            self._left_queue()
             metrics.ENGINE_ORPHAN_YIELDS.inc()
             return self._start(elapsed, fn, *args, queued=False)
 
-        return self.interjected(begun, timeout)
+        try:
+            return self.interjected(at_pause, timeout)
+        finally:
+            if not begun.is_set():
+                self._left_queue()
 
     def _orphaned(self, future: Future[T], late: Callable[[T], None] | None) -> None:
         """``future`` runs on though its caller has gone: counted until it ends (calls that

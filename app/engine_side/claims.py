@@ -6,7 +6,8 @@
 - A ticket idle longer than ``DISPATCH_CLAIM_MS`` (its holder died) is claimed by another
   engine, at most ``DISPATCH_MAX_DELIVERIES`` times: an image that kills engines is then
   failed, not retried forever. Engines look for such tickets when one of them stopped
-  reporting (``heartbeat.py``) or a ticket was handed back, not on a timer.
+  reporting (``heartbeat.py``), a ticket was handed back or a waiter found its ticket's
+  holder silent, and at each sweep (twice the claim time: what nothing told of).
 - A ticket nobody may still wait for is dropped unread: past its deadline, or its key's
   marker names another ticket (its requesters moved on to a newer one).
 - When done, a ticket is acknowledged and deleted with its marker (``queue_finish.lua``):

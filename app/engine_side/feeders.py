@@ -83,6 +83,7 @@ class Feeders:
         self._doorbell = Doorbell(store, names.bell, self._stopped)
         self.heartbeat = Heartbeat(
             names, label=label, labels=labels, hold_seconds=hold_seconds, live_ms=queue.live_ms,
+            sweep_seconds=2 * claim_ms / 1000,
         )  # fmt: skip
         self.reported = self.heartbeat.reported  # a slot has reported in: tickets are taken
         self.claims = Claims(
@@ -177,8 +178,8 @@ class Feeders:
         backoff, joined, look, reclaim = 0.1, False, True, False
         while not self._stopped.is_set():
             if broken():  # takes nothing; out of the register, so no ticket is handed to it
-                if joined and client is not None:
-                    self.heartbeat.leave(client, consumer)
+                if joined:
+                    self.heartbeat.leave(self._store, consumer)
                     joined = False
                 self._stopped.wait(UNHEALTHY_PAUSE_SECONDS)
                 continue
@@ -202,8 +203,9 @@ class Feeders:
                 if not tickets and not self._stopped.is_set():
                     heard = self._doorbell.listen(client)
                     # A quiet doorbell: nothing was submitted, so nothing to take (the lanes'
-                    # upkeep rings it if rings were lost); "retry": reclaim.
-                    look, reclaim = heard in ("ring", "woken"), heard == "retry"
+                    # upkeep rings it if rings were lost); "retry": reclaim, then take if
+                    # there was nothing to reclaim (a ring it took from a submission).
+                    look, reclaim = heard != "quiet", heard == "retry"
                     continue
                 backoff = 0.1
             except REDIS_ERRORS as exc:
@@ -225,7 +227,8 @@ class Feeders:
                 self.calls.computes(slot, False)
         if client is not None:  # stopped between tickets: nothing of ours is pending
             self.claims.forget(client, consumer)
-            self.heartbeat.leave(client, consumer)
+        if joined:
+            self.heartbeat.leave(self._store, consumer)
         self._connections.drop(slot, client)
 
 

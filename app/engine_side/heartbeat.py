@@ -13,6 +13,10 @@ tells the queue while it lives, for about one command a second (all its slots to
   one, sets ``reap``, wakes an idle slot of its own (``wake``), and that slot reclaims the
   dead engine's tickets once they are idle past the claim time (``claims.py``); the dead
   member leaves the register once it holds none (``queue_stale.lua``).
+- **The sweep**: every ``sweep_seconds`` (twice the claim time) ``reap`` is set without a
+  death seen: the next free slot reclaims what no ring or report told of (a ticket whose
+  finish failed on a Redis error, one a stopping slot still held, a ``retry`` ring dropped
+  while every slot was busy). A few commands per process per sweep.
 - **The gauges**: every ``GAUGE_SECONDS`` the process reads each lane's waiting tickets
   (``queue_lanes.lua``, which also keeps the ring whole and rings a silent doorbell when
   tickets wait) and the queue's picture (``inspect.py``): the depth, each tenant's waiting
@@ -58,9 +62,11 @@ class Heartbeat:
         labels: Callable[[], list[str]] = lambda: ["default"],
         hold_seconds: float = 300.0,
         live_ms: int = 3000,
+        sweep_seconds: float = 20.0,
     ) -> None:
         self._names = names
         self._live_ms = live_ms
+        self._sweep_seconds = sweep_seconds
         self._label = label
         self._labels = labels  # every tenant label there is now: each reported, 0 or not
         self._view_labels: set[str] = set()
@@ -88,40 +94,44 @@ class Heartbeat:
         """Report now (stopping: ``run`` looks at its event at once)."""
         self._kick.set()
 
-    def leave(self, client: Any, consumer: str) -> None:
+    def leave(self, store: RedisStore, consumer: str) -> None:
         """``consumer``'s slot stopped (or broke): no longer live (an idle one would hold
-        interjection back)."""
+        interjection back). Under the lock a report holds: a report begun before cannot
+        score it live again after."""
         with self._lock:
             self._members.discard(consumer)
-        try:
-            client.zrem(self._names.engines, consumer)
-        except REDIS_ERRORS:
-            pass  # it ages out of the register
+            store.run("dispatch", lambda c: c.zrem(self._names.engines, consumer))
+            # (if Redis did not answer, it ages out of the register)
 
     def run(self, store: RedisStore, stopped: threading.Event, wake: Callable[[], None]) -> None:
         """The process's reports until ``stopped``: the register every ``every`` seconds (and
         a dead engine looked for every other time: ``reap`` set and ``wake()`` called), the
-        gauges every ``GAUGE_SECONDS``."""
+        gauges every ``GAUGE_SECONDS``, the sweep every ``sweep_seconds``."""
         beats, next_gauges = 0, 0.0
+        next_sweep = time.monotonic() + self._sweep_seconds
         while not stopped.is_set():
+            self._kick.clear()  # before the members are read: a join after it reports at once
             with self._lock:
                 members = sorted(self._members)
-            if members:
                 look = beats % 2 == 1  # a dead engine is looked for every other report
-                ok, dead = store.run(
-                    "dispatch", lambda c, m=members, k=look: self.report_in(c, m, k)
+                ok, dead = (
+                    store.run("dispatch", lambda c, m=members, k=look: self.report_in(c, m, k))
+                    if members
+                    else (False, 0)
                 )
-                if ok:
-                    beats += 1
-                    self.reported.set()
-                    if dead:
-                        self.reap.set()
-                        wake()
-                if ok and time.monotonic() >= next_gauges:
+            if ok:
+                beats += 1
+                self.reported.set()
+                if dead:
+                    self.reap.set()
+                    wake()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self._sweep_seconds
+                    self.reap.set()  # a free slot looks at its next turn: no ring needed
+                if time.monotonic() >= next_gauges:
                     next_gauges = time.monotonic() + GAUGE_SECONDS
                     store.run("dispatch", self.report_gauges)
             self._kick.wait(self.every)
-            self._kick.clear()
 
     def report_in(self, client: Any, members: list[str], look: bool) -> int:
         """Score ``members`` live now; with ``look``, how many members stopped reporting (dead,

@@ -21,8 +21,8 @@ deadline.
 
 - **Bounded per lane**: a new ticket is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
   tickets per live engine (one, with none live) are already waiting in its tenant's lane (a
-  tenant's flood fills only its own); live engines are the feeders that reported lately
-  (within ``DISPATCH_CLAIM_MS``, and at least three of their polls, by Redis' clock). Its
+  tenant's flood fills only its own); live engines are the slots whose process reported
+  them within the live window (``live_ms``, ``app/engine_side/heartbeat.py``). Its
   ``Retry-After``: the mean engine call times the tickets waiting, over the live engines.
 - **Scale to zero**: a ticket is queued whether or not an engine is live; it waits for one
   to start (KEDA's activation on the backlog, ``app/queue/backlog.py``) up to its deadline.

@@ -162,7 +162,8 @@ while #lanes > 0 do
     if interject and ARGV[8] == '1' then
       for i = 1, #lanes do
         if credit[i] > 0 and not may[i] and sole[i] and sole[i] ~= pauser
-            and string.sub(lanes[i], -5) ~= '+jobs' then
+            and string.sub(lanes[i], -5) ~= '+jobs'
+            and redis.call('ZSCORE', KEYS[5], sole[i]) then  -- an engine (no interjector)
           local bell = KEYS[8] .. sole[i]
           redis.call('LPUSH', bell, 'passed')
           redis.call('LTRIM', bell, 0, 0)
