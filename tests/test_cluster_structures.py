@@ -554,6 +554,8 @@ def test_a_purge_reaches_every_master_and_keys_spread(make_app, topo: Topology) 
     )
     assert purged.status_code == 200 and purged.get_json()["removed"] >= sent
     assert topo.per_primary("ocr.acme:v1:*") == [0] * len(topo.primaries())
+    # Confirmed on each master itself (a Sentinel pool's connection once dialled localhost).
+    assert all(topo.per_primary("*:purgesync:*")), topo.per_primary("*:purgesync:*")
     assert ocr(client, WORD_EN.read_bytes()).headers["X-Cache"] == "HIT"  # the default's
     again = ocr(client, variant(WORD_EN, 1000), acme)
     assert again.status_code == 200 and again.headers["X-Cache"] == "MISS"

@@ -85,6 +85,9 @@ def confirm(client: Any, sync: str, wait_ms: int) -> str:
             connection = node.connection_pool.make_connection()
             name = "the master" if master is None else f"master {master.name}"
             waiting.append((name, connection, 0))
+            # Connected now: a Sentinel pool's connection finds the master only in connect();
+            # sent a command first, it would dial its default address (localhost:6379).
+            connection.connect()
             needed = replicas(connection, cluster)
             waiting[-1] = (name, connection, needed)
             key = _sync_key(client, master, sync)

@@ -179,7 +179,7 @@ class Feeders:
         while not self._stopped.is_set():
             if broken():  # takes nothing; out of the register, so no ticket is handed to it
                 if joined:
-                    self.heartbeat.leave(self._store, consumer)
+                    self.heartbeat.leave(consumer, client, self._store)
                     joined = False
                 self._stopped.wait(UNHEALTHY_PAUSE_SECONDS)
                 continue
@@ -228,7 +228,7 @@ class Feeders:
         if client is not None:  # stopped between tickets: nothing of ours is pending
             self.claims.forget(client, consumer)
         if joined:
-            self.heartbeat.leave(self._store, consumer)
+            self.heartbeat.leave(consumer, client)
         self._connections.drop(slot, client)
 
 

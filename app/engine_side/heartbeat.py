@@ -94,14 +94,22 @@ class Heartbeat:
         """Report now (stopping: ``run`` looks at its event at once)."""
         self._kick.set()
 
-    def leave(self, store: RedisStore, consumer: str) -> None:
+    def leave(self, consumer: str, client: Any, store: RedisStore | None = None) -> None:
         """``consumer``'s slot stopped (or broke): no longer live (an idle one would hold
         interjection back). Under the lock a report holds: a report begun before cannot
-        score it live again after."""
+        score it live again after. On the slot's own connection; without one (it failed),
+        through ``store`` (a broken slot of a running process), else not at all (stopping:
+        it ages out of the register, and a stopping process counts no Redis error)."""
         with self._lock:
             self._members.discard(consumer)
-            store.run("dispatch", lambda c: c.zrem(self._names.engines, consumer))
-            # (if Redis did not answer, it ages out of the register)
+            if client is None:
+                if store is not None:
+                    store.run("dispatch", lambda c: c.zrem(self._names.engines, consumer))
+                return
+            try:
+                client.zrem(self._names.engines, consumer)
+            except REDIS_ERRORS:
+                pass  # it ages out of the register
 
     def run(self, store: RedisStore, stopped: threading.Event, wake: Callable[[], None]) -> None:
         """The process's reports until ``stopped``: the register every ``every`` seconds (and
