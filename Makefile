@@ -12,10 +12,10 @@ export PYTHONDONTWRITEBYTECODE :=
 
 install: $(STAMP) install-edge
 
-# nginx, the edge `make run` puts in front of gunicorn (app/edge.py): the one on PATH, else
+# nginx, the edge `make run` puts in front of granian (app/edge.py): the one on PATH, else
 # the binary of Debian's nginx package unpacked into the venv, like promtool below
 # (installing the package itself would also install and start a system nginx service).
-# Without either, `make run` serves gunicorn directly and says so in one log line.
+# Without either, `make run` serves granian on the port itself and says so in one log line.
 NGINX := $(BIN)/nginx
 install-edge: | $(STAMP)
 	-@command -v nginx >/dev/null || test -x /usr/sbin/nginx || test -x $(NGINX) || \
@@ -24,7 +24,7 @@ install-edge: | $(STAMP)
 	    { apt-get update -q >/dev/null && apt-get download nginx >/dev/null; }; } && \
 	  dpkg-deb -x nginx_*.deb root && install -m 0755 root/usr/sbin/nginx $(CURDIR)/$(NGINX); \
 	  status=$$?; rm -rf $$tmp; \
-	  [ $$status -eq 0 ] || echo "nginx not installed: make run will serve gunicorn without the edge"; }
+	  [ $$status -eq 0 ] || echo "nginx not installed: make run will serve granian without the edge"; }
 
 # Idempotent: re-runs only when a requirements file changes.
 $(STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml
@@ -49,7 +49,7 @@ $(PROMTOOL): | $(STAMP)
 	status=$$?; rm -rf $$tmp; \
 	[ $$status -eq 0 ] || echo "promtool not installed: the alert rule tests will be skipped"
 
-# nginx on HTTP_PORT (9998) in front of gunicorn, gRPC on GRPC_PORT (18091).
+# nginx on HTTP_PORT (9998) in front of granian, gRPC on GRPC_PORT (18091).
 run: install
 	$(BIN)/python -m app serve
 
@@ -80,7 +80,7 @@ test: install install-tools install-redis
 	else $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); fi
 
 # The unit layer (no engine, no processes, no deployment checks), the loop to run on every
-# edit: 19-20 s on 2 cores once the bytecode is cached (below). Four pytest-xdist workers
+# edit: 18-19 s on 2 cores once the bytecode is cached (below). Four pytest-xdist workers
 # (19-20 s against 20-21 s with three: its tests mostly wait), each with its own Redis on a free port; a test file runs whole in one worker (its
 # tests keep their order and process, as tests/test_fuzz_parsers.py's example count needs),
 # the parser fuzzing at a third of make test's examples (FUZZ_PARSER_SCALE). schemathesis's
