@@ -42,7 +42,6 @@ class Fleet:
         self.base = f"http://127.0.0.1:{env['HTTP_PORT']}"
         self.grpc = f"127.0.0.1:{env['GRPC_PORT']}"
         self.engines: list[tuple[subprocess.Popen[str], Path]] = []
-        self.engine_ports: list[int] = []
 
     def log(self) -> str:
         logs = [self.tmp / "front.log", *(path for _, path in self.engines)]
@@ -50,8 +49,7 @@ class Fleet:
 
     def start_engine(self) -> subprocess.Popen[str]:
         log = self.tmp / f"engine-{len(self.engines)}.log"
-        self.engine_ports.append(free_port())
-        env = {**self.env, "ENGINE_PORT": str(self.engine_ports[-1])}
+        env = {**self.env, "ENGINE_PORT": str(free_port())}
         with log.open("w") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "app", "engine"], cwd=ROOT, env=env, text=True,
