@@ -24,6 +24,11 @@ share of them). Phases, one after the other on the same fleet:
 3. **held 30 s**: one engine process (the other stopped), both its slots on calls of 30 s, and
    8 misses sent behind them, which wait about 30 s each: per miss, the same counters.
 
+4. **a PING**: the queue master's CPU for a round trip that does nothing, on this machine
+   (a virtual machine where a system call is dear: tens of µs), the floor under each of the
+   few round trips a miss makes to the queue master (submit, take, the markers' read,
+   finish).
+
 Results: bench/results/queue_cost.json (with the git commit and the machine's load).
 """
 
@@ -100,6 +105,15 @@ class Masters:
             cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
             out[port] = (float(info["total_commands_processed"]), cpu)
         return out
+
+    def ping_cpu_us(self, count: int = 3000) -> float:
+        """The queue master's CPU for one round trip that does nothing (a PING): on this
+        machine the floor under every command a miss sends from outside a script."""
+        client = self.clients[self.queue]
+        before = self.counters()[self.queue][1]
+        for _ in range(count):
+            client.ping()
+        return round((self.counters()[self.queue][1] - before) / count * 1e6, 1)
 
     def split(self, before: dict, after: dict) -> dict[str, float]:
         """(queue master, mean of the others) commands and CPU ms over a phase, less the one
@@ -248,6 +262,8 @@ def main() -> None:
             held_row["loadavg"] = os.getloadavg()
             report["held_30s"] = held_row
             print("held 30 s:", json.dumps(held_row), flush=True)
+            report["ping_cpu_us"] = masters.ping_cpu_us()
+            print("a PING costs the queue master", report["ping_cpu_us"], "us", flush=True)
         finally:
             fleet.stop()
             cluster.stop()

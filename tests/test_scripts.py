@@ -245,6 +245,33 @@ def test_take_serves_the_lane_with_the_most_credit_and_charges_it(client: Any) -
     assert client.lrange(names.ring, 0, -1) == [b"a"]
 
 
+def test_a_lane_alone_is_read_in_turn_without_a_deficit(client: Any) -> None:
+    """One lane in the ring owes nobody: its tickets are read in ring order and charged its
+    mean cost, in four commands, and it keeps no deficit; once it is empty it leaves the
+    ring (the full pass)."""
+    names = queue(client)
+    live_engine(client, names)
+    first = text(submit(client, names, "a", "a0")[0])
+    second = text(submit(client, names, "a", "a1")[0])
+    client.hset(names.deficits, "a", "-3.0")  # from a round robin with a lane gone since
+    client.hset(names.costs, "a", "0.25")
+    before = _commands(client)
+    lane, entries, cost = take(client, names, "engine-1")
+    if before is not None:  # EVALSHA, LRANGE, XREADGROUP, HGET, HDEL (and the INFO)
+        assert _commands(client) - before == 6
+    assert text(lane) == "a" and [text(e[0]) for e in entries] == [first]
+    assert float(cost) == 0.25 and client.hget(names.deficits, "a") is None
+    assert [text(e[0]) for e in take(client, names, "engine-1")[1]] == [second]
+    assert take(client, names, "engine-1") == [] and client.llen(names.ring) == 0
+
+
+def _commands(client: Any) -> int | None:
+    """The server's commands processed so far (a single server; None on a cluster)."""
+    if not isinstance(client, redis.Redis):
+        return None
+    return int(client.info("stats")["total_commands_processed"])
+
+
 def test_take_interjects_only_while_every_live_engine_is_busy(client: Any) -> None:
     names = queue(client)
     live_engine(client, names, "e1")
@@ -347,8 +374,9 @@ def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any)
     names = queue(client)
     live_engine(client, names)
     ticket = text(submit(client, names, "a", "e1")[0])
+    submit(client, names, "b", "e2")  # two lanes: the round robin keeps their deficits
     client.delete(names.ring)
-    client.rpush(names.ring, "a")
+    client.rpush(names.ring, "a", "b")
     take(client, names, "engine-1")
     deficit = float(client.hget(names.deficits, "a"))
     marker = names.marker("e1", "sha")

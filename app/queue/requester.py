@@ -63,7 +63,9 @@ from app.vocabulary import EngineBusy, EngineTimeout, OcrCacheError, OcrResult
 Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
 
 # A waiter's fallback check on its ticket: first after ``poll_seconds``, then at doubling
-# gaps up to this (``TicketQueue._wait``).
+# gaps up to this (``TicketQueue._wait``). The service checks every this often
+# (``poll_seconds`` is this too): what sends no notice is rare (the LRU taking a queued
+# ticket), and a listener that reconnected makes every waiter check at once.
 CHECK_MAX_SECONDS = 16.0
 WAKE_SECONDS = 0.5  # how soon a waiter sees its withdrawal (a local wait: no Redis command)
 
@@ -251,12 +253,16 @@ class TicketQueue:
             finished = f"ok:{ticket_id}" in messages
             gone = f"gone:{ticket_id}" in messages  # left unrun: submit again (after a read)
             now = self._clock()
-            checking = now >= next_check
+            # "": the listener reconnected, and a notice sent meanwhile is lost: check now.
+            checking = now >= next_check or "" in messages
             if messages or checking:  # a notice (any ticket's entry of this key), or the check
                 ok, result, error = read(ticket_id)
                 if result is not None:
-                    # Ours, or another ticket's stored meanwhile: then ours is withdrawn unstarted.
-                    joined = not created or self._give_up(ticket_id, ticket, created, "")
+                    # Ours (finished: nothing to withdraw), or another ticket's stored
+                    # meanwhile: then ours is withdrawn unstarted.
+                    joined = not created or (
+                        not finished and self._give_up(ticket_id, ticket, created, "")
+                    )
                     return False, result, joined
                 if error is not None:
                     if self._outlives(error, created, deadline):

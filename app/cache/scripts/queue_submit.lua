@@ -4,7 +4,8 @@
 -- waits for an engine to start); a lane becoming active joins the ring at its head (it was
 -- served least lately) and the lanes, with its share; and ring both doorbells (idle
 -- engines', and busy engines' interjectors'; each holds a ring per live engine at most, one
--- with none). Few commands: this runs once per miss on the queue's one master.
+-- with none) while fewer tickets than engines wait in the lane. Few commands: this runs
+-- once per miss on the queue's one master.
 --
 -- KEYS[1] the lane's stream        KEYS[2] the live-engine register (sorted set)
 -- KEYS[3] the entry's marker       KEYS[4] the ring of lanes with waiting tickets
@@ -49,7 +50,11 @@ if not redis.call('LPOS', KEYS[4], ARGV[5]) then
   redis.call('SADD', KEYS[5], ARGV[5])
   redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
 end
-for bell = 7, 8 do
-  if redis.call('LPUSH', KEYS[bell], '1') > room then redis.call('LTRIM', KEYS[bell], 0, room - 1) end
+-- With as many tickets waiting as engines, every engine was rung or is busy (and takes
+-- again when its call ends): no ring.
+if waiting < room then
+  for bell = 7, 8 do
+    if redis.call('LPUSH', KEYS[bell], '1') > room then redis.call('LTRIM', KEYS[bell], 0, room - 1) end
+  end
 end
 return {id, waiting + 1, engines}

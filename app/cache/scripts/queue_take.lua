@@ -63,20 +63,45 @@ local function others_running(held, lane)
   end
   return false
 end
+local order = redis.call('LRANGE', ring, 0, -1)
+if #order == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
+-- A lane alone in the ring owes nobody and is owed nothing: its tickets are read in turn,
+-- charged its mean cost, and it keeps no deficit (a lane joining it later finds both just
+-- active). Four commands; the full pass below only when the read finds nothing (the lane
+-- is empty, or holds entries nobody can read).
+if not interject and #order == 1 then
+  local lane = order[1]
+  local ok, got = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                        'STREAMS', prefix .. lane, '>')
+  local entries = ok and got and got[1] and got[1][2] or {}
+  if #entries > 0 then
+    local charge = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
+    redis.call('HDEL', deficits, lane)
+    return {lane, entries, string.format('%.6f', charge)}
+  end
+end
+-- The deficits written by this pass, in one HSET at its end (``flush``).
+local written = {}
+local function flush()
+  local pairs_ = {}
+  for lane, value in pairs(written) do
+    pairs_[#pairs_ + 1] = lane
+    pairs_[#pairs_ + 1] = string.format('%.6f', value)
+  end
+  if #pairs_ > 0 then redis.call('HSET', deficits, unpack(pairs_)) end
+end
 -- The lanes with tickets waiting, in ring order; the others leave it and forget their deficit.
 local lanes, cost, share, credit, running, seen = {}, {}, {}, {}, {}, {}
 local mine = {}  -- of a lane's running tickets, how many the engine to pause holds
 local sole = {}  -- the one consumer holding all of a lane's running tickets, if one does
-local ringed_lanes = redis.call('LLEN', ring)
-if ringed_lanes == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
-for _ = 1, ringed_lanes do
-  local lane = redis.call('LPOP', ring)
-  if not lane then break end
+for _, lane in ipairs(order) do
   local stream = prefix .. lane
-  local ok, pending = pcall(redis.call, 'XPENDING', stream, group)
-  local waiting = ok and (redis.call('XLEN', stream) - pending[1]) or 0
-  if waiting > 0 and not seen[lane] then
-    seen[lane] = true
+  local ok, pending, waiting = false, nil, 0
+  if not seen[lane] then
+    ok, pending = pcall(redis.call, 'XPENDING', stream, group)
+    waiting = ok and (redis.call('XLEN', stream) - pending[1]) or 0
+  end
+  if waiting > 0 then
     local i = #lanes + 1
     lanes[i] = lane
     running[i] = pending[1]
@@ -94,6 +119,7 @@ for _ = 1, ringed_lanes do
   elseif not seen[lane] then
     redis.call('HDEL', deficits, lane)
   end
+  seen[lane] = true
 end
 -- A lane that has just become active starts with one quantum (the cheapest lane's ticket)
 -- times its share, as a lane reaching the head of a round robin does: its first ticket is
@@ -103,16 +129,23 @@ for i = 1, #lanes do quantum = math.min(quantum or cost[i], cost[i]) end
 for i = 1, #lanes do
   if credit[i] == nil then
     credit[i] = quantum * share[i]
-    redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
+    written[lanes[i]] = credit[i]
   end
 end
 local function ringed(first, spent)
   -- The ring again: from the lane served on (behind it the lanes passed over), and the
-  -- served lane last once its credit is spent.
+  -- served lane last once its credit is spent; written only if its order changed. The
+  -- deficits of the pass written too.
+  flush()
+  local again = {}
+  for i = (spent and first + 1 or first), #lanes do again[#again + 1] = lanes[i] end
+  for i = 1, first - 1 do again[#again + 1] = lanes[i] end
+  if spent and lanes[first] then again[#again + 1] = lanes[first] end
+  local same = #again == #order
+  for i = 1, #again do same = same and again[i] == order[i] end
+  if same then return end
   redis.call('DEL', ring)
-  for i = (spent and first + 1 or first), #lanes do redis.call('RPUSH', ring, lanes[i]) end
-  for i = 1, first - 1 do redis.call('RPUSH', ring, lanes[i]) end
-  if spent and lanes[first] then redis.call('RPUSH', ring, lanes[first]) end
+  if #again > 0 then redis.call('RPUSH', ring, unpack(again)) end
 end
 -- Interjecting: which lanes may pause the call. A lane whose running tickets are all the
 -- call to pause (of that lane alone) pauses itself, while another lane holds an engine
@@ -151,7 +184,7 @@ while #lanes > 0 do
     end
     for i = 1, #lanes do
       credit[i] = credit[i] + rounds * quantum * share[i]
-      redis.call('HSET', deficits, lanes[i], string.format('%.6f', credit[i]))
+      written[lanes[i]] = credit[i]
       if servable(i) and (not chosen or credit[i] > credit[chosen]) then chosen = i end
     end
     -- (a remainder of the rounds may leave the first lane at 0 rather than above it)
@@ -178,7 +211,7 @@ while #lanes > 0 do
   local entries = got and got[1] and got[1][2] or {}
   if #entries > 0 then
     credit[chosen] = credit[chosen] - cost[chosen] * #entries
-    redis.call('HSET', deficits, lanes[chosen], string.format('%.6f', credit[chosen]))
+    written[lanes[chosen]] = credit[chosen]
     ringed(chosen, credit[chosen] <= 0)
     return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
   end
@@ -191,10 +224,12 @@ while #lanes > 0 do
   for _, e in ipairs(redis.call('XRANGE', stream, '-', '+', 'COUNT', 1000)) do
     if not held[e[1]] then redis.call('XDEL', stream, e[1]) end
   end
+  written[lanes[chosen]] = nil
   redis.call('HDEL', deficits, lanes[chosen])
   table.remove(lanes, chosen); table.remove(cost, chosen)
   table.remove(share, chosen); table.remove(credit, chosen); table.remove(running, chosen)
   table.remove(mine, chosen); table.remove(may, chosen); table.remove(sole, chosen)
 end
+flush()
 redis.call('DEL', ring)
 return {}
