@@ -13,7 +13,9 @@ worker and replica shares one schedule.
   (``claims.py``). A lane with nothing waiting leaves the ring and forgets its deficit (no
   banked credit, no debt).
 - A take serves one lane, at most ``ENGINE_BATCH_MAX`` tickets, in one pass over the ring
-  whatever the costs.
+  whatever the costs. A lane alone in the ring owes nobody: its tickets are read in turn,
+  charged its mean cost, and it keeps no deficit (four commands, the common case of one
+  tenant); a lane that joins it finds both just active.
 - The queue's keys may be evicted like any other (``allkeys-lru``): a lane missing from the
   ring is put back by its waiters' checks and by every engine's report; lost deficits or
   costs only reset the schedule.

@@ -13,7 +13,8 @@ entry's done channel (``app/cache/notify.py``), which says how its ticket ended:
 (read the entry), ``error``, ``lost`` (no entry could be stored: compute it here) or
 ``gone`` (it left the queue unrun: its creator gave up, or an engine dropped it past its
 deadline; submit again). Waiting costs Redis nothing else but a fallback check on the ticket
-at doubling gaps (``CHECK_MAX_SECONDS`` at most), for what sends no notice: a ticket
+every ``CHECK_MAX_SECONDS`` (and at once after the listener reconnected: a notice sent
+meanwhile is lost), for what sends no notice: a ticket
 that vanished (taken by the LRU with the stream or its marker) is submitted again, a ticket
 whose lane the LRU took from the ring is put back. Every key here may be evicted under
 ``allkeys-lru``: that costs a resubmission or one local engine call, never a wait to the
