@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
-from app import logformat, logsafe, tracing
+from app import logformat, logsafe, memory, tracing
 from app.config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ def front(settings: Settings) -> int:
     once its socket is bound, stops it gracefully before its own workers, and stops the
     service should nginx die. Its workers hold no engine: misses go to the engine processes
     (the queue, else ``ENGINE_URLS``)."""
+    memory.start_with_front_allocators()
     from app.edge import find_nginx
     from app.front_server import FrontServer, prepare_metrics_dir
 

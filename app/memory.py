@@ -22,14 +22,41 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
 
 # glibc's largest (64-bit): covers MAX_REQUEST_BYTES' default (20 MiB), so bodies stay in the heap.
 MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 64 * 1024 * 1024  # free heap kept for the next bodies before it is returned
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
+# The front's two allocators, read from the environment when its process starts: glibc's
+# (Python's bodies) and the jemalloc inside granian (its Rust side: each connection's request
+# bodies). Their defaults keep what a phase of large bodies freed: a front worker held about
+# 250 MB after 312 KB hits or large misses, released neither by ``malloc_trim`` nor by time
+# (jemalloc purges only on its next allocations, in each of 8 arenas; glibc keeps an arena
+# per busy thread). One jemalloc arena that purges freed pages after a second from its own
+# thread, and two glibc arenas: about 150 MB after the same misses (docs/PERFORMANCE.md).
+FRONT_ALLOCATORS = {
+    "MALLOC_ARENA_MAX": "2",
+    "_RJEM_MALLOC_CONF": "background_thread:true,narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0",
+}
+
 log = logging.getLogger(__name__)
+
+
+def start_with_front_allocators(environ: Mapping[str, str] = os.environ) -> None:
+    """Start this process again (the same PID, ``execv``) with ``FRONT_ALLOCATORS`` in its
+    environment, each unless already set (the operator's own choice stays); returns only
+    when nothing is missing. Allocators read these once, at the process's start."""
+    missing = {name: value for name, value in FRONT_ALLOCATORS.items() if name not in environ}
+    if not missing:
+        return
+    os.environ.update(missing)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 def keep_large_buffers() -> bool:

@@ -1,7 +1,8 @@
 """The front's server (granian, app/front_server.py) keeps what gunicorn did for the front:
 a crashed worker is replaced and its live gauges dropped, a hung worker is killed and
 replaced, a worker over its memory bound is replaced, keep-alive outlasts nginx's, no
-forwarded header is trusted, its own lines are JSON, nginx starts only once a worker listens."""
+forwarded header is trusted, its own lines are JSON, nginx starts only once a worker listens,
+its allocators set to give back what large bodies freed (measured by bench/edge.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import requests
 from app.config import Settings
 from app.edge import UPSTREAM_KEEPALIVE_SECONDS, render
 from app.front_server import server_options
+from app.memory import FRONT_ALLOCATORS
 from app.ports import free_port
 from tests.conftest import ROOT
 from tests.fleet import wait_for
@@ -162,7 +164,16 @@ def test_a_worker_over_its_memory_bound_is_replaced(front_factory):
 
 
 def test_the_server_log_lines_are_json_and_nginx_started_after_a_worker_listened(front_factory):
-    front = front_factory()
+    front = front_factory(MALLOC_ARENA_MAX="4")  # the operator's own allocator setting
+    # The workers run with the front's allocator settings, an operator's own value kept
+    # (allocators read them once, as the process starts: the front starts itself again).
+    for pid in front.workers() + [front.proc.pid]:
+        environ = dict(
+            entry.split(b"=", 1) for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if b"=" in entry
+        )  # fmt: skip
+        assert environ[b"MALLOC_ARENA_MAX"] == b"4", pid
+        assert environ[b"_RJEM_MALLOC_CONF"] == FRONT_ALLOCATORS["_RJEM_MALLOC_CONF"].encode()
     assert front.stop() == 0
     lines = [json.loads(line) for line in front.output().splitlines() if line.startswith('{"')]
     ours = [line for line in lines if line.get("logger", "").startswith("_granian")]
