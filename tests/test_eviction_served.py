@@ -70,6 +70,10 @@ def test_misses_complete_while_redis_evicts_the_queue(lru_redis):
         "WEB_CONCURRENCY": "2",
         "ENGINE_PROCESSES": "2",
         "OCR_TIMEOUT_SECONDS": "60",
+        # A waiter checks its ticket at 1, 3, 7, 15 s (the service: every 16 s): this test
+        # takes the queue's keys several times a second, far more often than an LRU takes
+        # keys that every miss touches.
+        "DISPATCH_CHECK_SECONDS": "1",
     }
     answers: dict[int, tuple[int, list[str] | str]] = {}
     with serving(overrides, stop_seconds=120) as (_, base):

@@ -41,7 +41,7 @@ from app.cache.tier import Chain, Tier
 from app.engine_calls.compute import Computer, Ttl
 from app.engine_calls.engine_runner import EngineRunner
 from app.engines.base import Engine
-from app.queue.requester import CHECK_MAX_SECONDS, TicketQueue
+from app.queue.requester import TicketQueue
 from app.queue.ticket import BLOCK_MS
 from app.tenants import TenantBook
 
@@ -169,7 +169,7 @@ def build(
             redis, keys, notifier,
             per_engine_max=dispatch.queue_max,
             live_ms=max(dispatch.claim_ms, 3 * BLOCK_MS),
-            poll_seconds=CHECK_MAX_SECONDS,  # a waiter's fallback check on its ticket
+            poll_seconds=dispatch.check_seconds,  # a waiter's fallback check on its ticket
             mean_seconds=lambda: runner.mean_seconds,
             writer=codec.writer,
             fair=fair,

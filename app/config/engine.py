@@ -55,6 +55,12 @@ class DispatchSettings(Section):
         10_000,
         "a ticket its engine stopped touching this long is claimed by another engine",
     )
+    check_seconds: float = env(
+        "DISPATCH_CHECK_SECONDS",
+        e.number(0.1, 3600.0),
+        16.0,
+        "how often a waiting miss that heard nothing checks that its ticket is still queued (a fallback: notices tell how tickets end; the LRU may take a queued one)",
+    )
     max_deliveries: int = env(
         "DISPATCH_MAX_DELIVERIES",
         e.integer(1, 100),

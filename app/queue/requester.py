@@ -13,7 +13,7 @@ entry's done channel (``app/cache/notify.py``), which says how its ticket ended:
 (read the entry), ``error``, ``lost`` (no entry could be stored: compute it here) or
 ``gone`` (it left the queue unrun: its creator gave up, or an engine dropped it past its
 deadline; submit again). Waiting costs Redis nothing else but a fallback check on the ticket
-every ``CHECK_MAX_SECONDS`` (and at once after the listener reconnected: a notice sent
+every ``DISPATCH_CHECK_SECONDS`` (and at once after the listener reconnected: a notice sent
 meanwhile is lost), for what sends no notice: a ticket
 that vanished (taken by the LRU with the stream or its marker) is submitted again, a ticket
 whose lane the LRU took from the ring is put back. Every key here may be evicted under
@@ -63,10 +63,10 @@ from app.vocabulary import EngineBusy, EngineTimeout, OcrCacheError, OcrResult
 
 Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
 
-# A waiter's fallback check on its ticket: first after ``poll_seconds``, then at doubling
-# gaps up to this (``TicketQueue._wait``). The service checks every this often
-# (``poll_seconds`` is this too): what sends no notice is rare (the LRU taking a queued
-# ticket), and a listener that reconnected makes every waiter check at once.
+# A waiter's fallback check on its ticket: first after ``poll_seconds``
+# (``DISPATCH_CHECK_SECONDS``), then at doubling gaps up to this or ``poll_seconds``,
+# whichever is longer (``TicketQueue._wait``). What sends no notice is rare (the LRU taking a
+# queued ticket), and a listener that reconnected makes every waiter check at once.
 CHECK_MAX_SECONDS = 16.0
 WAKE_SECONDS = 0.5  # how soon a waiter sees its withdrawal (a local wait: no Redis command)
 
@@ -284,7 +284,7 @@ class TicketQueue:
                 self._give_up(ticket_id, ticket, created)
                 raise EngineTimeout(f"OCR took longer than OCR_TIMEOUT_SECONDS ({ticket_id})")
             if checking:
-                gap = min(2 * gap, CHECK_MAX_SECONDS)
+                gap = min(2 * gap, max(CHECK_MAX_SECONDS, self._poll_seconds))
                 next_check = now + gap
                 if not self._alive(ticket_id, ticket):
                     # Finished since the read (its entry is stored before it leaves the queue,
