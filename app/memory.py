@@ -24,7 +24,7 @@ import ctypes
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 # glibc's largest (64-bit): covers MAX_REQUEST_BYTES' default (20 MiB), so bodies stay in the heap.
 MMAP_THRESHOLD = 32 * 1024 * 1024
@@ -46,11 +46,11 @@ FRONT_ALLOCATORS = {
 log = logging.getLogger(__name__)
 
 
-def start_with_front_allocators(environ: Mapping[str, str] = os.environ) -> None:
+def start_with_front_allocators() -> None:
     """Start this process again (the same PID, ``execv``) with ``FRONT_ALLOCATORS`` in its
     environment, each unless already set (the operator's own choice stays); returns only
     when nothing is missing. Allocators read these once, at the process's start."""
-    missing = {name: value for name, value in FRONT_ALLOCATORS.items() if name not in environ}
+    missing = {name: v for name, v in FRONT_ALLOCATORS.items() if name not in os.environ}
     if not missing:
         return
     os.environ.update(missing)
