@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,23 @@ def stats(base: str) -> dict[str, Any]:
     return requests.get(f"{base}/v1/stats", timeout=10).json()
 
 
+def settled(base: str) -> dict[str, Any]:
+    """The figures once the engine calls counted in this process (every app a test here built
+    shares the engine and its counter) held still for 2 s: a call another test left behind
+    does not land in this test's count. At most a minute."""
+    last, deadline = stats(base), time.monotonic() + 60
+    while True:
+        time.sleep(2)
+        now = stats(base)
+        if now["engine"]["calls"] == last["engine"]["calls"] or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def test_ocr_folder_json_lines_summary_then_hits(live_service, corpus_folder, tmp_path):  # noqa: F811
     base = live_service()
     out = tmp_path / "results.jsonl"
-    before = stats(base)
+    before = settled(base)
 
     first = run_cli("ocr", str(corpus_folder), "--server", base, "--json", "--out", str(out),
                     "--concurrency", "2")  # fmt: skip
