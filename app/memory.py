@@ -37,7 +37,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 # 250 MB after 312 KB hits or large misses, released neither by ``malloc_trim`` nor by time
 # (jemalloc purges only on its next allocations, in each of 8 arenas; glibc keeps an arena
 # per busy thread). One jemalloc arena that purges freed pages after a second from its own
-# thread, and two glibc arenas: about 150 MB after the same misses (docs/PERFORMANCE.md).
+# thread, and two glibc arenas: at most 212 MB after the same misses, 271 with the defaults
+# (``python -m bench.front_memory``, docs/PERFORMANCE.md).
 FRONT_ALLOCATORS = {
     "MALLOC_ARENA_MAX": "2",
     "_RJEM_MALLOC_CONF": "background_thread:true,narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0",

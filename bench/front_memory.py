@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -86,12 +85,10 @@ def main() -> None:
             batch = images[(2 * i + (name == "defaults")) * MISSES :][:MISSES]
             runs[name].append(measure(settings, batch))
             print(name, json.dumps(runs[name][-1]), flush=True)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=edge.ROOT,
-                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     report = {
         "issue": 45,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "commit": head,
+        "commit": edge._git("rev-parse", "--short", "HEAD"),
         "front_allocators": memory.FRONT_ALLOCATORS,
         "defaults": DEFAULTS,
         "runs": runs,

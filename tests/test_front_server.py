@@ -2,7 +2,7 @@
 a crashed worker is replaced and its live gauges dropped, a hung worker is killed and
 replaced, a worker over its memory bound is replaced, keep-alive outlasts nginx's, no
 forwarded header is trusted, its own lines are JSON, nginx starts only once a worker listens,
-its allocators set to give back what large bodies freed (measured by bench/edge.py)."""
+its allocators set to give back what large bodies freed (measured by bench/front_memory.py)."""
 
 from __future__ import annotations
 

@@ -230,9 +230,10 @@ class TicketQueue:
         submit again), and a notice wakes a read. A check on the ticket itself
         (``queue_alive``) is only the fallback for what sends no notice (the LRU took the
         ticket or its marker, a notice lost while the listener reconnected): at
-        ``poll_seconds``, then at doubling gaps up to ``CHECK_MAX_SECONDS``, so a long wait
-        costs a few checks more than a short one, not one per half second. The local wake-ups
-        in between (deadline, withdrawal) send nothing."""
+        ``poll_seconds``, then at doubling gaps up to ``CHECK_MAX_SECONDS`` (or
+        ``poll_seconds`` if longer), so a long wait costs a few checks more than a short one,
+        not one per half second. The local wake-ups in between (deadline, withdrawal) send
+        nothing."""
         seen, cancel = 0, _CANCEL.get()
         gap = self._poll_seconds
         # A joiner reads at once: the ticket it joined may have announced its entry before

@@ -63,6 +63,10 @@ local function others_running(held, lane)
   end
   return false
 end
+-- What a ticket of ``lane`` is charged: its mean cost, else this engine's mean call.
+local function mean_cost(lane)
+  return math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
+end
 local order = redis.call('LRANGE', ring, 0, -1)
 if #order == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
 -- A lane alone in the ring owes nobody and is owed nothing: its tickets are read in turn,
@@ -75,7 +79,7 @@ if not interject and #order == 1 then
                         'STREAMS', prefix .. lane, '>')
   local entries = ok and got and got[1] and got[1][2] or {}
   if #entries > 0 then
-    local charge = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
+    local charge = mean_cost(lane)
     redis.call('HDEL', deficits, lane)
     return {lane, entries, string.format('%.6f', charge)}
   end
@@ -113,7 +117,7 @@ for _, lane in ipairs(order) do
       end
       if #pending[4] == 1 then sole[i] = pending[4][1][1] end
     end
-    cost[i] = math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
+    cost[i] = mean_cost(lane)
     share[i] = math.max(tonumber(redis.call('HGET', shares, lane) or '') or 1, 0.001)
     credit[i] = tonumber(redis.call('HGET', deficits, lane) or '')  -- nil: just active
   elseif not seen[lane] then
