@@ -134,7 +134,8 @@ DISPATCH_ENGINES = Gauge(
 DISPATCH_TICKETS = Counter(
     "ocr_dispatch_tickets_total",
     "Tickets (queued misses) by what became of them at an engine (computed, failed, caller_gone, "
-    "already_stored, reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES; "
+    "already_stored, image_gone: its image evicted before it ran (its waiters submit again), "
+    "reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES; "
     "interjected: taken to run inside an engine's call in progress, counted again as computed; "
     "retried: failed by its engine unexpectedly and handed back for another, counted as failed)",
     ["outcome"],

@@ -198,10 +198,12 @@ def test_a_ticket_whose_caller_gave_up_is_not_computed(settings, redis_client):
     assert engine.calls == 1  # the abandoned ticket never reached the engine
 
 
-def plant(client: Any, names: QueueKeys, fields: list[str | bytes]) -> None:
-    """A ticket written straight into the default lane, as a writer to Redis could: the lane
-    registered and in the round robin's ring, the idle engines' doorbell rung, as submitting
-    does."""
+def plant(client: Any, names: QueueKeys, ticket: Ticket) -> None:
+    """A ticket written straight into the default lane, as a writer to Redis could: its image
+    in its key, the lane registered and in the round robin's ring, the idle engines' doorbell
+    rung, as submitting does."""
+    fields = ticket.fields()
+    client.set(names.image(ticket.key, ticket.sha256), ticket.data, px=60_000)
     try:
         client.xgroup_create(names.stream("~"), "engines", id="0", mkstream=True)
     except redis.ResponseError:  # BUSYGROUP: it exists
@@ -223,10 +225,9 @@ def test_a_superseded_ticket_is_dropped_by_its_consumer(settings, redis_client):
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     orphan = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                  IMAGES[0])  # fmt: skip
-    fields = orphan.fields()
     marker = names.marker(key, orphan.sha256)
     redis_client.set(marker, "9999999999999-0", px=60_000)  # the newer ticket
-    plant(redis_client, names, fields)
+    plant(redis_client, names, orphan)
     wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the orphan was never taken")
     assert engine.calls == 0 and redis_client.exists(key) == 0
     redis_client.delete(marker)
@@ -245,8 +246,7 @@ def test_a_ticket_whose_entry_is_already_stored_is_not_computed(settings, redis_
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     late = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                IMAGES[0])  # fmt: skip
-    fields = late.fields()
-    plant(redis_client, names, fields)
+    plant(redis_client, names, late)
     wait_for(lambda: redis_client.xlen(stream) == 0, "the late ticket was never taken")
     assert engine.calls == 1
     assert counter("ocr_dispatch_tickets_total", outcome="already_stored") == stored + 1
@@ -271,8 +271,7 @@ def test_a_forged_ticket_is_refused_and_nothing_is_stored(settings, redis_client
     else:
         tenant = "acme"
     forged = Ticket(key, digest_image(data).sha256, params, tenant, 60, time.time() + 60, data)
-    fields = forged.fields()
-    plant(redis_client, names, fields)
+    plant(redis_client, names, forged)
     wait_for(lambda: redis_client.xlen(names.stream("~")) == 0, "the forged ticket was never taken")
     wait_for(lambda: counter("ocr_dispatch_tickets_total", outcome="failed") == failed + 1,
              "the forged ticket was not refused")  # fmt: skip

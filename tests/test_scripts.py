@@ -94,7 +94,9 @@ def submit(
     marker = names.marker(entry, "sha")
     keys = [names.stream(lane), names.engines, marker, names.ring, names.lanes, names.shares,
             names.bell, names.interject_bell, names.stream_prefix]  # fmt: skip
-    args = [GROUP, per_engine, 10_000, 60_000, lane, "2", "key", entry, "data", b"\x00\xff"]
+    seconds, micros = client.time()  # the front's clock: the server's here
+    now = seconds * 1000 + micros // 1000
+    args = [GROUP, per_engine, 10_000, 60_000, lane, "2", now, "key", entry, "fmt", "2"]
     return scripts.QUEUE_SUBMIT(client, keys, args)
 
 
@@ -128,7 +130,7 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     assert client.lrange(names.bell, 0, -1) == [b"1"]
     assert client.lrange(names.interject_bell, 0, -1) == [b"1"]
     (entry_id, fields), = client.xrange(names.stream("a"))  # fmt: skip
-    assert text(entry_id) == ticket and fields == {b"key": b"e1", b"data": b"\x00\xff"}
+    assert text(entry_id) == ticket and fields == {b"key": b"e1", b"fmt": b"2"}
     joined = submit(client, names, "a", "e1")
     assert text(joined[0]) == ticket and int(joined[1]) == -1  # the same entry: joined
     assert text(joined[3]) == "a"

@@ -1,8 +1,10 @@
 """A ticket names its wire format (``fmt``), so two adjacent releases of fronts and engines
-share one queue during a rolling update: a ticket without the field is format 1 (the layout
-before it existed) and is computed; a ticket in a format this engine does not read is
-failed with a clear error marker, never misread. Against a real embedded Redis, with the
-counting engine doubles of the unit layer."""
+share one queue during a rolling update: fronts write format 2 (the image in its own key);
+a ticket without the field is format 1 (the layout before it existed, the image inside) and
+is computed, as is one that says ``1``; a ticket in a format this engine does not read is
+failed with a clear error marker, never misread; a format 2 ticket whose image was evicted is
+dropped and its waiter submits again. Against a real embedded Redis, with the counting
+engine doubles of the unit layer."""
 
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ def a_ticket(data: bytes = b"image", **changes: Any) -> Ticket:
                   time.time() + 60, data, archive=False, **changes)  # fmt: skip
 
 
+def format_1(ticket: Ticket) -> list[str | bytes]:
+    """What a front of the release before the ``fmt`` field wrote: the image inside."""
+    return [*ticket.fields()[2:], "data", ticket.data]
+
+
 def raw(fields: list[str | bytes]) -> dict[bytes, bytes]:
     """The fields as a stream entry reads back (bytes both sides)."""
     as_bytes = [f.encode() if isinstance(f, str) else f for f in fields]
@@ -54,28 +61,33 @@ def test_a_front_writes_its_format_and_an_engine_reads_it_back() -> None:
     ticket = a_ticket()
     fields = ticket.fields()
     assert fields[:2] == ["fmt", FORMAT] and FORMAT in READS
+    assert "data" not in fields and ticket.data not in fields  # its image goes to its own key
     back = Ticket.from_fields("1-0", raw(fields), deliveries=2, lane="acme")
-    assert back == replace(ticket, id="1-0", deliveries=2, lane="acme")
+    assert back == replace(ticket, id="1-0", deliveries=2, lane="acme", data=b"",
+                           awaits_image=True)  # fmt: skip
 
 
 def test_a_ticket_without_the_field_is_format_1() -> None:
     """What fronts of the release before the field wrote: read as it always was."""
-    fields = a_ticket().fields()[2:]
+    fields = format_1(a_ticket())
     assert "fmt" not in fields
     decoded = decode("1-0", raw(fields), lane="acme")
     assert decoded.ok and decoded.ticket.key == a_ticket().key
+    assert decoded.ticket.data == b"image" and not decoded.ticket.awaits_image
+    said = decode("1-0", raw(["fmt", "1", *fields]), lane="acme")
+    assert said.ok and said.ticket == decoded.ticket
 
 
 def test_a_ticket_of_an_unknown_format_is_not_misread() -> None:
-    fields = ["fmt", "2", *a_ticket().fields()[2:]]
+    fields = ["fmt", "3", *a_ticket().fields()[2:]]
     with pytest.raises(UnknownFormat):
         Ticket.from_fields("1-0", raw(fields))
     decoded = decode("1-0", raw(fields), lane="acme")
     assert not decoded.ok and not decoded.malformed
     assert decoded.ticket.key == a_ticket().key and decoded.ticket.id == "1-0"
-    assert decoded.marker.startswith("error:ticket format '2' is unknown to this engine")
+    assert decoded.marker.startswith("error:ticket format '3' is unknown to this engine")
     # Without even its envelope (key, SHA-256, deadline): malformed, dropped unread.
-    gone = decode("2-0", raw(["fmt", "2", "key", "k"]), lane="acme")
+    gone = decode("2-0", raw(["fmt", "3", "key", "k"]), lane="acme")
     assert gone.malformed and gone.ticket.id == "2-0"
 
 
@@ -101,7 +113,7 @@ def test_an_engine_computes_a_queued_ticket_without_the_field(settings, redis_cl
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     old = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                  IMAGES[0])  # fmt: skip
-    plant(redis_client, names, old.fields()[2:])
+    plant(redis_client, names, format_1(old))
     deadline = time.monotonic() + WAIT
     while redis_client.xlen(names.stream("~")) or not redis_client.exists(key):
         assert time.monotonic() < deadline, "the ticket was not computed"
@@ -124,7 +136,7 @@ def test_an_engine_fails_a_ticket_of_a_newer_format_and_its_waiter_hears_why(
     key = front.key_for(digest_image(IMAGES[0]), OcrParams())
     newer = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                    IMAGES[0])  # fmt: skip
-    entry = plant(redis_client, names, ["fmt", "2", *newer.fields()[2:], "more", "fields"])
+    entry = plant(redis_client, names, ["fmt", "3", *newer.fields()[2:], "more", "fields"])
     redis_client.set(queue.marker(newer), entry, px=60_000)  # as submitting leaves it
     joined = threading.Event()
 
@@ -139,7 +151,7 @@ def test_an_engine_fails_a_ticket_of_a_newer_format_and_its_waiter_hears_why(
         asked = pool.submit(queue.request, newer, read, WAIT)
         assert joined.wait(WAIT)  # a waiter on the newer front's ticket
         make_cache(settings, engine)  # an engine of this release starts
-        with pytest.raises(TicketFailed, match="ticket format '2' is unknown to this engine"):
+        with pytest.raises(TicketFailed, match="ticket format '3' is unknown to this engine"):
             asked.result(WAIT)
     assert engine.calls == 0
     assert failed() == before + 1
@@ -148,3 +160,44 @@ def test_an_engine_fails_a_ticket_of_a_newer_format_and_its_waiter_hears_why(
         assert time.monotonic() < deadline, "the unreadable ticket stayed in the queue"
         time.sleep(0.01)
     assert not redis_client.exists(queue.marker(newer))  # its key is free for a new ticket
+
+
+def test_a_ticket_whose_image_was_evicted_is_submitted_again(settings, redis_client) -> None:
+    """The LRU took a queued ticket's image (format 2: its own key): the engine that takes
+    the ticket drops it unrun, its waiter hears ``gone`` and submits again (its image
+    written anew), and the second ticket is computed: one engine call, no error."""
+    front = make_cache(settings, SerialEngine())
+    front.close()  # its own feeders take nothing: the engine below does
+    queue = front._misses._queue
+    assert queue is not None
+    stand_in_engine(redis_client, queue.names.engines)
+    key = front.key_for(digest_image(IMAGES[0]), OcrParams())
+    ticket = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
+                    IMAGES[0])  # fmt: skip
+
+    def read(ticket_id: str) -> tuple[bool, OcrResult | None, str | None]:
+        return True, OcrResult(1, 1) if redis_client.exists(key) else None, None
+
+    def image_gone() -> float:
+        sample = {"outcome": "image_gone"}
+        return REGISTRY.get_sample_value("ocr_dispatch_tickets_total", sample) or 0.0
+
+    before = image_gone()
+    engine = SerialEngine()
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(queue.request, ticket, read, WAIT)
+        deadline = time.monotonic() + WAIT
+        while not redis_client.exists(queue.marker(ticket)):
+            assert time.monotonic() < deadline, "the ticket was not queued"
+            time.sleep(0.01)
+        first = redis_client.get(queue.marker(ticket))
+        assert redis_client.get(queue.image(ticket)) == IMAGES[0]
+        (_, fields), = redis_client.xrange(queue.stream(ticket))  # fmt: skip
+        assert fields[b"fmt"] == b"2" and IMAGES[0] not in fields.values()
+        redis_client.delete(queue.image(ticket))  # evicted
+        make_cache(settings, engine)  # an engine starts and takes it
+        result, joined = asked.result(WAIT)
+    assert result is not None and not joined
+    assert engine.calls == 1 and image_gone() == before + 1
+    assert redis_client.get(queue.marker(ticket)) != first  # a second ticket computed it
+    assert redis_client.exists(key)

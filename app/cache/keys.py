@@ -40,7 +40,7 @@ class QueueKeys:
     tickets and their deficits, shares and ticket costs (deficit round robin,
     ``app/engine_side/scheduler.py``), every lane that has a stream, the doorbell that wakes an
     idle engine and the one that wakes a busy engine's interjector, the live-engine register
-    and the ticket markers. Any of them may be evicted under ``allkeys-lru``:
+    and the ticket markers and images. Any of them may be evicted under ``allkeys-lru``:
     ``app/queue/requester.py`` says what that costs. The key strings keep their first names
     (``jobs:{lane}``, ``job:{entry}:{sha256}``): renaming them would split the queue of a
     rolling update."""
@@ -101,6 +101,12 @@ class QueueKeys:
         """Which ticket computes ``entry`` for the image ``sha256`` (its id), while one does.
         Per SHA-256: two images with one MD5 share a key, never a ticket."""
         return f"{self.tag}:job:{entry}:{sha256}"
+
+    def image(self, entry: str, sha256: str) -> str:
+        """The image bytes of the tickets that compute ``entry`` for ``sha256`` (format 2:
+        written beside the ticket, not in it, so they never pass through the queue's Lua
+        scripts; ``app/queue/ticket.py``), for as long as its marker lives."""
+        return f"{self.tag}:image:{entry}:{sha256}"
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -88,10 +89,14 @@ class Claims:
     ) -> None:
         """Serve the tickets (each charged ``cost`` when taken), holding them meanwhile, then
         finish them with their lanes' deficits corrected by the engine time they really took."""
+        wanted: list[Ticket] = []
         try:
             wanted = self._wanted(client, tickets)
         except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
-            wanted = [ticket for ticket in tickets if ticket.deadline > time.time()]
+            now = time.time()
+            wanted = [t for t in tickets if t.deadline > now and not t.awaits_image]
+            # An image it could not read: that ticket stays pending, reclaimed once idle.
+            tickets = [t for t in tickets if not (t.awaits_image and t.deadline > now)]
         stop = threading.Event()
         toucher = threading.Thread(
             target=self._touch, args=(consumer, wanted, stop),
@@ -112,6 +117,12 @@ class Claims:
                 self.finish(client, [t for t in tickets if t.id not in handed], seconds, cost)
             except REDIS_ERRORS:
                 pass  # the tickets stay pending and are reclaimed, then dropped as done
+            # Those dropped unrun, once out of the queue: a waiter that submits again on
+            # hearing it queues a new ticket rather than join the dropped one.
+            kept = {ticket.id for ticket in wanted}
+            for ticket in tickets:
+                if ticket.id not in kept:
+                    self._store.publish(self._keys.done(ticket.key), f"gone:{ticket.id}")
 
     def retry(self, ticket: Ticket, marker: str) -> None:
         """``ticket`` failed here with an unexpected error (``marker``): once its call ends
@@ -150,22 +161,35 @@ class Claims:
         return handed
 
     def _wanted(self, client: Any, tickets: list[Ticket]) -> list[Ticket]:
-        """Tickets someone may still wait for: before their deadline, and their marker (when
-        it survives) still naming them."""
+        """Tickets someone may still wait for (before their deadline, and their marker, when
+        it survives, still naming them), with their images (format 2) read in; the others'
+        waiters hear ``gone`` once they are finished (``serve``)."""
         now = time.time()
-        # One MGET on the feeder's own connection (the markers share the queue's slot): a
-        # pipeline would take a second connection from that client's pool and keep it.
-        markers = client.mget([self._marker(ticket) for ticket in tickets])
+        # One MGET on the feeder's own connection (markers and images share the queue's
+        # slot): a pipeline would take a second connection from that client's pool and keep it.
+        fetch = [ticket for ticket in tickets if ticket.awaits_image]
+        replies = client.mget(
+            [self._marker(ticket) for ticket in tickets] + [self._image(t) for t in fetch]
+        )
+        markers, images = replies[: len(tickets)], replies[len(tickets) :]
+        image_of = dict(zip([t.id for t in fetch], images, strict=True))
         wanted = []
         for ticket, marker in zip(tickets, markers, strict=True):
+            image = image_of.get(ticket.id) if ticket.awaits_image else ticket.data
             if ticket.deadline > now and (marker is None or as_text(marker) == ticket.id):
-                wanted.append(ticket)
+                if image is not None:
+                    wanted.append(replace(ticket, data=image, awaits_image=False))
+                    continue
+                # Its image was evicted: its waiters, told it left unrun, submit it again.
+                outcome = "image_gone"
             else:
-                metrics.DISPATCH_TICKETS.labels(outcome="caller_gone").inc()
+                outcome = "caller_gone"
                 metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
-                # A request that joined it with time left submits again on hearing it.
-                self._store.publish(self._keys.done(ticket.key), f"gone:{ticket.id}")
+            metrics.DISPATCH_TICKETS.labels(outcome=outcome).inc()
         return wanted
+
+    def _image(self, ticket: Ticket) -> str:
+        return self._names.image(ticket.key, ticket.sha256)
 
     def _touch(self, consumer: str, tickets: list[Ticket], stop: threading.Event) -> None:
         """While computing: keep the tickets ours (reset their idle time)."""
@@ -193,8 +217,9 @@ class Claims:
         for lane, members in by_lane(tickets).items():
             spent = [seconds.get(ticket.id, 0.0) for ticket in members]
             markers = [self._marker(ticket) for ticket in members]
+            images = [self._image(ticket) for ticket in members]
             QUEUE_FINISH(
-                client, [names.stream(lane), names.deficits, names.costs, *markers],
+                client, [names.stream(lane), names.deficits, names.costs, *markers, *images],
                 [GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
                  sum(1 for s in spent if s > 0), *[ticket.id for ticket in members]],
             )  # fmt: skip
@@ -286,6 +311,6 @@ class Claims:
         # The key is free before anyone hears: a request made on hearing it (a retry) queues
         # a new ticket rather than join this failed one until its entry is deleted
         # (``finish``).
-        marker_key = self._marker(ticket)
-        self._store.run("dispatch", lambda c: QUEUE_RELEASE(c, [marker_key], [ticket.id]))
+        marker_keys = [self._marker(ticket), self._image(ticket)]
+        self._store.run("dispatch", lambda c: QUEUE_RELEASE(c, marker_keys, [ticket.id]))
         self._store.publish(channel, f"error:{ticket.id}:{marker}")

@@ -138,6 +138,9 @@ class TicketQueue:
     def marker(self, ticket: Ticket) -> str:
         return self.names.marker(ticket.key, ticket.sha256)
 
+    def image(self, ticket: Ticket) -> str:
+        return self.names.image(ticket.key, ticket.sha256)
+
     def request(self, ticket: Ticket, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
         """(``ticket``'s result once an engine stored it, whether it joined a ticket another
         request had queued); None: compute it here instead (Redis down, or the ticket ended
@@ -174,8 +177,13 @@ class TicketQueue:
             keys = (names.stream(lane), names.engines, self.marker(ticket), names.ring,
                     names.lanes, names.shares, names.bell, names.interject_bell,
                     names.stream_prefix)  # fmt: skip
-            limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share)
-            return QUEUE_SUBMIT(client, keys, [GROUP, *limits, *ticket.fields()])
+            now = str(int(time.time() * 1000))
+            limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share, now)
+            # The image to its own key, in the submission's round trip (``ticket.py``:
+            # format 2). Written even when the submission joins a ticket or finds the lane
+            # full: the same bytes, and the key lives no longer than a marker.
+            image = ("SET", self.image(ticket), ticket.data, "PX", marker_ttl)
+            return QUEUE_SUBMIT.after(client, [image], keys, [GROUP, *limits, *ticket.fields()])
 
         ok, answer = self._store.run("dispatch", run)
         if not ok:
@@ -328,7 +336,9 @@ class TicketQueue:
         ok, deleted = self._store.run(
             "dispatch",
             lambda c: QUEUE_CANCEL(
-                c, [self.stream(ticket), self.marker(ticket)], [GROUP, ticket_id]
+                c,
+                [self.stream(ticket), self.marker(ticket), self.image(ticket)],
+                [GROUP, ticket_id],
             ),
         )
         if ok and deleted:

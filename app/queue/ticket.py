@@ -10,10 +10,19 @@ fronts and engines share one queue during a rolling update. Whatever the format,
 keeps its envelope as it is (``key``, ``sha256``, ``deadline``): what an engine needs to
 fail a ticket it cannot read.
 
-Format 1: ``fmt`` (``1``), ``key`` (the entry key), ``sha256`` (of the image bytes),
-``params`` (JSON of ``OcrParams``), ``ns`` (the tenant namespace), ``ttl`` (seconds),
-``deadline`` (wall clock), ``data`` (the image bytes), ``archive`` (``1``: it may go to the
-cold tier).
+Format 2 (what fronts write): ``fmt`` (``2``), ``key`` (the entry key), ``sha256`` (of the
+image bytes), ``params`` (JSON of ``OcrParams``), ``ns`` (the tenant namespace), ``ttl``
+(seconds), ``deadline`` (wall clock), ``archive`` (``1``: it may go to the cold tier). The
+image bytes are not in the ticket: the front writes them to their own key
+(``QueueKeys.image``, as long-lived as the ticket's marker) in the same round trip as the
+submission, and the engine reads them with the markers (``claims.py``). A value that passes
+through a Lua script costs the queue's master far more than the same value in a plain
+``SET``/``MGET`` (~35 µs a 20 KB image each way on the development machine: ``make
+bench-queue``), and the submission and the take are scripts. An image gone (evicted) when
+its ticket is taken: the ticket is dropped and its waiters hear ``gone`` (they submit again).
+
+Format 1 (fronts of earlier releases; still read): the same fields and ``data`` (the image
+bytes) in the ticket.
 
 **Optional fields** (written only when there is something to say; an engine that does not
 know one ignores it, and an engine reads a ticket without it, so adding one keeps the
@@ -43,8 +52,8 @@ from app.vocabulary import (
 
 log = logging.getLogger(__name__)
 
-FORMAT = "1"  # what a front writes
-READS = frozenset({"1"})  # what an engine reads
+FORMAT = "2"  # what a front writes
+READS = frozenset({"1", "2"})  # what an engine reads
 GROUP = "engines"  # the consumer group of every lane's stream
 INTERJECTOR = "-interject"  # an engine's interjector consumes as ``{engine}-interject``
 # An error marker outlives any waiter that could still read it: each of a failed ticket's
@@ -96,14 +105,17 @@ class Ticket:
     lane: str = DEFAULT_LANE  # the lane it was read from (the engines' side)
     trace: str = ""  # optional: the queuing request's W3C ``traceparent``
     tracestate: str = ""  # optional: its ``tracestate``
+    # Format 2 read by an engine: ``data`` is still to be read from the image's own key.
+    awaits_image: bool = False
 
     def fields(self) -> list[str | bytes]:
-        """The stream entry's fields, in format ``FORMAT`` (optional ones only when set)."""
+        """The stream entry's fields, in format ``FORMAT`` (optional ones only when set; the
+        image goes to its own key)."""
         params = json.dumps(self.params.to_dict(), separators=(",", ":"))
         fields: list[str | bytes] = [
             "fmt", FORMAT, "key", self.key, "sha256", self.sha256, "params", params,
             "ns", self.namespace, "ttl", str(self.ttl), "deadline", repr(self.deadline),
-            "data", self.data, "archive", "1" if self.archive else "0",
+            "archive", "1" if self.archive else "0",
         ]  # fmt: skip
         if self.trace:
             fields += ["traceparent", self.trace]
@@ -134,10 +146,12 @@ class Ticket:
         if fmt not in READS:
             raise UnknownFormat(fmt)
         params = OcrParams.from_dict(json.loads(text["params"]))
+        inline = fmt == "1"
         return cls(
             key=text["key"].decode(), sha256=text["sha256"].decode(),
             params=params, namespace=text["ns"].decode(), ttl=int(text["ttl"]),
-            deadline=float(text["deadline"]), data=text["data"], id=ticket_id,
+            deadline=float(text["deadline"]), data=text["data"] if inline else b"",
+            awaits_image=not inline, id=ticket_id,
             archive=text.get("archive", b"1") == b"1", deliveries=deliveries, lane=lane,
             trace=text.get("traceparent", b"").decode(errors="replace"),
             tracestate=text.get("tracestate", b"").decode(errors="replace"),

@@ -46,6 +46,31 @@ class Script:
             client.script_load(self.text)
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
+    def after(
+        self,
+        client: Any,
+        commands: Sequence[Sequence[str | bytes | int]],
+        keys: Sequence[str],
+        args: Sequence[str | bytes | int | float] = (),
+    ) -> Any:
+        """Run it right after ``commands`` (each a command's words) in one round trip: a
+        pipeline, not a transaction, so they must not depend on its answer, and what they
+        write must be harmless if it then fails. Their first error is raised."""
+        pipe = client.pipeline(transaction=False)
+        for words in commands:
+            pipe.execute_command(*words)
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        *replies, answer = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if isinstance(answer, NoScriptError):
+            client.script_load(self.text)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
     def __repr__(self) -> str:
         return f"Script({self.name!r})"
 

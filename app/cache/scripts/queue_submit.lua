@@ -13,7 +13,9 @@
 -- KEYS[7] the idle engines' bell   KEYS[8] the interjectors' bell
 -- KEYS[9] the lanes' stream prefix (not a key: lane L's stream is KEYS[9] .. L)
 -- ARGV[1] consumer group  ARGV[2] per-engine max  ARGV[3] live window (ms)
--- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7...] the ticket's fields
+-- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7] the front's clock (ms:
+-- engines report by their own clocks, all roughly in sync; no TIME command)
+-- ARGV[8...] the ticket's fields (not its image: the front wrote it to its own key first)
 -- Other keys: the other lanes' streams, KEYS[9] .. lane for each lane in KEYS[5], read only
 -- to find a ticket joined in another lane (same hash tag).
 --
@@ -31,9 +33,7 @@ if current then
     end
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Engines report by their own clocks (``heartbeat.py``), roughly in sync with Redis's.
+local now = tonumber(ARGV[7])
 local engines = redis.call('ZCOUNT', KEYS[2], now - tonumber(ARGV[3]), '+inf')
 local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
 if not ok then
@@ -43,7 +43,7 @@ end
 local waiting = redis.call('XLEN', KEYS[1]) - pending[1]
 local room = math.max(1, engines)
 if waiting >= tonumber(ARGV[2]) * room then return {'', waiting, engines} end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 8))
 redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
 if not redis.call('LPOS', KEYS[4], ARGV[5]) then
   redis.call('LPUSH', KEYS[4], ARGV[5])
