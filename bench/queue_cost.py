@@ -24,6 +24,9 @@ share of them). Phases, one after the other on the same fleet:
 3. **held 30 s**: one engine process (the other stopped), both its slots on calls of 30 s, and
    8 misses sent behind them, which wait about 30 s each: per miss, the same counters.
 
+The 4-second phase also reports the queue master's time inside commands per miss (``INFO
+commandstats``: all, and the scripts'), a figure without the others' subtraction.
+
 4. **a PING**: the queue master's CPU for a round trip that does nothing, on this machine
    (a virtual machine where a system call is dear: tens of µs), the floor under each of the
    few round trips a miss makes to the queue master (submit, take, the markers' read,
@@ -105,6 +108,17 @@ class Masters:
             cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
             out[port] = (float(info["total_commands_processed"]), cpu)
         return out
+
+    def in_commands_us(self) -> dict[str, float]:
+        """The queue master's time inside commands so far (``INFO commandstats``, µs: a
+        script's includes the commands it runs): ``all`` and ``evalsha``. Unlike the CPU
+        counters, it leaves out the event loop and the round trips, and needs no subtraction
+        of the other masters: the least noisy figure of the queue's own work."""
+        stats = self.clients[self.queue].info("commandstats")
+        return {
+            "all": float(sum(row["usec"] for row in stats.values())),
+            "evalsha": float(stats.get("cmdstat_evalsha", {}).get("usec", 0)),
+        }
 
     def ping_cpu_us(self, count: int = 3000) -> float:
         """The queue master's CPU for one round trip that does nothing (a PING): on this
@@ -231,10 +245,14 @@ def main() -> None:
 
             images = variants(CLIENTS * PER_CLIENT, 0)
             groups = [images[i::CLIENTS] for i in range(CLIENTS)]
-            before = masters.counters()
+            before, inside = masters.counters(), masters.in_commands_us()
             wall = send_all(base, groups)
             split = masters.split(before, masters.counters())
             waits = per_miss(split, len(images), wall, idle)
+            after = masters.in_commands_us()
+            for part in ("all", "evalsha"):
+                spent = (after[part] - inside[part]) / len(images)
+                waits[f"queue_master_in_commands_us_per_miss_{part}"] = round(spent, 1)
             waits["mean_wait_s"] = round(wall * CLIENTS / len(images) - CALL_S, 2)
             waits["loadavg"] = os.getloadavg()
             report["waits_4s"] = waits
