@@ -246,6 +246,9 @@ def test_a_ticket_whose_entry_is_already_stored_is_not_computed(settings, redis_
     key = cache.key_for(digest_image(IMAGES[0]), OcrParams())
     late = Ticket(key, digest_image(IMAGES[0]).sha256, OcrParams(), "", 60, time.time() + 60,
                IMAGES[0])  # fmt: skip
+    # The first ticket finished (its waiter is answered before): its finish would remove
+    # the image the late one shares, as its marker still names it.
+    wait_for(lambda: redis_client.xlen(stream) == 0, "the first ticket was never finished")
     plant(redis_client, names, late)
     wait_for(lambda: redis_client.xlen(stream) == 0, "the late ticket was never taken")
     assert engine.calls == 1

@@ -395,6 +395,36 @@ def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any)
 JOB = "ocr:job:{job_abc}"
 
 
+def test_finish_and_the_next_take_run_as_one_script(client: Any) -> None:
+    """``QUEUE_FINISH_TAKE``: the engine's finish of its call and its next take, one call;
+    the finish removes the ticket's marker and image (a newer ticket's are left alone)."""
+    names = queue(client)
+    live_engine(client, names)
+    first = text(submit(client, names, "a", "e1")[0])
+    second = text(submit(client, names, "a", "e2")[0])
+    newer = text(submit(client, names, "a", "e3")[0])
+    assert [text(e[0]) for e in take(client, names, "engine-1")[1]] == [first]
+    marker, image = names.marker("e1", "sha"), names.image("e1", "sha")
+    client.set(image, b"png")
+    finish = ([names.stream("a"), names.deficits, names.costs, marker, image],
+              [GROUP, "a", "1.0", "1.5", 1, first])  # fmt: skip
+    keys = [names.ring, names.deficits, names.shares, names.costs, names.engines,
+            names.lanes, names.stream_prefix, names.engine_bell_prefix]  # fmt: skip
+    args = [GROUP, "engine-1", 1, "1.000000", "", "", "", ""]
+    answer = scripts.QUEUE_FINISH_TAKE.run_chain(client, finish, (keys, args))
+    assert text(answer[0]) == "a" and [text(e[0]) for e in answer[1]] == [second]
+    assert not client.exists(marker) and not client.exists(image)
+    assert [text(e[0]) for e in client.xrange(names.stream("a"))] == [second, newer]
+    assert float(client.hget(names.costs, "a")) == pytest.approx(1.5)
+    # A marker that names a newer ticket keeps it and its image.
+    client.set(names.marker("e2", "sha"), newer)
+    client.set(names.image("e2", "sha"), b"png")
+    again = ([names.stream("a"), names.deficits, names.costs, names.marker("e2", "sha"),
+              names.image("e2", "sha")], [GROUP, "a", "1.0", "1.0", 1, second])  # fmt: skip
+    scripts.QUEUE_FINISH_TAKE.run_chain(client, again, (keys, args))
+    assert client.exists(names.marker("e2", "sha"), names.image("e2", "sha")) == 2
+
+
 def transition(client: Any, status: str, *leaving: str) -> str:
     keys = [JOB, f"{JOB}:doc"]
     return text(scripts.JOB_TRANSITION(client, keys, [status, "12.5", "", *leaving]))

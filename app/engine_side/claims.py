@@ -10,9 +10,11 @@
   holder silent, and at each sweep (twice the claim time: what nothing told of).
 - A ticket nobody may still wait for is dropped unread: past its deadline, or its key's
   marker names another ticket (its requesters moved on to a newer one).
-- When done, a ticket is acknowledged and deleted with its marker (``queue_finish.lua``):
-  the next miss of that key (its entry evicted) is queued anew; its lane's deficit is
-  corrected to the engine time it really took (``scheduler.py``).
+- When done, a ticket is acknowledged and deleted with its marker and image
+  (``queue_finish.lua``): the next miss of that key (its entry evicted) is queued anew; its
+  lane's deficit is corrected to the engine time it really took (``scheduler.py``). A
+  feeder that takes again at once runs that finish and its next take as one script
+  (``QUEUE_FINISH_TAKE``): a round trip and a script call fewer per engine call.
 - Its requesters are told: ``succeeded`` (its entry is stored) or ``fail`` (an error marker
   ``{key}:error:{id}``, 60 s, and the done channel; never cached). The marker is written
   before the ticket leaves the queue, so each waiter finds it even when the message has not
@@ -46,6 +48,8 @@ from app.queue.ticket import ERROR_TTL_S, GROUP, Decoded, Ticket, as_text, by_la
 log = logging.getLogger(__name__)
 
 Serve = Callable[[Sequence[Ticket]], Mapping[str, float]]
+# A consumer's next take, run with one lane's finish (keys, args); None: no take now.
+TakeNext = Callable[[Any, tuple[list[str], list[str | int]]], tuple[list[Ticket], float] | None]
 
 
 class Claims:
@@ -86,9 +90,13 @@ class Claims:
         tickets: list[Ticket],
         cost: float,
         serve: Serve,
-    ) -> None:
+        take_next: TakeNext | None = None,
+    ) -> tuple[list[Ticket], float] | None:
         """Serve the tickets (each charged ``cost`` when taken), holding them meanwhile, then
-        finish them with their lanes' deficits corrected by the engine time they really took."""
+        finish them with their lanes' deficits corrected by the engine time they really took.
+        ``take_next(client, finish)``: the consumer's next take, run with the finish of one
+        lane's tickets (keys, args) in one script, or None if it takes nothing now; its
+        answer (tickets, cost) is returned (None: no take was made)."""
         wanted: list[Ticket] = []
         try:
             wanted = self._wanted(client, tickets)
@@ -113,8 +121,15 @@ class Claims:
             stop.set()
             toucher.join()  # before a hand-back: it would claim the ticket back
             handed = self._hand_back(client, consumer, tickets)
+            done = [t for t in tickets if t.id not in handed]
+            taken: tuple[list[Ticket], float] | None = None
             try:
-                self.finish(client, [t for t in tickets if t.id not in handed], seconds, cost)
+                calls = self._finishes(done, seconds, cost)
+                if take_next is not None and len(calls) == 1:
+                    taken = take_next(client, calls[0])
+                if taken is None:
+                    for keys, args in calls:
+                        QUEUE_FINISH(client, keys, args)
             except REDIS_ERRORS:
                 pass  # the tickets stay pending and are reclaimed, then dropped as done
             # Those dropped unrun, once out of the queue: a waiter that submits again on
@@ -123,6 +138,7 @@ class Claims:
             for ticket in tickets:
                 if ticket.id not in kept:
                     self._store.publish(self._keys.done(ticket.key), f"gone:{ticket.id}")
+        return taken
 
     def retry(self, ticket: Ticket, marker: str) -> None:
         """``ticket`` failed here with an unexpected error (``marker``): once its call ends
@@ -213,16 +229,25 @@ class Claims:
     ) -> None:
         """Acknowledge and delete ``tickets`` (per lane), each lane's deficit corrected from
         ``charged`` per ticket to the engine seconds they took (``seconds``, by id)."""
-        names = self._names
+        for keys, args in self._finishes(tickets, seconds, charged):
+            QUEUE_FINISH(client, keys, args)
+
+    def _finishes(
+        self, tickets: list[Ticket], seconds: Mapping[str, float], charged: float
+    ) -> list[tuple[list[str], list[str | int]]]:
+        """``queue_finish.lua``'s (keys, args) for each lane of ``tickets``."""
+        names, calls = self._names, []
         for lane, members in by_lane(tickets).items():
             spent = [seconds.get(ticket.id, 0.0) for ticket in members]
             markers = [self._marker(ticket) for ticket in members]
             images = [self._image(ticket) for ticket in members]
-            QUEUE_FINISH(
-                client, [names.stream(lane), names.deficits, names.costs, *markers, *images],
-                [GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
-                 sum(1 for s in spent if s > 0), *[ticket.id for ticket in members]],
-            )  # fmt: skip
+            keys = [names.stream(lane), names.deficits, names.costs, *markers, *images]
+            args: list[str | int] = [
+                GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
+                sum(1 for s in spent if s > 0), *[ticket.id for ticket in members],
+            ]  # fmt: skip
+            calls.append((keys, args))
+        return calls
 
     def reject(self, client: Any, rejected: list[Decoded]) -> None:
         """Entries that cannot be computed: a ticket in a format this engine does not read

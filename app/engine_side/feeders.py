@@ -6,7 +6,9 @@ Each turn of a feeder: when an engine died (``heartbeat.py`` saw it stop reporti
 ticket was handed back, claim the tickets whose holder is gone (``claims.py``); else take
 the next tickets by the round robin (``scheduler.py``); with none, wait for the queue's
 doorbell (``Doorbell``: one ``BLPOP`` per process, whatever its idle slots, rung by every
-submission); serve them, holding them meanwhile, and finish them (``claims.py``). The
+submission); serve them, holding them meanwhile, and finish them (``claims.py``), with the
+next take in the same script when nothing else comes first (stopping, an engine failing,
+a dead engine's tickets to reclaim). The
 process's reports run on a thread of their own (``Heartbeat.run``), so an idle process
 costs the queue about one command a second. With interjection, each slot also has an
 interjector (``interjection.py``).
@@ -176,6 +178,16 @@ class Feeders:
         consumer = f"{self._name}-{slot}"
         client: Any = None
         backoff, joined, look, reclaim = 0.1, False, True, False
+        # What the take that ran with the last finish gave (None: no such take).
+        taken: tuple[list[Ticket], float] | None = None
+
+        def take_next(client: Any, finish: Any) -> tuple[list[Ticket], float] | None:
+            # Only when this loop would take at once anyway: not stopping, not broken, its
+            # engine healthy, no dead engine's tickets to reclaim first.
+            if self._stopped.is_set() or broken() or not healthy() or self.heartbeat.reap.is_set():
+                return None
+            return self.scheduler.take(client, consumer, finishing=finish)
+
         while not self._stopped.is_set():
             if broken():  # takes nothing; out of the register, so no ticket is handed to it
                 if joined:
@@ -193,10 +205,12 @@ class Feeders:
                     client = self._connections.open(slot)
                 tickets: list[Ticket] = []
                 cost = 0.0
+                if taken is not None:  # taken with the last finish: no look of its own
+                    (tickets, cost), taken, look = taken, None, False
                 if reclaim or self.heartbeat.reap.is_set():  # an engine died, or a hand-back
                     self.heartbeat.reap.clear()
                     reclaim = False
-                    tickets = self.claims.reclaim(client, consumer)
+                    tickets = tickets or self.claims.reclaim(client, consumer)
                 if not tickets and look and not self._stopped.is_set():
                     tickets, cost = self.scheduler.take(client, consumer)
                 look = True
@@ -222,7 +236,9 @@ class Feeders:
             lane = lanes.pop() if len(lanes) == 1 else ""
             self.calls.computes(slot, True, min(t.deadline for t in tickets), lane)
             try:
-                self.claims.serve(client, consumer, tickets, cost, lambda ts: serve(ts, False))
+                taken = self.claims.serve(
+                    client, consumer, tickets, cost, lambda ts: serve(ts, False), take_next
+                )
             finally:
                 self.calls.computes(slot, False)
         if client is not None:  # stopped between tickets: nothing of ours is pending

@@ -30,11 +30,36 @@ HERE = Path(__file__).resolve().parent
 class Script:
     """One Lua script, run by its SHA-1 on whichever client is given."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, text: str | None = None) -> None:
         self.name = name
-        self.path = HERE / f"{name}.lua"
-        self.text = self.path.read_text(encoding="utf-8")
+        self.text = text if text is not None else (HERE / f"{name}.lua").read_text("utf-8")
         self.sha = hashlib.sha1(self.text.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+    @classmethod
+    def chain(cls, first: Script, second: Script) -> Script:
+        """One script that runs ``first`` then ``second`` atomically and answers the
+        second's answer: a round trip and a script call fewer than the two. Called with the
+        first's keys then the second's, and the arguments ``len(first keys)``,
+        ``len(first args)``, the first's args, the second's (``run_chain``). Each body runs
+        as a function whose parameters ``KEYS`` and ``ARGV`` hide the globals, unchanged."""
+        text = (
+            f"local function first(KEYS, ARGV)\n{first.text}\nend\n"
+            f"local function second(KEYS, ARGV)\n{second.text}\nend\n"
+            "local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])\n"
+            "first({unpack(KEYS, 1, nk)}, {unpack(ARGV, 3, na + 2)})\n"
+            "return second({unpack(KEYS, nk + 1)}, {unpack(ARGV, na + 3)})\n"
+        )
+        return cls(f"{first.name}+{second.name}", text)
+
+    def run_chain(
+        self,
+        client: Any,
+        first: tuple[Sequence[str], Sequence[str | bytes | int | float]],
+        second: tuple[Sequence[str], Sequence[str | bytes | int | float]],
+    ) -> Any:
+        """Run a ``chain`` with each part's (keys, args)."""
+        (keys1, args1), (keys2, args2) = first, second
+        return self(client, [*keys1, *keys2], [len(keys1), len(args1), *args1, *args2])
 
     def __call__(
         self, client: Any, keys: Sequence[str], args: Sequence[str | bytes | int | float] = ()
@@ -86,6 +111,9 @@ QUEUE_FINISH = Script("queue_finish")
 QUEUE_RELEASE = Script("queue_release")
 QUEUE_RETRY = Script("queue_retry")
 QUEUE_VIEW = Script("queue_view")  # read-only: app/queue/inspect.py
+# An engine's finish of its call's tickets and its next take, in one call (``claims.py``;
+# made of the two files, so not in ``ALL``).
+QUEUE_FINISH_TAKE = Script.chain(QUEUE_FINISH, QUEUE_TAKE)
 # A tenant's quotas (app/cache/quotas.py) and rate limits (app/cache/rate_limit.py).
 QUOTA_SLOTS = Script("quota_slots")
 QUOTA_ENGINE_TIME = Script("quota_engine_time")
