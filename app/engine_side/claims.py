@@ -52,6 +52,60 @@ Serve = Callable[[Sequence[Ticket]], Mapping[str, float]]
 TakeNext = Callable[[Any, tuple[list[str], list[str | int]]], tuple[list[Ticket], float] | None]
 
 
+def wanted_tickets(
+    client: Any,
+    tickets: list[Ticket],
+    marker: Callable[[Ticket], str],
+    image: Callable[[Ticket], str],
+) -> list[Ticket]:
+    """Tickets someone may still wait for (before their deadline, and their marker, when
+    it survives, still naming them), with their images (format 2) read in; the others'
+    waiters hear ``gone`` once they are finished (``Claims.serve``)."""
+    now = time.time()
+    # One MGET on the feeder's own connection (markers and images share the queue's
+    # slot): a pipeline would take a second connection from that client's pool and keep it.
+    fetch = [ticket for ticket in tickets if ticket.awaits_image]
+    replies = client.mget([marker(ticket) for ticket in tickets] + [image(t) for t in fetch])
+    markers, images = replies[: len(tickets)], replies[len(tickets) :]
+    image_of = dict(zip([t.id for t in fetch], images, strict=True))
+    wanted = []
+    for ticket, named in zip(tickets, markers, strict=True):
+        data = image_of.get(ticket.id) if ticket.awaits_image else ticket.data
+        if ticket.deadline > now and (named is None or as_text(named) == ticket.id):
+            if data is not None:
+                wanted.append(replace(ticket, data=data, awaits_image=False))
+                continue
+            # Its image was evicted: its waiters, told it left unrun, submit it again.
+            outcome = "image_gone"
+        else:
+            outcome = "caller_gone"
+            metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
+        metrics.DISPATCH_TICKETS.labels(outcome=outcome).inc()
+    return wanted
+
+
+def finish_calls(
+    names: QueueKeys,
+    marker: Callable[[Ticket], str],
+    tickets: list[Ticket],
+    seconds: Mapping[str, float],
+    charged: float,
+) -> list[tuple[list[str], list[str | int]]]:
+    """``queue_finish.lua``'s (keys, args) for each lane of ``tickets`` (``Claims.finish``)."""
+    calls = []
+    for lane, members in by_lane(tickets).items():
+        spent = [seconds.get(ticket.id, 0.0) for ticket in members]
+        markers = [marker(ticket) for ticket in members]
+        images = [names.image(ticket.key, ticket.sha256) for ticket in members]
+        keys = [names.stream(lane), names.deficits, names.costs, *markers, *images]
+        args: list[str | int] = [
+            GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
+            sum(1 for s in spent if s > 0), *[ticket.id for ticket in members],
+        ]  # fmt: skip
+        calls.append((keys, args))
+    return calls
+
+
 class Claims:
     """The tickets this process's engines hold. ``marker(ticket)``: its entry key's marker
     (``TicketQueue.marker``); ``process``: the prefix of this process's consumers (``retry``
@@ -99,7 +153,7 @@ class Claims:
         answer (tickets, cost) is returned (None: no take was made)."""
         wanted: list[Ticket] = []
         try:
-            wanted = self._wanted(client, tickets)
+            wanted = wanted_tickets(client, tickets, self._marker, self._image)
         except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
             now = time.time()
             wanted = [t for t in tickets if t.deadline > now and not t.awaits_image]
@@ -124,7 +178,7 @@ class Claims:
             done = [t for t in tickets if t.id not in handed]
             taken: tuple[list[Ticket], float] | None = None
             try:
-                calls = self._finishes(done, seconds, cost)
+                calls = finish_calls(self._names, self._marker, done, seconds, cost)
                 if take_next is not None and len(calls) == 1:
                     taken = take_next(client, calls[0])
                 if taken is None:
@@ -176,34 +230,6 @@ class Claims:
                 self.fail(ticket, marker)
         return handed
 
-    def _wanted(self, client: Any, tickets: list[Ticket]) -> list[Ticket]:
-        """Tickets someone may still wait for (before their deadline, and their marker, when
-        it survives, still naming them), with their images (format 2) read in; the others'
-        waiters hear ``gone`` once they are finished (``serve``)."""
-        now = time.time()
-        # One MGET on the feeder's own connection (markers and images share the queue's
-        # slot): a pipeline would take a second connection from that client's pool and keep it.
-        fetch = [ticket for ticket in tickets if ticket.awaits_image]
-        replies = client.mget(
-            [self._marker(ticket) for ticket in tickets] + [self._image(t) for t in fetch]
-        )
-        markers, images = replies[: len(tickets)], replies[len(tickets) :]
-        image_of = dict(zip([t.id for t in fetch], images, strict=True))
-        wanted = []
-        for ticket, marker in zip(tickets, markers, strict=True):
-            image = image_of.get(ticket.id) if ticket.awaits_image else ticket.data
-            if ticket.deadline > now and (marker is None or as_text(marker) == ticket.id):
-                if image is not None:
-                    wanted.append(replace(ticket, data=image, awaits_image=False))
-                    continue
-                # Its image was evicted: its waiters, told it left unrun, submit it again.
-                outcome = "image_gone"
-            else:
-                outcome = "caller_gone"
-                metrics.ENGINE_QUEUE_DROPPED.labels(reason="caller_gone").inc()
-            metrics.DISPATCH_TICKETS.labels(outcome=outcome).inc()
-        return wanted
-
     def _image(self, ticket: Ticket) -> str:
         return self._names.image(ticket.key, ticket.sha256)
 
@@ -229,25 +255,8 @@ class Claims:
     ) -> None:
         """Acknowledge and delete ``tickets`` (per lane), each lane's deficit corrected from
         ``charged`` per ticket to the engine seconds they took (``seconds``, by id)."""
-        for keys, args in self._finishes(tickets, seconds, charged):
+        for keys, args in finish_calls(self._names, self._marker, tickets, seconds, charged):
             QUEUE_FINISH(client, keys, args)
-
-    def _finishes(
-        self, tickets: list[Ticket], seconds: Mapping[str, float], charged: float
-    ) -> list[tuple[list[str], list[str | int]]]:
-        """``queue_finish.lua``'s (keys, args) for each lane of ``tickets``."""
-        names, calls = self._names, []
-        for lane, members in by_lane(tickets).items():
-            spent = [seconds.get(ticket.id, 0.0) for ticket in members]
-            markers = [self._marker(ticket) for ticket in members]
-            images = [self._image(ticket) for ticket in members]
-            keys = [names.stream(lane), names.deficits, names.costs, *markers, *images]
-            args: list[str | int] = [
-                GROUP, lane, f"{charged * len(members):.6f}", f"{sum(spent):.6f}",
-                sum(1 for s in spent if s > 0), *[ticket.id for ticket in members],
-            ]  # fmt: skip
-            calls.append((keys, args))
-        return calls
 
     def reject(self, client: Any, rejected: list[Decoded]) -> None:
         """Entries that cannot be computed: a ticket in a format this engine does not read

@@ -89,6 +89,18 @@ def cancellable(event: threading.Event) -> Iterator[None]:
         _CANCEL.reset(token)
 
 
+def lane_full(lane: str, tenant: str, waiting: int, engines: int, mean: float) -> EngineBusy:
+    """The refusal of a submission to a full lane (counted), its ``Retry-After`` the wait
+    ahead: ``waiting`` tickets of ``mean`` seconds over the live engines."""
+    metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
+    metrics.TENANT_REJECTIONS.labels(tenant=tenant, reason="queue_full").inc()
+    retry = max(1, math.ceil(mean * waiting / max(1, engines)))
+    whose = "the engine queue" if lane == DEFAULT_LANE else f"tenant {lane!r}'s lane"
+    return EngineBusy(
+        f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
+    )
+
+
 class TicketQueue:
     """One per front door (per process): submits its misses and waits for their entries.
     ``fair``: each tenant's tickets in a lane of their own (``DISPATCH_FAIRNESS=drr``), else
@@ -168,7 +180,6 @@ class TicketQueue:
         """(ticket id, created by us, the lane it waits in: another's when it joined a ticket
         queued in another lane), or None: no queue to use."""
         marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
-
         lane, names = ticket.lane, self.names
         weight = self._background_share if lane.endswith(BACKGROUND) else 1.0
         share = f"{self._share(ticket.namespace) * weight:g}"
@@ -179,9 +190,8 @@ class TicketQueue:
                     names.stream_prefix)  # fmt: skip
             now = str(int(time.time() * 1000))
             limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share, now)
-            # The image to its own key, in the submission's round trip (``ticket.py``:
-            # format 2). Written even when the submission joins a ticket or finds the lane
-            # full: the same bytes, and the key lives no longer than a marker.
+            # The image to its own key in the same round trip (``ticket.py``, format 2); also
+            # when it joins or the lane is full: the same bytes, for a marker's life at most.
             image = ("SET", self.image(ticket), ticket.data, "PX", marker_ttl)
             return QUEUE_SUBMIT.after(client, [image], keys, [GROUP, *limits, *ticket.fields()])
 
@@ -193,15 +203,8 @@ class TicketQueue:
         held_in = as_text(answer[3]) if len(answer) > 3 and not created else lane
         ticket_id = as_text(raw_id)
         if not ticket_id:
-            metrics.ENGINE_QUEUE_DROPPED.labels(reason="full").inc()
-            metrics.TENANT_REJECTIONS.labels(
-                tenant=self._label(ticket.namespace), reason="queue_full"
-            ).inc()
-            retry = max(1, math.ceil(self._mean_seconds() * int(waiting) / max(1, int(engines))))
-            whose = "the engine queue" if lane == DEFAULT_LANE else f"tenant {lane!r}'s lane"
-            raise EngineBusy(
-                f"{whose} is full ({waiting} waiting for {engines} engines); retry later", retry
-            )
+            tenant, mean = self._label(ticket.namespace), self._mean_seconds()
+            raise lane_full(lane, tenant, int(waiting), int(engines), mean)
         span = tracing.TRACER.current()  # the request's ``queue.wait`` span, when traced
         if created:  # its place in its lane when queued
             span.set("ocr.queue.position", int(waiting))
