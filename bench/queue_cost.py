@@ -33,6 +33,10 @@ commandstats``: all, and the scripts'), a figure without the others' subtraction
    finish).
 
 Results: bench/results/queue_cost.json (with the git commit and the machine's load).
+
+``python -m bench.queue_cost --against <commit> [--rounds N]``: the 4-second phase alone, for
+that commit and the working tree side by side, alternating (``compare``); under
+``against_<commit>``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -53,6 +58,7 @@ from typing import Any
 import requests
 from PIL import Image
 
+from tests import fleet as fleet_module
 from tests.fake_vllm import FakeVllm, Recording, answer
 from tests.fleet import Fleet, LoopbackCluster
 
@@ -191,7 +197,88 @@ def per_miss(split: dict[str, float], misses: int, wall: float, idle: dict) -> d
     }
 
 
+def compare(commit: str, rounds: int) -> dict[str, Any]:
+    """The 4-second phase alone, ``rounds`` times for each of ``commit`` (its checkout in a
+    git worktree runs the fleet's processes) and the working tree, alternating, each round
+    on a fleet of its own: per round the queue's commands and CPU per miss, their means, and
+    the ratio of the means (the working tree's ÷ the commit's). Side by side in one run, as
+    the CPU of a few dozen misses moves between runs on a shared machine."""
+    fake = FakeVllm(SHARED / "corpus").start()
+
+    def respond(image: bytes, prompt: str) -> str:
+        time.sleep(CALL_S)
+        return answer(Recording(), prompt)
+
+    fake.respond = respond
+    rows: dict[str, list[dict[str, Any]]] = {commit: [], "working tree": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT,
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            for round_ in range(rounds):
+                for label, root in ((commit, tree), ("working tree", ROOT)):
+                    fleet_module.ROOT = root  # the fleet's processes run this checkout's app
+                    cluster = LoopbackCluster(masters=3, replicas=0).start()
+                    fleet = Fleet(
+                        Path(tmp) / f"{round_}-{len(rows[label])}-{label[:4]}", cluster.url,
+                        fronts=1, engines=2, front_workers=1, OCR_ENGINE="hunyuan",
+                        HUNYUAN_BASE_URL=fake.url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
+                        HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
+                        ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90",
+                        DISPATCH_CLAIM_MS="10000", CACHE_L1_BYTES="0",
+                    )  # fmt: skip
+                    try:
+                        fleet.start()
+                        base, masters = fleet.fronts[0].base, Masters(cluster)
+                        post(base, variants(1, 9000)[0])
+                        masters.find_queue()
+                        time.sleep(3)
+                        images = variants(CLIENTS * PER_CLIENT, 1000 * (round_ + 1))
+                        before = masters.counters()
+                        wall = send_all(base, [images[i::CLIENTS] for i in range(CLIENTS)])
+                        split = masters.split(before, masters.counters())
+                        none = {"queue_commands_per_s": 0.0, "queue_cpu_ms_per_s": 0.0}
+                        row = per_miss(split, len(images), wall, none)
+                        row["loadavg"] = os.getloadavg()
+                        rows[label].append(row)
+                        print(label, json.dumps(row), flush=True)
+                    finally:
+                        fleet.stop()
+                        cluster.stop()
+                        fleet_module.ROOT = ROOT
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                           check=False, capture_output=True)  # fmt: skip
+            fake.stop()
+    means = {
+        label: {
+            field: round(statistics.mean(row[field] for row in runs), 3)
+            for field in ("queue_commands_per_miss", "queue_cpu_ms_per_miss")
+        }
+        for label, runs in rows.items()
+    }
+    ratios = {
+        field: round(means["working tree"][field] / means[commit][field], 2)
+        for field in means[commit]
+    }
+    return {"rounds": rows, "means": means, "working_tree_over_commit": ratios}
+
+
 def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["--against"]:
+        commit = args[1]
+        rounds = int(args[3]) if args[2:3] == ["--rounds"] else 3
+        report = compare(commit, rounds)
+        report["run"] = {
+            "commit": _head(),
+            "against": commit,
+            "when": time.strftime("%Y-%m-%d %H:%M"),
+        }
+        save(f"against_{commit}", report)
+        print(json.dumps(report["means"]), json.dumps(report["working_tree_over_commit"]))
+        return
     fake = FakeVllm(SHARED / "corpus").start()
     busy_md5: set[str] = set()
 
@@ -298,16 +385,22 @@ def main() -> None:
             "idle": report["idle"]["master_commands_per_s_per_engine_process"] <= TARGET_IDLE,
         },
     }
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
-    report["run"] = {"commit": commit, "python": platform.python_version(),
+    report["run"] = {"commit": _head(), "python": platform.python_version(),
                      "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
-    label = os.environ.get("BENCH_QUEUE_LABEL", "")
+    save(os.environ.get("BENCH_QUEUE_LABEL", "") or "latest", report)
+    print(json.dumps(report["targets"], indent=2))
+
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+
+
+def save(label: str, report: dict[str, Any]) -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[label or "latest"] = report
+    results[label] = report
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(report["targets"], indent=2))
 
 
 if __name__ == "__main__":
