@@ -290,6 +290,19 @@ def test_take_interjects_only_while_every_live_engine_is_busy(client: Any) -> No
     assert text(lane) == "b" and len(entries) == 1
 
 
+def test_a_document_jobs_lane_never_interjects(client: Any) -> None:
+    """Every engine busy, a job's page waiting with nothing of its lane running: it waits
+    for an engine (an idle engine's take gives it); a request's lane would interject."""
+    names = queue(client)
+    live_engine(client, names, "e1")
+    submit(client, names, "a", "a0")
+    submit(client, names, "a+jobs", "j0")
+    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=1)  # e1 busy with a0
+    assert take(client, names, "i", "10000") == []
+    lane, entries, _ = take(client, names, "e1")  # the engine free again takes it
+    assert text(lane) == "a+jobs" and len(entries) == 1
+
+
 def test_interjection_passes_over_a_lane_running_elsewhere_but_not_one_in_debt(
     client: Any,
 ) -> None:

@@ -63,6 +63,8 @@ local function others_running(held, lane)
   end
   return false
 end
+-- A document job's lane ("<tenant>+jobs") waits for an engine: it never pauses a call.
+local function background(lane) return string.sub(lane, -5) == '+jobs' end
 -- What a ticket of ``lane`` is charged: its mean cost, else this engine's mean call.
 local function mean_cost(lane)
   return math.max(tonumber(redis.call('HGET', costs, lane) or '') or fallback, 0.001)
@@ -162,9 +164,7 @@ if interject then
     return {}
   end
   for i = 1, #lanes do
-    -- A document job's lane ("<tenant>+jobs") waits for an engine: it never pauses a call.
-    local background = string.sub(lanes[i], -5) == '+jobs'
-    may[i] = not background and (running[i] == 0 or (paused ~= '' and lanes[i] == paused
+    may[i] = not background(lanes[i]) and (running[i] == 0 or (paused ~= '' and lanes[i] == paused
       and mine[i] == running[i] and others_running(held, lanes[i])))
   end
 end
@@ -199,7 +199,7 @@ while #lanes > 0 do
     if interject and ARGV[8] == '1' then
       for i = 1, #lanes do
         if credit[i] > 0 and not may[i] and sole[i] and sole[i] ~= pauser
-            and string.sub(lanes[i], -5) ~= '+jobs'
+            and not background(lanes[i])
             and redis.call('ZSCORE', KEYS[5], sole[i]) then  -- an engine (no interjector)
           local bell = KEYS[8] .. sole[i]
           redis.call('LPUSH', bell, 'passed')
