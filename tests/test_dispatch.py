@@ -215,6 +215,28 @@ def plant(client: Any, names: QueueKeys, ticket: Ticket) -> None:
     client.lpush(names.bell, "1")
 
 
+def test_waiters_check_at_once_when_the_queue_keys_are_lost(settings, redis_client):
+    """Every queue key unlinked (as the LRU, or an operator, may) while a miss waits: the
+    engine's next report finds its own entry gone from the live register and says so, the
+    waiter checks at once, submits again and is answered. Its fallback check (an hour away
+    here) plays no part."""
+    engine = SerialEngine()
+    cache = make_cache(settings, engine, dispatch_check_seconds=3600)
+    names = cache.keys.dispatch()
+    engine.hold()
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(cache.get_or_compute, IMAGES[0])
+        assert engine.entered.wait(WAIT)
+        waiting = pool.submit(cache.get_or_compute, IMAGES[1])
+        wait_for(lambda: redis_client.xlen(names.stream("~")) == 2, "the second miss never queued")
+        lost = list(redis_client.scan_iter(match=f"{names.tag}*", count=1000))
+        assert names.engines.encode() in lost and redis_client.unlink(*lost) == len(lost)
+        engine.release.set()
+        assert running.result(WAIT).status is CacheStatus.MISS
+        assert waiting.result(WAIT).status is CacheStatus.MISS
+    assert engine.calls == 2
+
+
 def test_a_superseded_ticket_is_dropped_by_its_consumer(settings, redis_client):
     """Its key's marker names another ticket: its requesters moved on to that one."""
     engine = SerialEngine()

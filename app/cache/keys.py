@@ -151,6 +151,12 @@ def purge_channel(prefix: str) -> str:
     return f"{prefix}:purge"
 
 
+def queue_lost_channel(prefix: str) -> str:
+    """Pub/sub channel telling every waiting miss that the queue's keys were lost (an
+    engine found its own report gone from the live register): check your ticket now."""
+    return f"{prefix}:queue-lost"
+
+
 def glob_escape(text: str) -> str:
     """``text`` matched literally in a Redis SCAN/KEYS pattern."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
@@ -244,6 +250,9 @@ class KeySpace:
 
     def purge_channel(self) -> str:
         return purge_channel(self.base_prefix)
+
+    def queue_lost_channel(self) -> str:
+        return queue_lost_channel(self.base_prefix)
 
     def purge_sync(self) -> str:
         """The start of the short-lived key each master writes after a purge's deletes, to

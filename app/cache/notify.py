@@ -2,7 +2,9 @@
 
 One listener thread per process holds one pattern subscription (``{prefix}:done:*``) and
 wakes the local threads waiting on a key, so a waiter blocks on an Event instead of
-polling Redis; a message on ``{prefix}:purge`` drops this process's L1. If Redis is
+polling Redis; a message on ``{prefix}:purge`` drops this process's L1; one on
+``{prefix}:queue-lost`` (an engine found the queue's keys lost) makes every waiter check
+its ticket at once, as after a reconnection. If Redis is
 unreachable the listener retries in the background; once it is back every waiter is woken
 to look (a message sent meanwhile is lost), and waiters check on their ticket now and then
 (``app.queue.requester.TicketQueue``), so a lost message costs a check, and a Redis error
@@ -30,6 +32,7 @@ class Notifier:
         self._store = store
         self._pattern = keys.done_pattern()
         self._purge_channel = keys.purge_channel()
+        self._lost_channel = keys.queue_lost_channel()
         self._on_purge = on_purge
         self._lock = threading.Lock()
         self._waiters: dict[str, list[Wakeup]] = {}
@@ -78,7 +81,7 @@ class Notifier:
                 client = self._store.pubsub_client()
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.psubscribe(self._pattern)
-                pubsub.subscribe(self._purge_channel)
+                pubsub.subscribe(self._purge_channel, self._lost_channel)
                 self._first_try.set()
                 if before:  # messages sent while it was away are lost: every waiter checks
                     self._wake_all()
@@ -88,7 +91,10 @@ class Notifier:
                     if message and message.get("type") == "pmessage":
                         self._wake(message["channel"], message.get("data"))
                     elif message and message.get("type") == "message":
-                        self._on_purge()
+                        if self._is_lost(message.get("channel")):
+                            self._wake_all()  # the queue's keys were lost: every waiter checks
+                        else:
+                            self._on_purge()
             except Exception as exc:  # any Redis/socket failure: resubscribe later
                 self._first_try.set()
                 log.debug("notification listener: %s; retrying", exc.__class__.__name__)
@@ -100,6 +106,10 @@ class Notifier:
                         client.close()
                     except Exception:  # noqa: S110 - closing a broken client
                         pass
+
+    def _is_lost(self, channel: object) -> bool:
+        name = channel.decode() if isinstance(channel, bytes) else channel
+        return name == self._lost_channel
 
     def _wake(self, channel: bytes | str, data: object = None) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel

@@ -85,7 +85,7 @@ class Feeders:
         self._doorbell = Doorbell(store, names.bell, self._stopped)
         self.heartbeat = Heartbeat(
             names, label=label, labels=labels, hold_seconds=hold_seconds, live_ms=queue.live_ms,
-            sweep_seconds=2 * claim_ms / 1000,
+            sweep_seconds=2 * claim_ms / 1000, lost_channel=keys.queue_lost_channel(),
         )  # fmt: skip
         self.reported = self.heartbeat.reported  # a slot has reported in: tickets are taken
         self.claims = Claims(

@@ -63,8 +63,11 @@ class Heartbeat:
         hold_seconds: float = 300.0,
         live_ms: int = 3000,
         sweep_seconds: float = 20.0,
+        lost_channel: str = "",
     ) -> None:
         self._names = names
+        self._lost_channel = lost_channel
+        self._reported: set[str] = set()  # the members the last report scored
         self._live_ms = live_ms
         self._sweep_seconds = sweep_seconds
         self._label = label
@@ -145,7 +148,14 @@ class Heartbeat:
         """Score ``members`` live now; with ``look``, how many members stopped reporting (dead,
         or just gone: ``queue_stale.lua`` removes those that hold nothing)."""
         now_ms = int(time.time() * 1000)
-        client.zadd(self._names.engines, dict.fromkeys(members, now_ms))
+        added = client.zadd(self._names.engines, dict.fromkeys(members, now_ms))
+        if self._lost_channel and int(added) > len(set(members) - self._reported):
+            # Members it had scored were gone: the register, and likely every queue key
+            # with it, was lost (taken by the LRU, or unlinked). Waiters whose tickets went
+            # with it hear nothing else before their fallback check: they check now.
+            log.warning("dispatch: the live-engine register lost this process's report")
+            client.publish(self._lost_channel, "1")
+        self._reported = set(members)
         if not look:
             return 0
         return int(client.zcount(self._names.engines, "-inf", f"({now_ms - self._live_ms}"))
