@@ -92,6 +92,12 @@ class QueueKeys:
         engine's interjector that heard a ring only this one may answer (``queue_take.lua``)."""
         return f"{self.tag}:interject:"
 
+    @property
+    def lost_latch(self) -> str:
+        """Set for a few seconds by the first engine that announces the queue's keys lost
+        (``heartbeat.py``): one announcement, not one per engine process."""
+        return f"{self.tag}:lost"
+
     def trace(self, ticket_id: str) -> str:
         """The W3C context of the traced request that queued ticket ``ticket_id``, for the
         requests that join it (their spans link to its trace), while the ticket's marker lives."""

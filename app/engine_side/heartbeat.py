@@ -45,6 +45,8 @@ from app.queue.ticket import DEFAULT_LANE, GROUP, as_text
 
 log = logging.getLogger(__name__)
 
+# One announcement of lost queue keys per this long, whatever the engine processes.
+LOST_LATCH_MS = 5000
 GAUGE_SECONDS = 60.0  # the queue's gauges an engine process exports are this fresh, at most
 
 
@@ -154,7 +156,8 @@ class Heartbeat:
             # with it, was lost (taken by the LRU, or unlinked). Waiters whose tickets went
             # with it hear nothing else before their fallback check: they check now.
             log.warning("dispatch: the live-engine register lost this process's report")
-            client.publish(self._lost_channel, "1")
+            if client.set(self._names.lost_latch, "1", nx=True, px=LOST_LATCH_MS):
+                client.publish(self._lost_channel, "1")  # the first engine to find it
         self._reported = set(members)
         if not look:
             return 0
