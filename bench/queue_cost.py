@@ -58,6 +58,7 @@ from typing import Any
 import requests
 from PIL import Image
 
+from bench import edge
 from tests import fleet as fleet_module
 from tests.fake_vllm import FakeVllm, Recording, answer
 from tests.fleet import Fleet, LoopbackCluster
@@ -197,6 +198,29 @@ def per_miss(split: dict[str, float], misses: int, wall: float, idle: dict) -> d
     }
 
 
+def queue_fleet(folder: Path, cluster: LoopbackCluster, fake_url: str) -> Fleet:
+    """The bench's fleet: one front (one worker), 2 engine processes of 2 slots on the
+    HunyuanOCR engine against the stand-in at ``fake_url``, L1 off."""
+    return Fleet(
+        folder, cluster.url, fronts=1, engines=2, front_workers=1,
+        OCR_ENGINE="hunyuan", HUNYUAN_BASE_URL=fake_url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
+        HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
+        ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90", DISPATCH_CLAIM_MS="10000",
+        CACHE_L1_BYTES="0",
+    )  # fmt: skip
+
+
+def warm(fleet: Fleet, masters: Masters) -> str:
+    """Started, one miss sent (the queue's keys exist; every script loaded), the queue's
+    master found, its traffic over: the front's base URL."""
+    fleet.start()
+    base = fleet.fronts[0].base
+    post(base, variants(1, 9000)[0])
+    masters.find_queue()
+    time.sleep(3)
+    return base
+
+
 def compare(commit: str, rounds: int) -> dict[str, Any]:
     """The 4-second phase alone, ``rounds`` times for each of ``commit`` (its checkout in a
     git worktree runs the fleet's processes) and the working tree, alternating, each round
@@ -220,20 +244,11 @@ def compare(commit: str, rounds: int) -> dict[str, Any]:
                 for label, root in ((commit, tree), ("working tree", ROOT)):
                     fleet_module.ROOT = root  # the fleet's processes run this checkout's app
                     cluster = LoopbackCluster(masters=3, replicas=0).start()
-                    fleet = Fleet(
-                        Path(tmp) / f"{round_}-{len(rows[label])}-{label[:4]}", cluster.url,
-                        fronts=1, engines=2, front_workers=1, OCR_ENGINE="hunyuan",
-                        HUNYUAN_BASE_URL=fake.url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
-                        HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
-                        ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90",
-                        DISPATCH_CLAIM_MS="10000", CACHE_L1_BYTES="0",
-                    )  # fmt: skip
+                    folder = Path(tmp) / f"{round_}-{label[:4]}"
+                    fleet = queue_fleet(folder, cluster, fake.url)
                     try:
-                        fleet.start()
-                        base, masters = fleet.fronts[0].base, Masters(cluster)
-                        post(base, variants(1, 9000)[0])
-                        masters.find_queue()
-                        time.sleep(3)
+                        masters = Masters(cluster)
+                        base = warm(fleet, masters)
                         images = variants(CLIENTS * PER_CLIENT, 1000 * (round_ + 1))
                         before = masters.counters()
                         wall = send_all(base, [images[i::CLIENTS] for i in range(CLIENTS)])
@@ -272,7 +287,7 @@ def main() -> None:
         rounds = int(args[3]) if args[2:3] == ["--rounds"] else 3
         report = compare(commit, rounds)
         report["run"] = {
-            "commit": _head(),
+            "commit": edge._git("rev-parse", "--short", "HEAD"),
             "against": commit,
             "when": time.strftime("%Y-%m-%d %H:%M"),
         }
@@ -292,20 +307,10 @@ def main() -> None:
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LoopbackCluster(masters=3, replicas=0).start()
-        fleet = Fleet(
-            Path(tmp), cluster.url, fronts=1, engines=2, front_workers=1,
-            OCR_ENGINE="hunyuan", HUNYUAN_BASE_URL=fake.url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
-            HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
-            ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90", DISPATCH_CLAIM_MS="10000",
-            CACHE_L1_BYTES="0",
-        )  # fmt: skip
+        fleet = queue_fleet(Path(tmp), cluster, fake.url)
         try:
-            fleet.start()
-            base = fleet.fronts[0].base
             masters = Masters(cluster)
-            post(base, variants(1, 9000)[0])  # the queue's keys exist; every script loaded
-            masters.find_queue()
-            time.sleep(3)  # the first miss's traffic is over
+            base = warm(fleet, masters)
             before = masters.counters()
             time.sleep(IDLE_S)
             split = masters.split(before, masters.counters())
@@ -385,15 +390,11 @@ def main() -> None:
             "idle": report["idle"]["master_commands_per_s_per_engine_process"] <= TARGET_IDLE,
         },
     }
-    report["run"] = {"commit": _head(), "python": platform.python_version(),
-                     "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    report["run"] = {"commit": edge._git("rev-parse", "--short", "HEAD"),
+                     "python": platform.python_version(), "cpus": os.cpu_count(),
+                     "when": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
     save(os.environ.get("BENCH_QUEUE_LABEL", "") or "latest", report)
     print(json.dumps(report["targets"], indent=2))
-
-
-def _head() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
 
 
 def save(label: str, report: dict[str, Any]) -> None:
