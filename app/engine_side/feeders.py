@@ -207,10 +207,12 @@ class Feeders:
                 cost = 0.0
                 if taken is not None:  # taken with the last finish: no look of its own
                     (tickets, cost), taken, look = taken, None, False
-                if reclaim or self.heartbeat.reap.is_set():  # an engine died, or a hand-back
+                # An engine died, or a hand-back: reclaim (after the tickets taken with the
+                # last finish, if any: the flag stays set, and no take runs with the finish)
+                if not tickets and (reclaim or self.heartbeat.reap.is_set()):
                     self.heartbeat.reap.clear()
                     reclaim = False
-                    tickets = tickets or self.claims.reclaim(client, consumer)
+                    tickets = self.claims.reclaim(client, consumer)
                 if not tickets and look and not self._stopped.is_set():
                     tickets, cost = self.scheduler.take(client, consumer)
                 look = True
