@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "front":
         return front(settings)
     if args.command == "engine":
+        dispatch = settings.dispatch
+        if dispatch.shards > 1 and dispatch.shard < 0:  # which shard's tickets: say it
+            print("configuration error: DISPATCH_SHARD: required in an engine process when "
+                  f"DISPATCH_SHARDS={dispatch.shards} (0 to {dispatch.shards - 1})",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         # Alone (a container of its own), its metrics folder may not exist yet: prometheus-
         # client opens its files there at import.
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -98,11 +98,13 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
         store, tickets = cache.store, cache.misses.queue
         if not isinstance(store, RedisStore) or tickets is None:
             return _error(409, "no_queue", "no global miss queue: caching is disabled here")
-        names, live_ms = tickets.names, tickets.live_ms
-        ok, view = store.run("dispatch", lambda c: inspect.read(c, names, live_ms=live_ms))
+        shards, live_ms = tickets.shards, tickets.live_ms
+        ok, views = store.run(
+            "dispatch", lambda c: [inspect.read(c, names, live_ms=live_ms) for names in shards]
+        )
         if not ok:
             return _error(503, "redis_unavailable", "Redis did not answer; try again")
-        return jsonify(view.as_json())
+        return jsonify(inspect.combined([view.as_json() for view in views]))
 
     app.register_blueprint(admin)
 

@@ -469,14 +469,18 @@ def command_queue(args: argparse.Namespace) -> int:
     answer = _json(response)
     if response.status_code == 401:
         raise CliError(f"the service at {client.server} refused the admin token (HTTP 401)")
-    if response.status_code == 404 or (response.status_code == 200 and "lanes" not in answer):
+    shown = "lanes" in answer or "shards" in answer
+    if response.status_code == 404 or (response.status_code == 200 and not shown):
         raise CliError(f"the admin API is off at {client.server} (start it with ADMIN_TOKEN set)")
     if response.status_code != 200:
         raise CliError(_error_reason(response.status_code, answer))
     if args.json:
         print(orjson.dumps(answer).decode())
         return 0
-    print_queue(answer)
+    for i, shard in enumerate(answer.get("shards", [answer])):  # DISPATCH_SHARDS: each one
+        if i:
+            print()
+        print_queue(shard)
     return 0
 
 

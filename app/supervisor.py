@@ -76,6 +76,7 @@ def check_upgrade(environ: dict[str, str] | os._Environ[str]) -> None:
 class _Engine:
     port: int
     process: subprocess.Popen[bytes]
+    shard: int = 0  # the queue shard it serves (``DISPATCH_SHARD``)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -127,10 +128,17 @@ class Supervisor:
             return False
         # The engines' port is internal under serve: loopback, whatever HOST the front has.
         env = dict(self.env, ENGINE_PORT=str(port), HOST="127.0.0.1")
+        # With queue shards, the shard fewest engines serve: a replacement takes its
+        # predecessor's, and every shard keeps one (``ENGINE_PROCESSES`` >= shards).
+        shards = self._settings.dispatch.shards
+        serving = [sum(1 for e in self._engines if e.shard == i) for i in range(shards)]
+        shard = serving.index(min(serving))
+        if shards > 1:
+            env["DISPATCH_SHARD"] = str(shard)
         process = subprocess.Popen(
             [sys.executable, "-m", "app", "engine"], env=env, preexec_fn=_die_with_parent
         )
-        self._engines.append(_Engine(port, process))
+        self._engines.append(_Engine(port, process, shard))
         return True
 
     def _reap_engines(self) -> None:
@@ -144,6 +152,7 @@ class Supervisor:
                 continue
             if code == 0 and self._retiring:
                 self._retiring -= 1  # retired: its replacement already runs
+                self._cover_shards()
                 continue
             lived = time.monotonic() - engine.started
             self._crashes = self._crashes + 1 if lived < CRASH_WINDOW_SECONDS else 0
@@ -153,6 +162,21 @@ class Supervisor:
             if delay:
                 self._wake.wait(delay)
             self._owed += 1
+
+    def _cover_shards(self) -> None:
+        """A replacement is started before its retiring engine exits, so it may have gone
+        to another shard than the retiree's (which one asked is not known): if a shard is
+        left without an engine, the newest of a shard with several stops gracefully and
+        its restart serves the empty one (``_start_engine``)."""
+        shards = self._settings.dispatch.shards
+        serving: dict[int, list[_Engine]] = {i: [] for i in range(shards)}
+        for engine in self._engines:
+            serving[engine.shard].append(engine)
+        crowded = max(serving.values(), key=len)
+        if shards > 1 and len(crowded) > 1 and any(not engines for engines in serving.values()):
+            newest = max(crowded, key=lambda engine: engine.started)
+            log.info("engine process %d moves to an unserved queue shard", newest.process.pid)
+            newest.process.terminate()
 
     def _retire(self, *_: object) -> None:
         """An engine asked for its replacement (``SIGUSR1``): started from the loop."""
@@ -244,6 +268,11 @@ def serve(settings: Settings) -> int:
         return 2
     cores, gib = machine()
     engines = engine_count(settings, cores, gib)
+    if engines < settings.dispatch.shards:  # a shard without an engine: its misses wait out
+        shards = settings.dispatch.shards
+        print(f"configuration error: DISPATCH_SHARDS={shards} needs as many engine processes "
+              f"at least (ENGINE_PROCESSES: {engines})", file=sys.stderr)  # fmt: skip
+        return 2
     embedded = None
     token_dir = tempfile.mkdtemp(prefix="ocr-serve-")
     try:

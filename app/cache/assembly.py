@@ -176,6 +176,8 @@ def build(
             share=book.share,
             background_share=background_share,
             label=book.label,
+            shards=dispatch.shards,
+            home=max(0, dispatch.shard),  # the shard this process's engines serve
         )  # fmt: skip
     if redis is not None and queue is not None and feed:
         from app.engine_side.feeders import Feeders  # engine side: never loaded in a front

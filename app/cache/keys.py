@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zlib
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from app.vocabulary import OcrParams
 
@@ -113,6 +117,26 @@ class QueueKeys:
         written beside the ticket, not in it, so they never pass through the queue's Lua
         scripts; ``app/queue/ticket.py``), for as long as its marker lives."""
         return f"{self.tag}:image:{entry}:{sha256}"
+
+
+@lru_cache(maxsize=64)
+def shard_tag(tag: str, shard: int, shards: int) -> str:
+    """``tag`` (``{...}``) for shard ``shard`` of ``shards``: the first suffix ``:s<i>.<n>``
+    whose hash slot falls in the shard's range of slots (a few tries: about ``shards``)."""
+    inner = tag[1:-1]
+    n = 0
+    while True:
+        candidate = f"{inner}:s{shard}.{n}"
+        if key_slot(candidate.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS == shard:
+            return f"{{{candidate}}}"
+        n += 1
+
+
+def shard_of(entry: str, shards: int) -> int:
+    """Which queue shard computes ``entry`` (a cache key): by a hash of the key, so one
+    image always meets one shard (its single-flight marker lives there) and distinct
+    images spread evenly."""
+    return zlib.crc32(entry.encode()) % shards if shards > 1 else 0
 
 
 @dataclass(frozen=True)
@@ -285,6 +309,17 @@ class KeySpace:
         upgrade, neither side reads the other's tickets."""
         scope = f"{self.fingerprint}:{writer}" if writer else self.fingerprint
         return QueueKeys(f"{{{self.base_prefix}:dispatch:{DISPATCH_SCHEMA}:{scope}}}")
+
+    def dispatch_shards(self, writer: str, shards: int) -> tuple[QueueKeys, ...]:
+        """The queue in ``shards`` shards (``DISPATCH_SHARDS``), each a queue of its own under
+        its own hash tag, so several Redis Cluster masters share the queue's work. One shard
+        is the queue of ``dispatch``, unchanged; shard i of several is that tag and a suffix
+        picked so that its slot lies in the i-th of ``shards`` equal slot ranges (on a
+        cluster whose masters own equal ranges in order, one master per shard)."""
+        single = self.dispatch(writer)
+        if shards == 1:
+            return (single,)
+        return tuple(QueueKeys(shard_tag(single.tag, i, shards)) for i in range(shards))
 
     @staticmethod
     def ticket_error(entry: str, ticket_id: str) -> str:

@@ -61,6 +61,18 @@ class DispatchSettings(Section):
         16.0,
         "how often a waiting miss that heard nothing checks that its ticket is still queued (a fallback: notices tell how tickets end; the LRU may take a queued one)",
     )
+    shards: int = env(
+        "DISPATCH_SHARDS",
+        e.integer(1, 16),
+        1,
+        "the queue in this many shards, each its own hash tag (one Redis Cluster master's work each) and its own engines; every front and engine of a fleet must agree ([DEPLOYMENT.md](DEPLOYMENT.md#queue-shards))",
+    )
+    shard: int = env(
+        "DISPATCH_SHARD",
+        e.integer(-1, 15),
+        -1,
+        "the shard an engine process serves when `DISPATCH_SHARDS` is over 1 (`-1`: unset; `serve` gives its engine processes one each in turn); fronts ignore it",
+    )
     max_deliveries: int = env(
         "DISPATCH_MAX_DELIVERIES",
         e.integer(1, 100),

@@ -109,6 +109,12 @@ class Settings:
                 "recognised in smaller batches than the stock recognizer's, exact only where a "
                 "reading does not depend on the batch's size: measured on CPU with one thread)"
             )
+        dispatch = self.dispatch
+        if dispatch.shard >= dispatch.shards:
+            raise ConfigError(
+                f"DISPATCH_SHARD: {dispatch.shard} is not a shard of DISPATCH_SHARDS="
+                f"{dispatch.shards} (0 to {dispatch.shards - 1})"
+            )
         if kind == "serving" and not self.serving.url:
             raise ConfigError("SERVING_URL: required when OCR_ENGINE=serving")
         if kind == "hunyuan":

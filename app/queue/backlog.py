@@ -39,6 +39,7 @@ class Backlog:
     jobs: int
     engines: int
     oldest_wait_seconds: float
+    shards: tuple[int, ...] = ()  # with several queue shards: each one's misses
 
     def as_json(self) -> dict[str, Any]:
         """``/readyz``'s ``queue``."""
@@ -53,11 +54,12 @@ def read(service: OcrService) -> Backlog | None:
     queue = cache.misses.queue
     if queue is None or not isinstance(cache.store, RedisStore):
         return None
-    names, live_ms = queue.names, queue.live_ms
-    ok, snapshot = cache.store.run(
-        "dispatch", lambda client: inspect.read(client, names, live_ms=live_ms, held=0)
+    shards, live_ms = queue.shards, queue.live_ms
+    ok, snapshots = cache.store.run(
+        "dispatch",
+        lambda client: [inspect.read(client, names, live_ms=live_ms, held=0) for names in shards],
     )
-    if not ok or snapshot is None:
+    if not ok or not snapshots:
         return None
     jobs = 0
     if service.jobs is not None:
@@ -65,9 +67,13 @@ def read(service: OcrService) -> Backlog | None:
             jobs = service.jobs.backlog()
         except JobsUnavailable:
             jobs = 0
-    oldest = (snapshot.oldest_wait_ms or 0) / 1000
-    misses = snapshot.waiting + snapshot.running
-    return Backlog(misses, snapshot.waiting, jobs, snapshot.live, oldest)
+    # Over the queue's shards (``DISPATCH_SHARDS``): the sum, the oldest wait the longest.
+    oldest = max(snapshot.oldest_wait_ms or 0 for snapshot in snapshots) / 1000
+    waiting = sum(snapshot.waiting for snapshot in snapshots)
+    misses = waiting + sum(snapshot.running for snapshot in snapshots)
+    live = sum(snapshot.live for snapshot in snapshots)
+    shard_misses = tuple(s.waiting + s.running for s in snapshots) if len(snapshots) > 1 else ()
+    return Backlog(misses, waiting, jobs, live, oldest, shard_misses)
 
 
 class _Collector:
@@ -86,6 +92,16 @@ class _Collector:
         waiting.add_metric(["misses"], backlog.misses)
         waiting.add_metric(["jobs"], backlog.jobs)
         yield waiting
+        if backlog.shards:
+            per_shard = GaugeMetricFamily(
+                metrics.QUEUE_SHARD_BACKLOG,
+                "Misses queued or running in one shard of the miss queue (DISPATCH_SHARDS), "
+                "read from Redis by a front (max over fronts): each shard's engines scale on it",
+                labels=["shard"],
+            )
+            for shard, misses in enumerate(backlog.shards):
+                per_shard.add_metric([str(shard)], misses)
+            yield per_shard
         yield GaugeMetricFamily(
             metrics.QUEUE_ENGINES_LIVE,
             "Engine slots live on the miss queue (its register), read from Redis by a front",

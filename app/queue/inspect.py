@@ -204,3 +204,20 @@ def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
 def _number(value: Any) -> float | None:
     text = as_text(value)
     return float(text) if text else None
+
+
+def combined(views: list[dict[str, Any]]) -> dict[str, Any]:
+    """``GET /admin/queue``'s answer: one shard's view as it is; with several
+    (``DISPATCH_SHARDS``), their totals and each shard's view under ``shards``."""
+    if len(views) == 1:
+        return views[0]
+    ages = [view["oldest_wait_ms"] for view in views if view["oldest_wait_ms"] is not None]
+    return {
+        "queue": ",".join(view["queue"] for view in views),
+        "waiting": sum(view["waiting"] for view in views),
+        "running": sum(view["running"] for view in views),
+        "oldest_wait_ms": max(ages) if ages else None,
+        "engines_live": sum(view["engines_live"] for view in views),
+        "engines_busy": sum(view["engines_busy"] for view in views),
+        "shards": views,
+    }

@@ -54,7 +54,7 @@ from dataclasses import replace
 from typing import Any
 
 from app import metrics, tracing
-from app.cache.keys import KeySpace
+from app.cache.keys import KeySpace, QueueKeys, shard_of
 from app.cache.notify import Notifier
 from app.cache.scripts import QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_SUBMIT
 from app.cache.store import RedisStore
@@ -101,6 +101,26 @@ def lane_full(lane: str, tenant: str, waiting: int, engines: int, mean: float) -
     )
 
 
+def leave_trace(
+    store: RedisStore, names: QueueKeys, ticket: Ticket, ticket_id: str, ttl_ms: int
+) -> None:
+    """A traced request that queued a ticket leaves its context beside it, for the requests
+    that join the ticket (from any front) to link to: one write, when traced."""
+    key, context = names.trace(ticket_id), f"{ticket.trace}\n{ticket.tracestate}"
+    store.run("dispatch", lambda c: c.set(key, context, px=ttl_ms))
+
+
+def link_to_queuer(store: RedisStore, span: tracing.Span, names: QueueKeys, ticket_id: str) -> None:
+    """A request that joined a ticket another request queued (another front's, it may be)
+    links to the trace that queued it, when that one was traced."""
+    ok, context = store.run("dispatch", lambda c: c.get(names.trace(ticket_id)))
+    if not ok or not context:
+        return
+    text = context.decode(errors="replace") if isinstance(context, bytes) else str(context)
+    parent, _, state = text.partition("\n")
+    span.link({tracing.TRACEPARENT: parent, **({tracing.TRACESTATE: state} if state else {})})
+
+
 class TicketQueue:
     """One per front door (per process): submits its misses and waits for their entries.
     ``fair``: each tenant's tickets in a lane of their own (``DISPATCH_FAIRNESS=drr``), else
@@ -123,11 +143,16 @@ class TicketQueue:
         background_share: float = 1.0,
         label: Callable[[str], str] = lambda namespace: namespace or "default",
         clock: Callable[[], float] = time.monotonic,
+        shards: int = 1,
+        home: int = 0,
     ) -> None:
         self._store = store
         self._keys = keys
         self._notifier = notifier
-        self.names = keys.dispatch(writer)
+        # Every shard of the queue (``DISPATCH_SHARDS``: a ticket goes to its entry key's,
+        # ``shard_of``), and the one this process's engines serve (``DISPATCH_SHARD``).
+        self.shards = keys.dispatch_shards(writer, shards)
+        self.names = self.shards[home]
         self._per_engine_max = per_engine_max
         self.live_ms = live_ms  # an engine that reported this lately is live
         self._poll_seconds = poll_seconds
@@ -144,14 +169,18 @@ class TicketQueue:
         lane = namespace if self._fair and namespace else DEFAULT_LANE
         return lane + BACKGROUND if background and self._fair else lane
 
+    def names_of(self, ticket: Ticket) -> QueueKeys:
+        """The queue shard of ``ticket``: its entry key's (the only one with several)."""
+        return self.shards[shard_of(ticket.key, len(self.shards))]
+
     def stream(self, ticket: Ticket) -> str:
-        return self.names.stream(ticket.lane)
+        return self.names_of(ticket).stream(ticket.lane)
 
     def marker(self, ticket: Ticket) -> str:
-        return self.names.marker(ticket.key, ticket.sha256)
+        return self.names_of(ticket).marker(ticket.key, ticket.sha256)
 
     def image(self, ticket: Ticket) -> str:
-        return self.names.image(ticket.key, ticket.sha256)
+        return self.names_of(ticket).image(ticket.key, ticket.sha256)
 
     def request(self, ticket: Ticket, read: Read, timeout: float) -> tuple[OcrResult | None, bool]:
         """(``ticket``'s result once an engine stored it, whether it joined a ticket another
@@ -180,7 +209,7 @@ class TicketQueue:
         """(ticket id, created by us, the lane it waits in: another's when it joined a ticket
         queued in another lane), or None: no queue to use."""
         marker_ttl = str(max(1000, int((deadline - self._clock()) * 1000)))
-        lane, names = ticket.lane, self.names
+        lane, names = ticket.lane, self.names_of(ticket)
         weight = self._background_share if lane.endswith(BACKGROUND) else 1.0
         share = f"{self._share(ticket.namespace) * weight:g}"
 
@@ -209,26 +238,10 @@ class TicketQueue:
         if created:  # its place in its lane when queued
             span.set("ocr.queue.position", int(waiting))
             if ticket.trace:
-                self._leave_trace(ticket, ticket_id, int(marker_ttl))
+                leave_trace(self._store, names, ticket, ticket_id, int(marker_ttl))
         elif span.recording:
-            self._link_to_queuer(span, ticket_id)
+            link_to_queuer(self._store, span, names, ticket_id)
         return ticket_id, created, held_in
-
-    def _leave_trace(self, ticket: Ticket, ticket_id: str, ttl_ms: int) -> None:
-        """A traced request that queued a ticket leaves its context beside it, for the
-        requests that join the ticket (from any front) to link to: one write, when traced."""
-        key, context = self.names.trace(ticket_id), f"{ticket.trace}\n{ticket.tracestate}"
-        self._store.run("dispatch", lambda c: c.set(key, context, px=ttl_ms))
-
-    def _link_to_queuer(self, span: tracing.Span, ticket_id: str) -> None:
-        """A request that joined a ticket another request queued (another front's, it may
-        be) links to the trace that queued it, when that one was traced."""
-        ok, context = self._store.run("dispatch", lambda c: c.get(self.names.trace(ticket_id)))
-        if not ok or not context:
-            return
-        text = context.decode(errors="replace") if isinstance(context, bytes) else str(context)
-        parent, _, state = text.partition("\n")
-        span.link({tracing.TRACEPARENT: parent, **({tracing.TRACESTATE: state} if state else {})})
 
     def _wait(
         self, ticket: Ticket, ticket_id: str, created: bool, event: Any, read: Read, deadline: float
@@ -323,7 +336,7 @@ class TicketQueue:
         return not created and error.startswith("timeout:") and self._clock() < deadline
 
     def _alive(self, ticket_id: str, ticket: Ticket) -> bool:
-        lane, names = ticket.lane, self.names
+        lane, names = ticket.lane, self.names_of(ticket)
         keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes, names.bell)
         args: list[str | int] = [ticket_id, lane, GROUP, self.live_ms]  # held this long: reclaim
         ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, args))

@@ -1,0 +1,225 @@
+"""Queue shards (issue 48, item 3): ``DISPATCH_SHARDS`` splits the miss queue into queues of
+their own, each under a hash tag whose slot lies on its own master of a Redis Cluster, each
+served by its own engines; a front sends a miss to its entry key's shard. Real parts: a
+loopback cluster of 3 masters, `python -m app front` and `python -m app engine` processes on
+the HunyuanOCR engine against the OpenAI-protocol stand-in (``tests/fake_vllm.py``: vLLM
+cannot run here), `python -m app serve` for how it gives its engine processes their shards."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from app.cache.keys import KeySpace, shard_of, shard_tag
+from app.config import ConfigError, Settings
+from app.ports import free_port
+from app.supervisor import Supervisor, _Engine
+from tests.conftest import CORPUS, PHOTOTEST, ROOT
+from tests.fake_vllm import FakeVllm
+from tests.fleet import Fleet, LoopbackCluster, wait_for
+from tests.helpers import metric_sum
+
+pytestmark = pytest.mark.deploy
+
+ADMIN = "shards-admin-token-0123456789abcdef"
+HUNYUAN = {
+    "OCR_ENGINE": "hunyuan", "HUNYUAN_STARTUP_WAIT_SECONDS": "0",
+    "HUNYUAN_MODEL_REVISION": "0123456789abcdef0123456789abcdef01234567",
+    "ENGINE_WORKERS": "2", "CACHE_L1_BYTES": "0", "ADMIN_TOKEN": ADMIN,
+}  # fmt: skip
+
+
+def variants(count: int, start: int = 0) -> list[bytes]:
+    """Distinct small pages (one pixel changed each: an entry key of their own)."""
+    base = Image.open(PHOTOTEST).convert("RGB").resize((320, 100))
+    out = []
+    for i in range(start, start + count):
+        image = base.copy()
+        image.putpixel((i % 320, (i // 320) % 100), (i % 251, 0, 255))
+        buffer = io.BytesIO()
+        image.save(buffer, "PNG")
+        out.append(buffer.getvalue())
+    return out
+
+
+def post(base: str, data: bytes) -> requests.Response:
+    return requests.post(f"{base}/v1/ocr", files={"file": ("x.png", data)}, timeout=120)
+
+
+def admin_queue(base: str) -> dict:
+    answer = requests.get(
+        f"{base}/admin/queue", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_one_shard_is_the_queue_as_it_was_and_several_spread_evenly():
+    keys = KeySpace("ocr", "fp")
+    assert keys.dispatch_shards("", 1) == (keys.dispatch(""),)
+    shards = keys.dispatch_shards("w", 3)
+    assert len({names.tag for names in shards}) == 3
+    assert all(names.tag.startswith("{ocr:dispatch:v3:fp:w:s") for names in shards)
+    assert shard_tag(keys.dispatch("w").tag, 2, 3) == shards[2].tag  # the same every time
+    counts = [0, 0, 0]
+    for i in range(3000):
+        counts[shard_of(f"ocr:v1:fp:ocr:{{{i:032x}}}", 3)] += 1
+    assert all(800 < count < 1200 for count in counts), counts
+    assert {shard_of(f"k{i}", 1) for i in range(100)} == {0}
+
+
+def test_a_shard_out_of_range_and_an_engine_without_its_shard_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="DISPATCH_SHARD"):
+        Settings.from_env({"DISPATCH_SHARDS": "2", "DISPATCH_SHARD": "2"})
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(DISPATCH_SHARDS="3", OCR_WORK_DIR=str(tmp_path), ENGINE_PORT=str(free_port()))
+    engine = subprocess.run([sys.executable, "-m", "app", "engine"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert engine.returncode == 2 and "DISPATCH_SHARD: required" in engine.stderr
+    env.update(ENGINE_PROCESSES="2", HTTP_PORT=str(free_port()))
+    serve = subprocess.run([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert serve.returncode == 2 and "DISPATCH_SHARDS=3 needs" in serve.stderr, serve.stderr
+
+
+def test_a_shard_left_without_an_engine_gets_one_back(monkeypatch):
+    """A replacement starts before its retiring engine exits and may go to another shard:
+    once the retiree is gone, the newest engine of a crowded shard stops, and its restart
+    serves the empty shard (``Supervisor._start_engine`` picks the least served)."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # it would clean it
+    settings = Settings.from_env({"DISPATCH_SHARDS": "2"})
+    supervisor = Supervisor(settings, 2)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        older, newer = _Engine(1, sleepers[0], 0), _Engine(2, sleepers[1], 0)
+        newer.started = older.started + 1
+        supervisor._engines = [older, newer]  # both on shard 0, none on shard 1
+        supervisor._cover_shards()
+        assert newer.process.wait(10) is not None and older.process.poll() is None
+        supervisor._engines = [older]
+        supervisor._cover_shards()  # one engine a shard at most: nothing to move
+        assert older.process.poll() is None
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        shutil.rmtree(supervisor.metrics_dir, ignore_errors=True)
+
+
+def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
+    fake = FakeVllm(CORPUS).start()
+    calls = [0]
+    lock = threading.Lock()
+    original = fake.complete
+
+    def counted(body):
+        with lock:
+            calls[0] += 1
+        time.sleep(0.2)  # long enough for a burst of one image to meet its ticket
+        return original(body)
+
+    fake.complete = counted  # type: ignore[method-assign]
+    cluster = LoopbackCluster(masters=3, replicas=0).start()
+    fleet = Fleet(tmp_path, cluster.url, fronts=1, engines=3, front_workers=1,
+                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="3", OCR_TIMEOUT_SECONDS="90",
+                  **HUNYUAN)  # fmt: skip
+    for shard, engine in enumerate(fleet.engines):
+        engine.env["DISPATCH_SHARD"] = str(shard)
+    try:
+        fleet.start()
+        base = fleet.fronts[0].base
+        images = variants(30)
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda data: post(base, data), images))
+        assert [a.status_code for a in answers] == [200] * 30, [a.text for a in answers]
+        assert {a.headers["X-Cache"] for a in answers} == {"MISS"}
+        # Every engine computed some: each shard's misses went to its own engine.
+        per_engine = [fleet.scrape("ocr_engine_calls_total", [engine]) for engine in fleet.engines]
+        assert sum(per_engine) == 30 and all(n > 0 for n in per_engine), per_engine
+
+        view = admin_queue(base)
+        assert len(view["shards"]) == 3 and view["engines_live"] == 6, view  # 2 slots each
+        assert [shard["engines_live"] for shard in view["shards"]] == [2, 2, 2]
+        # Each shard's keys on a master of its own (the cluster's even split of the slots).
+        tags = [shard["queue"] for shard in view["shards"]]
+        owners = {cluster.owner(f"{tag}:engines").port for tag in tags}
+        assert len(owners) == 3, tags
+
+        # One image sent four times at once, from one front: still one engine call.
+        before = calls[0]
+        [again] = variants(1, 500)
+        with ThreadPoolExecutor(4) as pool:
+            burst = list(pool.map(lambda data: post(base, data), [again] * 4))
+        assert [a.status_code for a in burst] == [200] * 4
+        assert calls[0] - before == 1
+        assert post(base, again).headers["X-Cache"] == "HIT"
+
+        text = requests.get(f"{base}/metrics", timeout=10).text
+        for shard in range(3):
+            assert f'ocr_queue_shard_backlog{{shard="{shard}"}}' in text
+        assert metric_sum(text, "ocr_queue_backlog", kind="misses") == 0
+        assert metric_sum(text, "ocr_queue_engines_live") == 6
+    finally:
+        fleet.stop()
+        cluster.stop()
+        fake.stop()
+
+
+def test_serve_gives_each_shard_an_engine_and_a_restart_keeps_it(tmp_path):
+    fake = FakeVllm(CORPUS).start()
+    port = free_port()
+    unset = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(HUNYUAN, HTTP_PORT=str(port), HOST="127.0.0.1", GRPC_ENABLED="false",
+               WEB_CONCURRENCY="1", ENGINE_PROCESSES="2", DISPATCH_SHARDS="2",
+               HUNYUAN_BASE_URL=fake.url, OCR_WORK_DIR=str(tmp_path / "models"),
+               REDIS_TIMEOUT_MS="500")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+
+    def every_shard_served() -> bool:
+        assert proc.poll() is None
+        try:
+            view = admin_queue(base)
+        except (requests.RequestException, AssertionError):
+            return False
+        return [shard["engines_live"] for shard in view.get("shards", [])] == [2, 2]
+
+    try:
+        wait_for(every_shard_served, 120, "an engine on each shard")
+        answers = [post(base, data) for data in variants(8, 1000)]
+        assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+        # An engine process killed: the supervisor's restart serves the shard it left.
+        engines = [Path(f"/proc/{pid}/cmdline") for pid in _children(proc.pid)]
+        victim = next(p for p in engines if b"engine" in p.read_bytes())
+        os.kill(int(victim.parent.name), 9)
+        wait_for(lambda: not every_shard_served(), 60, "the killed engine out of its shard")
+        wait_for(every_shard_served, 120, "the shard served again")
+        answers = [post(base, data) for data in variants(8, 2000)]
+        assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+        fake.stop()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(line) for line in out.stdout.split()]
