@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # every pytest process's start here, where the environment sets PYTHONDONTWRITEBYTECODE).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-fairness-jobs bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak chaos-fleet bench-fleet bench-queue install-redis
+.PHONY: install install-edge install-tools run test test-fast test-images lint bench bench-edge bench-fairness bench-fairness-jobs bench-near bench-lines lines-exact parity clean fuzz chaos chaos-soak chaos-fleet bench-fleet bench-queue bench-shards install-redis
 
 install: $(STAMP) install-edge
 
@@ -187,6 +187,9 @@ bench-fleet: install install-redis ; $(BIN)/python -m bench.fleet
 # What the miss queue costs its Redis master per miss and per idle engine process (issue 48,
 # bench/queue_cost.py): about 2 minutes; bench/results/queue_cost.json.
 bench-queue: install install-redis ; $(BIN)/python -m bench.queue_cost
+# How the queue's work splits over the masters with 1 and 3 queue shards (DISPATCH_SHARDS,
+# bench/queue_shards.py): about 4 minutes; queue_cost.json, under "shards".
+bench-shards: install install-redis ; $(BIN)/python -m bench.queue_shards
 
 # The near-duplicate experiment (issue 15): every tier's confusion table on variant sets of
 # the corpus, with the real engine as ground truth (about 15 minutes on 2 shared cores);

@@ -1,0 +1,130 @@
+"""`python -m bench.queue_shards [--rounds N]` (`make bench-shards`, issue 48 item 3): how the
+miss queue's work on the Redis masters splits with one queue shard and with three
+(``DISPATCH_SHARDS``), on the loopback cluster of ``bench.queue_cost`` (3 masters without
+replicas), the same phase: 16 clients send distinct images, 3 at a time each, 3 engine
+processes of 2 slots each against the OpenAI-protocol stand-in answering in 1 s (about 3 s of
+waiting per miss). With three shards each engine process serves one (``DISPATCH_SHARD``).
+
+Per master, sorted busiest first: its commands and CPU per miss (``INFO``; the masters' own
+figures, no subtraction: with three shards every master holds a queue). Both layouts store
+the same entries on the same masters (spread by MD5), so what moves between them is the
+queue's work. ``rounds`` alternate the two layouts, each round on fresh fleets; the report
+gives each round and the means.
+
+Results: ``bench/results/queue_cost.json``, under ``shards``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import edge
+from bench.queue_cost import CALL_S, CLIENTS, PER_CLIENT, SHARED, Masters, save, send_all, variants
+from tests.fake_vllm import FakeVllm, Recording, answer
+from tests.fleet import Fleet, LoopbackCluster
+
+ENGINES = 3  # engine processes, one per shard with three
+
+
+def shard_fleet(folder: Path, cluster: LoopbackCluster, fake_url: str, shards: int) -> Fleet:
+    """One front (one worker), ``ENGINES`` engine processes of 2 slots on the HunyuanOCR
+    engine; with several shards, engine i serves shard i mod ``shards``."""
+    fleet = Fleet(
+        folder, cluster.url, fronts=1, engines=ENGINES, front_workers=1,
+        OCR_ENGINE="hunyuan", HUNYUAN_BASE_URL=fake_url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
+        HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
+        ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90", DISPATCH_CLAIM_MS="10000",
+        CACHE_L1_BYTES="0", DISPATCH_SHARDS=str(shards),
+    )  # fmt: skip
+    if shards > 1:
+        for i, engine in enumerate(fleet.engines):
+            engine.env["DISPATCH_SHARD"] = str(i % shards)
+    return fleet
+
+
+def one_round(folder: Path, fake_url: str, shards: int, first: int) -> dict[str, Any]:
+    cluster = LoopbackCluster(masters=3, replicas=0).start()
+    fleet = shard_fleet(folder, cluster, fake_url, shards)
+    try:
+        fleet.start()
+        base = fleet.fronts[0].base
+        masters = Masters(cluster)
+        send_all(base, [[image] for image in variants(6, first + 900)])  # scripts loaded
+        time.sleep(3)
+        images = variants(CLIENTS * PER_CLIENT, first)
+        before = masters.counters()
+        wall = send_all(base, [images[i::CLIENTS] for i in range(CLIENTS)])
+        after = masters.counters()
+    finally:
+        fleet.stop()
+        cluster.stop()
+    misses = len(images)
+    # Per master: (commands less the INFO reading, CPU ms), per miss; busiest first.
+    deltas = [(after[p][0] - before[p][0] - 1, (after[p][1] - before[p][1]) * 1000) for p in after]
+    rows = sorted(((c / misses, ms / misses) for c, ms in deltas), reverse=True)
+    commands, cpu = [round(r[0], 1) for r in rows], [round(r[1], 3) for r in rows]
+    return {
+        "misses": misses, "wall_s": round(wall, 2),
+        "commands_per_miss_per_master": commands, "cpu_ms_per_miss_per_master": cpu,
+        "commands_per_miss_all": round(sum(commands), 1), "cpu_ms_per_miss_all": round(sum(cpu), 3),
+        "busiest_master_share_of_commands": round(commands[0] / sum(commands), 2),
+        "loadavg": os.getloadavg(),
+    }  # fmt: skip
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    rounds = int(args[1]) if args[:1] == ["--rounds"] else 2
+    fake = FakeVllm(SHARED / "corpus").start()
+
+    def respond(image: bytes, prompt: str) -> str:
+        time.sleep(CALL_S)
+        return answer(Recording(), prompt)
+
+    fake.respond = respond
+    runs: dict[str, list[dict[str, Any]]] = {"1": [], "3": []}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for round_ in range(rounds):
+                for shards in (1, 3):
+                    folder = Path(tmp) / f"{round_}-{shards}"
+                    row = one_round(folder, fake.url, shards, 10_000 * (round_ + 1) + shards)
+                    runs[str(shards)].append(row)
+                    print(shards, "shard(s):", json.dumps(row), flush=True)
+    finally:
+        fake.stop()
+    means = {
+        shards: {
+            field: [
+                round(statistics.mean(row[field][i] for row in rows), 3)
+                for i in range(len(rows[0][field]))
+            ]
+            for field in ("commands_per_miss_per_master", "cpu_ms_per_miss_per_master")
+        }
+        for shards, rows in runs.items()
+    }
+    report = {
+        "rounds": runs,
+        "means": means,
+        "run": {
+            "commit": edge._git("rev-parse", "--short", "HEAD"),
+            "engines": ENGINES,
+            "slots_per_engine": 2,
+            "call_s": CALL_S,
+            "cpus": os.cpu_count(),
+            "when": time.strftime("%Y-%m-%d %H:%M"),
+        },  # fmt: skip
+    }
+    save("shards", report)
+    print(json.dumps(means, indent=1))
+
+
+if __name__ == "__main__":
+    main()
