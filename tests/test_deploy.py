@@ -44,7 +44,7 @@ PROFILES = ["default", "gpu", "serving", "hunyuan", "monitoring", "l3"]
 TENANTS_EXAMPLE = ROOT / "k8s/components/api-keys/tenants.example.json"
 OVERLAYS = [
     "cpu", "gpu", "serving-sidecar", "hunyuan", "monitoring", "keda", "scale-to-zero", "l3",
-    "tenants",
+    "tenants", "queue-shards",
 ]  # fmt: skip
 # A release kubernetes-validate ships schemas for (kubectl here is 1.32), passed explicitly.
 K8S_VERSION = "1.32.0"
@@ -1005,6 +1005,41 @@ def test_keda_overlay_scales_the_engines_on_the_global_miss_queue() -> None:
     assert _engine_labels() in selected  # the engines' gauges reach Prometheus
 
 
+def _shard_label(deployment: dict) -> dict[str, str]:
+    """An engine Deployment's queue shard label (``queue-shards``: its own pods only), if any."""
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    return {k: v for k, v in labels.items() if k == "ocr-cache/queue-shard"}
+
+
+def test_queue_shards_overlay_runs_each_shard_on_its_own_engines() -> None:
+    """Three queue shards: an engine Deployment per shard, the base's for shard 0, each with
+    its DISPATCH_SHARD and a selector of its own pods, scaled by KEDA on its own shard's
+    backlog; every front and engine reads DISPATCH_SHARDS=3 from the one ConfigMap."""
+    objects = _objects("queue-shards")
+    config = _named(objects, "ConfigMap", "ocr-cache-env")["data"]
+    assert config["DISPATCH_SHARDS"] == "3"
+    names = ["ocr-engine", "ocr-engine-shard-1", "ocr-engine-shard-2"]
+    engines = [_named(objects, "Deployment", name) for name in names]
+    front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
+    for shard, deployment in enumerate(engines):
+        assert _shard_label(deployment) == {"ocr-cache/queue-shard": str(shard)}
+        assert deployment["spec"]["selector"]["matchLabels"] == _engine_labels() | {
+            "ocr-cache/queue-shard": str(shard)
+        }
+        engine = _container(deployment["spec"]["template"]["spec"], "engine")
+        assert _literal_env(engine)["DISPATCH_SHARD"] == str(shard)
+        assert engine["envFrom"] == _container(front_pod, "front")["envFrom"]
+        assert engine["image"] == _container(front_pod, "front")["image"]
+        scaled = _named(objects, "ScaledObject", names[shard])
+        assert scaled["spec"]["scaleTargetRef"]["name"] == names[shard]
+        [trigger] = scaled["spec"]["triggers"]
+        query = f'max(ocr_queue_shard_backlog{{shard="{shard}"}})'
+        assert trigger["metadata"]["query"] == query
+    settings = Settings.from_env({**config, **_literal_env(engine)})
+    assert settings.dispatch.shards == 3 and settings.dispatch.shard == 2
+    assert "ocr-engine" not in {n for k, n in objects if k == "HorizontalPodAutoscaler"}
+
+
 def test_scale_to_zero_overlay_wakes_the_engines_on_any_waiting_work() -> None:
     """KEDA keeps no engine pod while nothing waits and activates on the first waiting miss
     or job: the fronts' backlog gauge (read from Redis at each scrape), max over fronts per
@@ -1027,9 +1062,18 @@ def test_scale_to_zero_overlay_wakes_the_engines_on_any_waiting_work() -> None:
 
 
 # Overlays whose engines hold the PaddleOCR model in-process (the others call a sidecar or vLLM).
-MODEL_OVERLAYS = {"cpu", "gpu", "monitoring", "keda", "scale-to-zero", "l3", "tenants"}
+MODEL_OVERLAYS = {
+    "cpu",
+    "gpu",
+    "monitoring",
+    "keda",
+    "scale-to-zero",
+    "l3",
+    "tenants",
+    "queue-shards",
+}
 # Overlays that scrape with the Prometheus Operator (the monitoring component).
-MONITORED_OVERLAYS = {"monitoring", "keda", "scale-to-zero"}
+MONITORED_OVERLAYS = {"monitoring", "keda", "scale-to-zero", "queue-shards"}
 GIB = 1024**3
 
 
@@ -1057,8 +1101,9 @@ def test_engine_deployment_service_and_pdb(overlay: str) -> None:
     objects = _objects(overlay)
     deployment, pod, engine = _engine(objects)
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert deployment["spec"]["selector"]["matchLabels"] == _engine_labels()
-    assert _engine_labels().items() <= labels.items()
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector == _engine_labels() | _shard_label(deployment)
+    assert selector.items() <= labels.items()
     front_pod = _named(objects, "Deployment", "ocr-cache")["spec"]["template"]["spec"]
     front = _container(front_pod, "front")
     assert engine["args"] == ["engine"] and engine["image"] == front["image"]
@@ -1169,7 +1214,9 @@ def test_only_fronts_reach_the_engines_and_engines_reach_redis(overlay: str) -> 
     objects = _objects(overlay)
     deployment, _, _ = _engine(objects)
     policy = _named(objects, "NetworkPolicy", "ocr-engine")["spec"]
-    assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    # Every engine pod (of every queue shard, where there are several).
+    assert policy["podSelector"]["matchLabels"] == _engine_labels()
+    assert _engine_labels().items() <= deployment["spec"]["selector"]["matchLabels"].items()
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     for rule in policy["ingress"]:
         assert [p["port"] for p in rule["ports"]] == [ENGINE_PORT]
@@ -1225,7 +1272,7 @@ def test_engine_autoscaling(overlay: str) -> None:
     by KEDA where the keda component is in (then no HPA of theirs)."""
     objects = _objects(overlay)
     hpas = {n: o for (k, n), o in objects.items() if k == "HorizontalPodAutoscaler"}
-    if overlay in ("keda", "scale-to-zero"):
+    if overlay in ("keda", "scale-to-zero", "queue-shards"):
         assert "ocr-engine" not in hpas
         return
     target = hpas["ocr-engine"]["spec"]["scaleTargetRef"]
