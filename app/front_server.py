@@ -29,6 +29,7 @@ What gunicorn's master and hooks did for the front, each kept here:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -165,6 +166,7 @@ def _trim_every(seconds: float) -> None:
 # ---------------------------------------------------------------- hung and dead workers
 
 HEARTBEAT_DIR = "OCR_FRONT_HEARTBEAT_DIR"
+CRASH_LOOP_SECONDS = 6.0  # granian stops when a worker dies within 5.5 s of its respawn
 
 
 def hung_after(settings: Settings) -> float:
@@ -194,10 +196,16 @@ class Watchdog(threading.Thread):
     seconds is killed (granian starts another); a worker that is gone has its live gauges
     removed from the metrics folder (prometheus-client's ``mark_process_dead``)."""
 
-    def __init__(self, folder: Path, hung_after: float) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        hung_after: float,
+        workers: Callable[[], list[tuple[int, float]]] = lambda: [],
+    ) -> None:
         super().__init__(name="front-watchdog", daemon=True)
         self.folder = folder
         self.hung_after = hung_after
+        self.workers = workers  # (pid, when it was started, monotonic) of each worker
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -220,6 +228,18 @@ class Watchdog(threading.Thread):
             if age > self.hung_after and not self.stopping.is_set():
                 log.error("front worker %d sent no heartbeat for %.0f s: killed", pid, age)
                 os.kill(pid, signal.SIGKILL)
+        # A worker that never loaded (no heartbeat yet) within as long: a fork caught while
+        # another thread held a lock (a log line being written) can wait on it forever. Not
+        # within granian's crash-loop window (a worker that dies within 5.5 s of its respawn
+        # stops the server).
+        for pid, born in self.workers():
+            loading = time.monotonic() - born
+            beat = self.folder / str(pid)
+            late = loading > max(self.hung_after, CRASH_LOOP_SECONDS)
+            if late and not beat.exists() and not self.stopping.is_set():
+                log.error("front worker %d did not load in %.0f s: killed", pid, loading)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def mark_dead(pid: int) -> None:
@@ -243,7 +263,7 @@ class FrontServer(MPServer):
         self.edge_died = False
         self._beats = tempfile.mkdtemp(prefix="ocr-front-beats-")
         os.environ[HEARTBEAT_DIR] = self._beats  # the workers are forks: they read it
-        self.watchdog = Watchdog(Path(self._beats), hung_after(settings))
+        self.watchdog = Watchdog(Path(self._beats), hung_after(settings), self._workers)
 
     def startup(self, spawn_target: Any, target_loader: Any) -> None:
         super().startup(spawn_target, target_loader)  # bound, workers starting
@@ -293,10 +313,26 @@ class FrontServer(MPServer):
         if self.edge_died:
             log.error("the nginx edge exited: stopping the service")
             exit_code = exit_code or 1
+        self._end_unloaded_workers()
         try:
             super().shutdown(exit_code)
         finally:
             shutil.rmtree(self._beats, ignore_errors=True)
+
+    def _workers(self) -> list[tuple[int, float]]:
+        """Each worker process: (pid, when granian started it, monotonic)."""
+        return [(w.inner.pid, w.birth) for w in list(self.wrks) if w.inner.pid is not None]
+
+    def _end_unloaded_workers(self) -> None:
+        """A worker that has not loaded its app yet (no heartbeat: a respawn moments ago)
+        holds no request, yet granian would give it ``workers_kill_timeout`` to stop; one
+        forked while another thread held a lock may never load, and the stop would wait
+        that long (seen once: a stop 1.2 s after a respawn outlasted 60 s). Killed at once."""
+        for pid, _ in self._workers():
+            if not (Path(self._beats) / str(pid)).exists():
+                log.info("front worker %d stopped before it had loaded: killed", pid)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
     def run(self) -> None:
         self.serve(target_loader=load_worker, wrap_loader=False)

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -147,6 +148,57 @@ def test_a_hung_worker_is_killed_and_replaced(front_factory):
     assert "sent no heartbeat" in front.output()
     assert all(front.answers() for _ in range(6))
     assert front.stop() == 0, front.tail()
+
+
+def _stop_a_respawn_before_it_loads(front: Front) -> int:
+    """A worker killed, and its replacement stopped (``SIGSTOP``) before it wrote its first
+    heartbeat, as a fork that waits forever on a lock another thread held would: its pid.
+    The replacement loads in a fraction of a second at most; a try that comes too late
+    lets it go on and kills another."""
+    first = wait_for(lambda: len(front.workers()) == 2 and front.workers(), 120,
+                     "two workers", front.tail)[0]  # fmt: skip
+    # The server's heartbeat folder (a private one under the temporary folder).
+    beat = wait_for(lambda: list(Path(tempfile.gettempdir()).glob(f"ocr-front-beats-*/{first}")),
+                    60, "the worker's heartbeat", front.tail)[0]  # fmt: skip
+    beats = beat.parent
+    for _ in range(5):
+        before = set(wait_for(lambda: len(front.workers()) == 2 and front.workers(), 120,
+                              "two workers", front.tail))  # fmt: skip
+        victim = sorted(before)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (fresh := set(front.workers()) - before):
+            assert time.monotonic() < deadline, front.tail()
+            time.sleep(0.002)
+        [worker] = fresh
+        os.kill(worker, signal.SIGSTOP)
+        if not (beats / str(worker)).exists():
+            return worker
+        os.kill(worker, signal.SIGCONT)  # it had loaded: another try
+    raise AssertionError("no replacement caught before it loaded in 5 tries")
+
+
+def test_a_worker_that_never_loads_is_killed_and_replaced(front_factory):
+    """The watchdog's other half: a worker with no heartbeat yet, FRONT_HUNG_SECONDS after
+    its start, is killed too (granian starts another)."""
+    front = front_factory(FRONT_HUNG_SECONDS="4")
+    stuck = _stop_a_respawn_before_it_loads(front)
+    wait_for(lambda: not alive(stuck), 60, "the worker that never loaded killed", front.tail)
+    assert f"front worker {stuck} did not load" in front.output()
+    wait_for(lambda: len(front.workers()) == 2, 120, "a replacement started", front.tail)
+    assert all(front.answers() for _ in range(6))
+    assert front.stop() == 0, front.tail()
+
+
+def test_a_stop_does_not_wait_for_a_worker_still_loading(front_factory):
+    """A stop that finds a worker still loading kills it (it holds no request) rather than
+    give it granian's kill timeout (REQUEST_TIMEOUT_SECONDS, 120 s: past the test's 60)."""
+    front = front_factory()
+    stuck = _stop_a_respawn_before_it_loads(front)
+    began = time.monotonic()
+    assert front.stop() == 0, front.tail()
+    assert time.monotonic() - began < 60 and not alive(stuck)
+    assert f"front worker {stuck} stopped before it had loaded: killed" in front.output()
 
 
 def test_a_worker_over_its_memory_bound_is_replaced(front_factory):
