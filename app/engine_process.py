@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -36,7 +37,7 @@ from app.engine_side import job_driver
 from app.engines import build_engine, direct
 from app.engines.redacting import with_redaction
 from app.protocols import rest
-from app.supervisor import SUPERVISOR_PID
+from app.supervisor import RETIRING_DIR, SUPERVISOR_PID
 from app.vocabulary import CacheControls, ClientError, EngineBusy, EngineError, EngineTimeout
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,9 @@ class Retirement:
             return
         before = live_engines(self._shared)
         try:
+            retiring = os.environ.get(RETIRING_DIR, "")
+            if retiring:  # so that its replacement serves this one's queue shard
+                Path(retiring, str(os.getpid())).touch()
             os.kill(supervisor, signal.SIGUSR1)
         except OSError:
             return

@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import multiprocess
 
@@ -30,6 +31,7 @@ from app.ports import free_ports
 log = logging.getLogger("app.serve")
 
 SUPERVISOR_PID = "OCR_SUPERVISOR_PID"  # set for the engines: where a retiring one asks
+RETIRING_DIR = "OCR_SUPERVISOR_RETIRING"  # where a retiring engine leaves its pid first
 
 ENGINE_GIB = {"paddle": 1.1}  # resident memory of one engine process (docs/ENGINES.md)
 REMOTE_ENGINE_GIB = 0.2  # an engine process whose model runs elsewhere (serving, hunyuan)
@@ -94,11 +96,14 @@ class Supervisor:
         self._front: subprocess.Popen[bytes] | None = None
         self._wake = threading.Event()
         self._stopping = False
-        self._retiring = 0  # engines that asked for a replacement and have not exited yet
         self._owed = 0  # engines to start as soon as a port is free (replacements, restarts)
         self._crashes = 0
         self.env = dict(os.environ)
         self.env[SUPERVISOR_PID] = str(os.getpid())
+        # A retiring engine names itself here (a file, its pid) before it signals: its
+        # replacement serves its queue shard (``_next_shard``).
+        self.retiring = Path(tempfile.mkdtemp(prefix="ocr-serve-retiring-"))
+        self.env[RETIRING_DIR] = str(self.retiring)
         # One metrics folder for the fronts and the engines: the front's /metrics is the
         # whole machine's, as it was when the engines lived in the workers.
         self.metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
@@ -128,12 +133,8 @@ class Supervisor:
             return False
         # The engines' port is internal under serve: loopback, whatever HOST the front has.
         env = dict(self.env, ENGINE_PORT=str(port), HOST="127.0.0.1")
-        # With queue shards, the shard fewest engines serve: a replacement takes its
-        # predecessor's, and every shard keeps one (``ENGINE_PROCESSES`` >= shards).
-        shards = self._settings.dispatch.shards
-        serving = [sum(1 for e in self._engines if e.shard == i) for i in range(shards)]
-        shard = serving.index(min(serving))
-        if shards > 1:
+        shard = self._next_shard()
+        if self._settings.dispatch.shards > 1:
             env["DISPATCH_SHARD"] = str(shard)
         process = subprocess.Popen(
             [sys.executable, "-m", "app", "engine"], env=env, preexec_fn=_die_with_parent
@@ -148,12 +149,11 @@ class Supervisor:
                 continue
             self._engines.remove(engine)
             multiprocess.mark_process_dead(engine.process.pid, self.metrics_dir)
-            if self._stopping:
-                continue
-            if code == 0 and self._retiring:
-                self._retiring -= 1  # retired: its replacement already runs
-                self._cover_shards()
-                continue
+            note = self.retiring / str(engine.process.pid)
+            retired = note.exists()
+            note.unlink(missing_ok=True)
+            if self._stopping or retired:
+                continue  # retired, or died retiring: its replacement was asked for already
             lived = time.monotonic() - engine.started
             self._crashes = self._crashes + 1 if lived < CRASH_WINDOW_SECONDS else 0
             delay = min(30.0, 0.5 * 2**self._crashes) if self._crashes else 0.0
@@ -163,24 +163,19 @@ class Supervisor:
                 self._wake.wait(delay)
             self._owed += 1
 
-    def _cover_shards(self) -> None:
-        """A replacement is started before its retiring engine exits, so it may have gone
-        to another shard than the retiree's (which one asked is not known): if a shard is
-        left without an engine, the newest of a shard with several stops gracefully and
-        its restart serves the empty one (``_start_engine``)."""
-        shards = self._settings.dispatch.shards
-        serving: dict[int, list[_Engine]] = {i: [] for i in range(shards)}
+    def _next_shard(self) -> int:
+        """The queue shard a new engine serves: the one fewest engines serve, not counting
+        those retiring, so a replacement takes its predecessor's shard and every shard keeps
+        an engine (``ENGINE_PROCESSES`` >= shards)."""
+        retiring = {int(path.name) for path in self.retiring.iterdir() if path.name.isdigit()}
+        serving = [0] * self._settings.dispatch.shards
         for engine in self._engines:
-            serving[engine.shard].append(engine)
-        crowded = max(serving.values(), key=len)
-        if shards > 1 and len(crowded) > 1 and any(not engines for engines in serving.values()):
-            newest = max(crowded, key=lambda engine: engine.started)
-            log.info("engine process %d moves to an unserved queue shard", newest.process.pid)
-            newest.process.terminate()
+            if engine.process.pid not in retiring:
+                serving[engine.shard] += 1
+        return serving.index(min(serving))
 
     def _retire(self, *_: object) -> None:
         """An engine asked for its replacement (``SIGUSR1``): started from the loop."""
-        self._retiring += 1
         self._owed += 1
         self._wake.set()
 
@@ -239,6 +234,7 @@ class Supervisor:
                 engine.process.terminate()
         for engine in self._engines:
             _wait(engine.process, self._settings.engine.timeout_seconds + 10)
+        shutil.rmtree(self.retiring, ignore_errors=True)
         return code
 
 

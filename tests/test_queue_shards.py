@@ -93,28 +93,36 @@ def test_a_shard_out_of_range_and_an_engine_without_its_shard_are_refused(tmp_pa
     assert serve.returncode == 2 and "DISPATCH_SHARDS=3 needs" in serve.stderr, serve.stderr
 
 
-def test_a_shard_left_without_an_engine_gets_one_back(monkeypatch):
-    """A replacement starts before its retiring engine exits and may go to another shard:
-    once the retiree is gone, the newest engine of a crowded shard stops, and its restart
-    serves the empty shard (``Supervisor._start_engine`` picks the least served)."""
+def test_a_new_engine_serves_the_least_served_shard_and_a_replacement_its_predecessors(
+    monkeypatch,
+):
+    """``serve``'s choice (``Supervisor._next_shard``): the shard fewest engines serve; a
+    retiring engine (it left its pid in the supervisor's folder before it asked) does not
+    count, so its replacement, started while it still runs, serves its shard."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # it would clean it
-    settings = Settings.from_env({"DISPATCH_SHARDS": "2"})
-    supervisor = Supervisor(settings, 2)
-    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    supervisor = Supervisor(Settings.from_env({"DISPATCH_SHARDS": "3"}), 3)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     try:
-        older, newer = _Engine(1, sleepers[0], 0), _Engine(2, sleepers[1], 0)
-        newer.started = older.started + 1
-        supervisor._engines = [older, newer]  # both on shard 0, none on shard 1
-        supervisor._cover_shards()
-        assert newer.process.wait(10) is not None and older.process.poll() is None
-        supervisor._engines = [older]
-        supervisor._cover_shards()  # one engine a shard at most: nothing to move
-        assert older.process.poll() is None
+        engines = [_Engine(1, sleepers[0], 0), _Engine(2, sleepers[1], 1)]
+        supervisor._engines = list(engines)
+        assert supervisor._next_shard() == 2  # the one none serves
+        supervisor._engines.append(_Engine(3, sleepers[2], 2))
+        assert supervisor._next_shard() == 0  # all served once: the first
+        (supervisor.retiring / str(sleepers[1].pid)).touch()  # shard 1's engine retires
+        assert supervisor._next_shard() == 1
+        # Once it exits, reaping it forgets its note.
+        sleepers[1].kill()
+        sleepers[1].wait()
+        supervisor._reap_engines()
+        assert not any(supervisor.retiring.iterdir())
+        assert supervisor._next_shard() == 1
     finally:
+        supervisor._stopping = True
         for sleeper in sleepers:
             sleeper.kill()
             sleeper.wait()
         shutil.rmtree(supervisor.metrics_dir, ignore_errors=True)
+        shutil.rmtree(supervisor.retiring, ignore_errors=True)
 
 
 def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
@@ -176,47 +184,63 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
         fake.stop()
 
 
-def test_serve_gives_each_shard_an_engine_and_a_restart_keeps_it(tmp_path):
+def test_serve_keeps_an_engine_on_each_shard_through_retirements_and_a_crash(tmp_path):
+    """``serve`` with 2 shards and 2 engine processes that retire every 3 calls
+    (``ENGINE_MAX_CALLS``: each asks for its replacement, which must serve its shard, and
+    leaves once it reported in), then one killed: every miss answered, each shard served
+    again after each."""
     fake = FakeVllm(CORPUS).start()
     port = free_port()
     unset = ("REDIS_URL", "PROMETHEUS_MULTIPROC_DIR")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(HUNYUAN, HTTP_PORT=str(port), HOST="127.0.0.1", GRPC_ENABLED="false",
                WEB_CONCURRENCY="1", ENGINE_PROCESSES="2", DISPATCH_SHARDS="2",
-               HUNYUAN_BASE_URL=fake.url, OCR_WORK_DIR=str(tmp_path / "models"),
-               REDIS_TIMEOUT_MS="500")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+               ENGINE_MAX_CALLS="3", HUNYUAN_BASE_URL=fake.url,
+               OCR_WORK_DIR=str(tmp_path / "models"), REDIS_TIMEOUT_MS="500")  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve"], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
 
     def every_shard_served() -> bool:
-        assert proc.poll() is None
+        assert proc.poll() is None, log.read_text()[-3000:]
         try:
             view = admin_queue(base)
         except (requests.RequestException, AssertionError):
             return False
         return [shard["engines_live"] for shard in view.get("shards", [])] == [2, 2]
 
+    def tail() -> str:
+        try:
+            shards = [[(e["consumer"], e["live"]) for e in shard["engines"]]
+                      for shard in admin_queue(base)["shards"]]  # fmt: skip
+        except (requests.RequestException, AssertionError, KeyError) as exc:
+            shards = [repr(exc)]
+        return f"{shards}\n{log.read_text()[-3000:]}"
+
     try:
-        wait_for(every_shard_served, 120, "an engine on each shard")
+        wait_for(every_shard_served, 120, "an engine on each shard", tail)
         answers = [post(base, data) for data in variants(8, 1000)]
         assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+        wait_for(lambda: "engine retiring after" in log.read_text(), 60, "a retirement", tail)
+        wait_for(every_shard_served, 180, "each shard served after the retirements", tail)
         # An engine process killed: the supervisor's restart serves the shard it left.
         engines = [Path(f"/proc/{pid}/cmdline") for pid in _children(proc.pid)]
         victim = next(p for p in engines if b"engine" in p.read_bytes())
         os.kill(int(victim.parent.name), 9)
-        wait_for(lambda: not every_shard_served(), 60, "the killed engine out of its shard")
-        wait_for(every_shard_served, 120, "the shard served again")
         answers = [post(base, data) for data in variants(8, 2000)]
         assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
+        wait_for(every_shard_served, 180, "each shard served after the crash", tail)
     finally:
         proc.terminate()
         try:
-            proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
-            proc.communicate()
+            proc.wait()
         fake.stop()
 
 

@@ -89,7 +89,10 @@ class Feeders:
         )  # fmt: skip
         self.reported = self.heartbeat.reported  # a slot has reported in: tickets are taken
         self.claims = Claims(
-            store, keys, names, marker=queue.marker, claim_ms=claim_ms,
+            # The home shard's markers: a ticket taken here is this shard's (a malformed one,
+            # decoded with no key, too; the requester's own choice would follow its key).
+            store, keys, names, marker=lambda ticket: names.marker(ticket.key, ticket.sha256),
+            claim_ms=claim_ms,
             max_deliveries=max_deliveries, batch_max=batch_max, process=self._name,
             live_ms=queue.live_ms,
         )  # fmt: skip

@@ -4,9 +4,10 @@ waits for its entry. One queue per engine fingerprint (and sealing key: during a
 that every free engine of every worker and replica pulls from (``feeders.py``), so no engine
 idles while a miss waits anywhere; or, with ``DISPATCH_SHARDS``, one such queue per shard
 (each on its own Redis Cluster master, served by its own engines), a miss going to its entry
-key's shard (``shard_of``: one image always meets one shard). Each tenant's tickets wait in a lane of their own (a Redis
-stream); engines take from the lanes by deficit round robin over engine time
-(``scheduler.py``), so one tenant's back-fill cannot hold another's single miss behind it.
+key's shard (``shard_of``: one image always meets one shard). Each tenant's tickets wait
+in a lane of their own (a Redis stream); engines take from the lanes by deficit round robin
+over engine time (``scheduler.py``), so one tenant's back-fill cannot hold another's single
+miss behind it.
 
 Submitting is idempotent per key: a ticket already queued or running for the same entry key
 (a marker beside the stream names it) makes the caller a waiter on it, so one image is
