@@ -73,6 +73,7 @@ REDIS_BREAKER_OPEN = Gauge(
 # Read from Redis by a front at each scrape (app/queue/backlog.py), not kept in a process.
 QUEUE_BACKLOG = "ocr_queue_backlog"
 QUEUE_SHARD_BACKLOG = "ocr_queue_shard_backlog"  # with DISPATCH_SHARDS over 1
+QUEUE_SHARD_ENGINES_LIVE = "ocr_queue_shard_engines_live"
 QUEUE_ENGINES_LIVE = "ocr_queue_engines_live"
 QUEUE_OLDEST_WAIT = "ocr_queue_oldest_wait_seconds"
 ENGINE_BROKEN = Counter(

@@ -176,6 +176,7 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
         text = requests.get(f"{base}/metrics", timeout=10).text
         for shard in range(3):
             assert f'ocr_queue_shard_backlog{{shard="{shard}"}}' in text
+            assert metric_sum(text, "ocr_queue_shard_engines_live", shard=str(shard)) == 2
         assert metric_sum(text, "ocr_queue_backlog", kind="misses") == 0
         assert metric_sum(text, "ocr_queue_engines_live") == 6
     finally:

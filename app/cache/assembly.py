@@ -180,6 +180,9 @@ def build(
             home=max(0, dispatch.shard),  # the shard this process's engines serve
         )  # fmt: skip
     if redis is not None and queue is not None and feed:
+        if dispatch.shards > 1 and dispatch.shard < 0:  # as `python -m app engine` refuses
+            raise ValueError(f"DISPATCH_SHARD: required where engines feed from "
+                             f"DISPATCH_SHARDS={dispatch.shards} shards")  # fmt: skip
         from app.engine_side.feeders import Feeders  # engine side: never loaded in a front
 
         feeders = Feeders(

@@ -122,12 +122,15 @@ class QueueKeys:
 @lru_cache(maxsize=64)
 def shard_tag(tag: str, shard: int, shards: int) -> str:
     """``tag`` (``{...}``) for shard ``shard`` of ``shards``: the first suffix ``:s<i>.<n>``
-    whose hash slot falls in the shard's range of slots (a few tries: about ``shards``)."""
+    whose hash slot falls in the middle eight tenths of the shard's range of slots, clear of
+    its edges (where tools that split the slots round differently may disagree): a few
+    tries, about ``shards``."""
     inner = tag[1:-1]
     n = 0
     while True:
         candidate = f"{inner}:s{shard}.{n}"
-        if key_slot(candidate.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS == shard:
+        place = key_slot(candidate.encode()) * shards / REDIS_CLUSTER_HASH_SLOTS - shard
+        if 0.1 < place < 0.9:
             return f"{{{candidate}}}"
         n += 1
 

@@ -40,6 +40,7 @@ class Backlog:
     engines: int
     oldest_wait_seconds: float
     shards: tuple[int, ...] = ()  # with several queue shards: each one's misses
+    shard_engines: tuple[int, ...] = ()  # and each one's live engine slots
 
     def as_json(self) -> dict[str, Any]:
         """``/readyz``'s ``queue``."""
@@ -72,8 +73,10 @@ def read(service: OcrService) -> Backlog | None:
     waiting = sum(snapshot.waiting for snapshot in snapshots)
     misses = waiting + sum(snapshot.running for snapshot in snapshots)
     live = sum(snapshot.live for snapshot in snapshots)
-    shard_misses = tuple(s.waiting + s.running for s in snapshots) if len(snapshots) > 1 else ()
-    return Backlog(misses, waiting, jobs, live, oldest, shard_misses)
+    sharded = len(snapshots) > 1
+    shard_misses = tuple(s.waiting + s.running for s in snapshots) if sharded else ()
+    shard_engines = tuple(s.live for s in snapshots) if sharded else ()
+    return Backlog(misses, waiting, jobs, live, oldest, shard_misses, shard_engines)
 
 
 class _Collector:
@@ -102,6 +105,15 @@ class _Collector:
             for shard, misses in enumerate(backlog.shards):
                 per_shard.add_metric([str(shard)], misses)
             yield per_shard
+            engines = GaugeMetricFamily(
+                metrics.QUEUE_SHARD_ENGINES_LIVE,
+                "Engine slots live on one shard of the miss queue (its register), read from "
+                "Redis by a front: a shard at 0 with misses waits for its own engines",
+                labels=["shard"],
+            )
+            for shard, live in enumerate(backlog.shard_engines):
+                engines.add_metric([str(shard)], live)
+            yield engines
         yield GaugeMetricFamily(
             metrics.QUEUE_ENGINES_LIVE,
             "Engine slots live on the miss queue (its register), read from Redis by a front",

@@ -214,10 +214,13 @@ def combined(views: list[dict[str, Any]]) -> dict[str, Any]:
     ages = [view["oldest_wait_ms"] for view in views if view["oldest_wait_ms"] is not None]
     return {
         "queue": ",".join(view["queue"] for view in views),
+        "at_ms": max(view["at_ms"] for view in views),
+        "live_window_ms": views[0]["live_window_ms"],
         "waiting": sum(view["waiting"] for view in views),
         "running": sum(view["running"] for view in views),
         "oldest_wait_ms": max(ages) if ages else None,
         "engines_live": sum(view["engines_live"] for view in views),
         "engines_busy": sum(view["engines_busy"] for view in views),
+        "truncated": any(view["truncated"] for view in views),
         "shards": views,
     }
