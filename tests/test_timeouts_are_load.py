@@ -176,11 +176,13 @@ def _ticket(front: Front, data: bytes, deadline: float) -> Ticket:
     return Ticket(key, digest_image(data).sha256, OcrParams(), "", 60, deadline, data, id="1-0")
 
 
-def test_a_timed_out_batch_is_not_rerun_image_by_image(front):
+def test_a_timed_out_batch_is_not_rerun_image_by_image(front, redis_client):
     """``_many``: the batch's deadline passes while the engine still runs it. Every image
     is answered with the timeout at once: the old fallback re-ran each image with the
     batch's whole (already spent) time, so the feeder waited (1 + n) timeouts, and an image
-    re-queued behind the batch started once the batch ended, for nobody."""
+    re-queued behind the batch started once the batch ended, for nobody. The batch's
+    results, once it ends, are stored for the retries (a single call's were; a batch's
+    were dropped)."""
     computer, engine = front.cache._computer, front.engine
     probes = _probes(front, 4)
     engine.hold()
@@ -198,6 +200,8 @@ def test_a_timed_out_batch_is_not_rerun_image_by_image(front):
     wait_for(lambda: engine_idle(front.cache), "the batch never ended")
     assert engine.batches == [4] and engine.calls == 0  # no image ran again for nobody
     assert_load_not_failure(front)
+    keys = [probe.key for probe in probes]
+    wait_for(lambda: redis_client.exists(*keys) == len(keys), "the late results stored")
 
 
 def test_a_refused_batch_is_load_and_not_retried(front):

@@ -200,10 +200,19 @@ class Computer:
             self._wait_for_engine()
             kind, spent = self._engine.kind, list[float]()
             requests = [_request(probe) for probe in probes]
+
+            def late(results: list[OcrResult]) -> None:
+                """Every requester timed out, yet the batch ended: each result kept for a
+                retry (as a single call's), its share of the engine time charged then."""
+                share = sum(spent) / len(probes)
+                for probe, result in zip(probes, results, strict=True):
+                    self._spent(probe.controls.namespace, share, None)
+                    self._chain.record(probe, result, probe.controls.ttl or self.ttl())
+
             try:
                 results = self.runner.run(
                     self._engine.recognize_many, requests,
-                    timeout=max(deadlines) - time.time(), elapsed=spent,
+                    timeout=max(deadlines) - time.time(), elapsed=spent, late=late,
                 )  # fmt: skip
             except (EngineTimeout, EngineBusy) as exc:
                 outcome = "timeout" if isinstance(exc, EngineTimeout) else "busy"
