@@ -201,12 +201,9 @@ class Computer:
             kind, spent = self._engine.kind, list[float]()
             requests = [_request(probe) for probe in probes]
 
-            def late(results: list[OcrResult]) -> None:
-                """Every requester timed out, yet the batch ended: each result kept for a
-                retry (as a single call's), its share of the engine time charged then."""
-                share = sum(spent) / len(probes)
+            def late(results: list[OcrResult]) -> None:  # kept for the retries, as one call's
                 for probe, result in zip(probes, results, strict=True):
-                    self._spent(probe.controls.namespace, share, None)
+                    self._spent(probe.controls.namespace, sum(spent) / len(probes), None)
                     self._chain.record(probe, result, probe.controls.ttl or self.ttl())
 
             try:
