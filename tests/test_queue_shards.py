@@ -163,6 +163,16 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
         tags = [shard["queue"] for shard in view["shards"]]
         owners = {cluster.owner(f"{tag}:engines").port for tag in tags}
         assert len(owners) == 3, tags
+        # `ocr-cache queue`: a table per shard, each with its own engine's two slots.
+        shown = subprocess.run(
+            [sys.executable, "-m", "app.cli", "queue", "--server", base], cwd=ROOT,
+            env={**os.environ, "OCR_CACHE_ADMIN_TOKEN": ADMIN}, capture_output=True,
+            text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        for tag in tags:
+            assert f"{tag}: 0 waiting, 0 running" in shown.stdout, shown.stdout
+        assert shown.stdout.count("engines 2 live") == 3, shown.stdout
 
         # One image sent four times at once, from one front: still one engine call.
         before = calls[0]
