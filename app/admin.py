@@ -99,9 +99,7 @@ def register(app: Flask, token: str, cache: OcrCache, state: EngineState) -> Non
         if not isinstance(store, RedisStore) or tickets is None:
             return _error(409, "no_queue", "no global miss queue: caching is disabled here")
         shards, live_ms = tickets.shards, tickets.live_ms
-        ok, views = store.run(
-            "dispatch", lambda c: [inspect.read(c, names, live_ms=live_ms) for names in shards]
-        )
+        ok, views = store.run("dispatch", lambda c: inspect.read_shards(c, shards, live_ms=live_ms))
         if not ok:
             return _error(503, "redis_unavailable", "Redis did not answer; try again")
         return jsonify(inspect.combined([view.as_json() for view in views]))

@@ -198,15 +198,18 @@ def per_miss(split: dict[str, float], misses: int, wall: float, idle: dict) -> d
     }
 
 
-def queue_fleet(folder: Path, cluster: LoopbackCluster, fake_url: str) -> Fleet:
-    """The bench's fleet: one front (one worker), 2 engine processes of 2 slots on the
-    HunyuanOCR engine against the stand-in at ``fake_url``, L1 off."""
+def queue_fleet(
+    folder: Path, cluster: LoopbackCluster, fake_url: str, engines: int = 2, **overrides: str
+) -> Fleet:
+    """The bench's fleet: one front (one worker), ``engines`` engine processes of 2 slots on
+    the HunyuanOCR engine against the stand-in at ``fake_url``, L1 off; ``overrides`` on
+    every process's environment."""
     return Fleet(
-        folder, cluster.url, fronts=1, engines=2, front_workers=1,
+        folder, cluster.url, fronts=1, engines=engines, front_workers=1,
         OCR_ENGINE="hunyuan", HUNYUAN_BASE_URL=fake_url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
         HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
         ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90", DISPATCH_CLAIM_MS="10000",
-        CACHE_L1_BYTES="0",
+        CACHE_L1_BYTES="0", **overrides,
     )  # fmt: skip
 
 

@@ -28,7 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import edge
-from bench.queue_cost import CALL_S, CLIENTS, PER_CLIENT, SHARED, Masters, save, send_all, variants
+from bench.queue_cost import (
+    CALL_S,
+    CLIENTS,
+    PER_CLIENT,
+    SHARED,
+    Masters,
+    queue_fleet,
+    save,
+    send_all,
+    variants,
+)
 from tests.fake_vllm import FakeVllm, Recording, answer
 from tests.fleet import Fleet, LoopbackCluster
 
@@ -37,15 +47,9 @@ IDLE_S = 8.0  # each master's idle rates, read before the phase
 
 
 def shard_fleet(folder: Path, cluster: LoopbackCluster, fake_url: str, shards: int) -> Fleet:
-    """One front (one worker), ``ENGINES`` engine processes of 2 slots on the HunyuanOCR
-    engine; with several shards, engine i serves shard i mod ``shards``."""
-    fleet = Fleet(
-        folder, cluster.url, fronts=1, engines=ENGINES, front_workers=1,
-        OCR_ENGINE="hunyuan", HUNYUAN_BASE_URL=fake_url, HUNYUAN_STARTUP_WAIT_SECONDS="0",
-        HUNYUAN_MODEL_REVISION="0123456789abcdef0123456789abcdef01234567",
-        ENGINE_WORKERS="2", OCR_TIMEOUT_SECONDS="90", DISPATCH_CLAIM_MS="10000",
-        CACHE_L1_BYTES="0", DISPATCH_SHARDS=str(shards),
-    )  # fmt: skip
+    """``bench.queue_cost``'s fleet with ``ENGINES`` engine processes; with several shards,
+    engine i serves shard i mod ``shards``."""
+    fleet = queue_fleet(folder, cluster, fake_url, ENGINES, DISPATCH_SHARDS=str(shards))
     if shards > 1:
         for i, engine in enumerate(fleet.engines):
             engine.env["DISPATCH_SHARD"] = str(i % shards)

@@ -7,7 +7,6 @@ cannot run here), `python -m app serve` for how it gives its engine processes th
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import requests
-from PIL import Image
 
 from app.cache.keys import KeySpace, shard_of, shard_tag
 from app.config import ConfigError, Settings
 from app.ports import free_port
 from app.supervisor import Supervisor, _Engine
-from tests.conftest import CORPUS, PHOTOTEST, ROOT
+from bench.queue_cost import variants
+from tests.conftest import CORPUS, ROOT
 from tests.fake_vllm import FakeVllm
 from tests.fleet import Fleet, LoopbackCluster, wait_for
 from tests.helpers import metric_sum
@@ -38,19 +37,6 @@ HUNYUAN = {
     "HUNYUAN_MODEL_REVISION": "0123456789abcdef0123456789abcdef01234567",
     "ENGINE_WORKERS": "2", "CACHE_L1_BYTES": "0", "ADMIN_TOKEN": ADMIN,
 }  # fmt: skip
-
-
-def variants(count: int, start: int = 0) -> list[bytes]:
-    """Distinct small pages (one pixel changed each: an entry key of their own)."""
-    base = Image.open(PHOTOTEST).convert("RGB").resize((320, 100))
-    out = []
-    for i in range(start, start + count):
-        image = base.copy()
-        image.putpixel((i % 320, (i // 320) % 100), (i % 251, 0, 255))
-        buffer = io.BytesIO()
-        image.save(buffer, "PNG")
-        out.append(buffer.getvalue())
-    return out
 
 
 def post(base: str, data: bytes) -> requests.Response:
@@ -147,7 +133,7 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
     try:
         fleet.start()
         base = fleet.fronts[0].base
-        images = variants(30)
+        images = variants(30, 0)
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda data: post(base, data), images))
         assert [a.status_code for a in answers] == [200] * 30, [a.text for a in answers]

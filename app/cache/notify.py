@@ -107,12 +107,11 @@ class Notifier:
                     except Exception:  # noqa: S110 - closing a broken client
                         pass
 
-    def _is_lost(self, channel: object) -> bool:
-        name = channel.decode() if isinstance(channel, bytes) else channel
-        return name == self._lost_channel
+    def _is_lost(self, channel: bytes | str) -> bool:
+        return _text(channel) == self._lost_channel
 
     def _wake(self, channel: bytes | str, data: object = None) -> None:
-        name = channel.decode() if isinstance(channel, bytes) else channel
+        name = _text(channel)
         message = data.decode(errors="replace") if isinstance(data, bytes) else str(data or "")
         with self._lock:
             events = list(self._waiters.get(name, []))
@@ -136,3 +135,8 @@ class Wakeup(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.messages: list[str] = []
+
+
+def _text(channel: bytes | str) -> str:
+    """A channel's name as redis-py hands it (bytes, or str when it decodes responses)."""
+    return channel.decode() if isinstance(channel, bytes) else channel

@@ -57,8 +57,7 @@ def read(service: OcrService) -> Backlog | None:
         return None
     shards, live_ms = queue.shards, queue.live_ms
     ok, snapshots = cache.store.run(
-        "dispatch",
-        lambda client: [inspect.read(client, names, live_ms=live_ms, held=0) for names in shards],
+        "dispatch", lambda client: inspect.read_shards(client, shards, live_ms=live_ms, held=0)
     )
     if not ok or not snapshots:
         return None
@@ -96,24 +95,18 @@ class _Collector:
         waiting.add_metric(["jobs"], backlog.jobs)
         yield waiting
         if backlog.shards:
-            per_shard = GaugeMetricFamily(
+            yield _per_shard(
                 metrics.QUEUE_SHARD_BACKLOG,
                 "Misses queued or running in one shard of the miss queue (DISPATCH_SHARDS), "
                 "read from Redis by a front (max over fronts): each shard's engines scale on it",
-                labels=["shard"],
+                backlog.shards,
             )
-            for shard, misses in enumerate(backlog.shards):
-                per_shard.add_metric([str(shard)], misses)
-            yield per_shard
-            engines = GaugeMetricFamily(
+            yield _per_shard(
                 metrics.QUEUE_SHARD_ENGINES_LIVE,
                 "Engine slots live on one shard of the miss queue (its register), read from "
                 "Redis by a front: a shard at 0 with misses waits for its own engines",
-                labels=["shard"],
+                backlog.shard_engines,
             )
-            for shard, live in enumerate(backlog.shard_engines):
-                engines.add_metric([str(shard)], live)
-            yield engines
         yield GaugeMetricFamily(
             metrics.QUEUE_ENGINES_LIVE,
             "Engine slots live on the miss queue (its register), read from Redis by a front",
@@ -124,6 +117,14 @@ class _Collector:
             "How long the oldest miss waiting for an engine has waited, read by a front",
             value=backlog.oldest_wait_seconds,
         )
+
+
+def _per_shard(name: str, documentation: str, values: tuple[int, ...]) -> GaugeMetricFamily:
+    """A gauge with one sample per queue shard (label ``shard``: its index)."""
+    family = GaugeMetricFamily(name, documentation, labels=["shard"])
+    for shard, value in enumerate(values):
+        family.add_metric([str(shard)], value)
+    return family
 
 
 def exposition(backlog: Backlog | None) -> bytes:

@@ -206,6 +206,13 @@ def _number(value: Any) -> float | None:
     return float(text) if text else None
 
 
+def read_shards(
+    client: Any, shards: tuple[QueueKeys, ...], *, live_ms: int, held: int = HELD_MAX
+) -> list[Snapshot]:
+    """``read`` of each shard of the queue (``DISPATCH_SHARDS``; one without shards)."""
+    return [read(client, names, live_ms=live_ms, held=held) for names in shards]
+
+
 def combined(views: list[dict[str, Any]]) -> dict[str, Any]:
     """``GET /admin/queue``'s answer: one shard's view as it is; with several
     (``DISPATCH_SHARDS``), their totals and each shard's view under ``shards``."""
