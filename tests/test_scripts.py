@@ -146,25 +146,35 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     assert text(full[0]) == "" and int(full[1]) == 1  # a's lane holds its one per engine
 
 
-def test_alive_tells_a_queued_ticket_and_puts_its_lane_back(client: Any) -> None:
+def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: Any) -> None:
     names = queue(client)
     live_engine(client, names)
-    ticket = text(submit(client, names, "a", "e1")[0])
+    first = text(submit(client, names, "a", "e1")[0])
+    submit(client, names, "a", "e2")  # between: someone else's
+    last = text(submit(client, names, "a", "e3")[0])
     client.delete(names.ring, names.lanes, names.bell)  # taken by the LRU
-    keys = [names.stream("a"), names.marker("e1", "sha"), names.ring, names.lanes, names.bell]
-    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 10_000]) == 1
+    keys = [names.stream("a"), names.ring, names.lanes, names.bell]
+
+    def watch(*ids: str, idle: int = 10_000) -> set[str]:
+        args = ["a", GROUP, idle, min(ids), max(ids), *ids]
+        return {text(found) for found in scripts.QUEUE_WATCH(client, keys, args)}
+
+    assert watch(first, last) == {first, last}  # one range read; the ticket between not told
     assert client.lrange(names.ring, 0, -1) == [b"a"] and client.smembers(names.lanes) == {b"a"}
-    assert client.lrange(names.bell, 0, -1) == [b"1"]  # the idle engines hear of it
-    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 10_000]) == 1
+    assert client.lrange(names.bell, 0, -1) == [b"1"]  # the idle engines hear of them
+    assert watch(first, last) == {first, last}
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung already: not again
     client.delete(names.bell)
-    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"})  # held, touched just now
-    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 10_000]) == 1
-    assert client.lrange(names.bell, 0, -1) == []  # its engine computes it
+    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"})  # all held, touched now
+    assert watch(first, last) == {first, last}
+    assert client.lrange(names.bell, 0, -1) == []  # its engines compute them: nothing waits
     time.sleep(0.01)
-    assert scripts.QUEUE_ALIVE(client, keys, [ticket, "a", GROUP, 5]) == 1
+    assert watch(first, idle=5) == {first}
     assert client.lrange(names.bell, 0, -1) == [b"retry"]  # untouched past the idle time
-    assert scripts.QUEUE_ALIVE(client, keys, ["0-1", "a", GROUP, 5]) == 0  # marker: another
+    client.xdel(names.stream("a"), first)
+    client.delete(names.ring, names.bell)
+    assert watch(first) == set()  # gone: nothing repaired for it
+    assert client.lrange(names.ring, 0, -1) == [] and client.lrange(names.bell, 0, -1) == []
 
 
 def test_cancel_withdraws_only_an_undelivered_ticket(client: Any) -> None:

@@ -15,11 +15,12 @@ computed once across processes and replicas, without a lease. A waiter blocks on
 entry's done channel (``app/cache/notify.py``), which says how its ticket ended: ``ok``
 (read the entry), ``error``, ``lost`` (no entry could be stored: compute it here) or
 ``gone`` (it left the queue unrun: its creator gave up, or an engine dropped it past its
-deadline; submit again). Waiting costs Redis nothing else but a fallback check on the ticket
-every ``DISPATCH_CHECK_SECONDS`` (and at once after the listener reconnected: a notice sent
-meanwhile is lost), for what sends no notice: a ticket
-that vanished (taken by the LRU with the stream or its marker) is submitted again, a ticket
-whose lane the LRU took from the ring is put back. Every key here may be evicted under
+deadline; submit again). Waiting costs Redis nothing else but a fallback check every
+``DISPATCH_CHECK_SECONDS``, one call per lane for all this process's waiters in it
+(``watch.py``), and at once after the listener reconnected (a notice sent meanwhile is
+lost), for what sends no notice: a ticket that vanished (taken by the LRU with its stream)
+is submitted again, a lane the LRU took from the ring is put back. A ticket whose marker
+alone was evicted still runs (``claims.py``): its waiters go on waiting. Every key here may be evicted under
 ``allkeys-lru``: that costs a resubmission or one local engine call, never a wait to the
 deadline.
 
@@ -59,9 +60,10 @@ from typing import Any
 from app import metrics, tracing
 from app.cache.keys import KeySpace, QueueKeys, shard_of
 from app.cache.notify import Notifier
-from app.cache.scripts import QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_SUBMIT
+from app.cache.scripts import QUEUE_CANCEL, QUEUE_SUBMIT
 from app.cache.store import RedisStore
 from app.queue.ticket import BACKGROUND, DEFAULT_LANE, GROUP, Ticket, as_text, failure
+from app.queue.watch import Alive, LaneWatch
 from app.vocabulary import EngineBusy, EngineTimeout, OcrCacheError, OcrResult
 
 Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
@@ -165,6 +167,9 @@ class TicketQueue:
         self._background_share = background_share
         self._label = label
         self._clock = clock
+        # The fallback checks, one per lane for all this process's waiters in it; one made
+        # within half a period answers a waiter due meanwhile.
+        self._watch = LaneWatch(store, live_ms=live_ms, fresh_seconds=poll_seconds / 2, clock=clock)
 
     def lane(self, namespace: str, background: bool = False) -> str:
         """The lane of a tenant's tickets; ``background``: of its document jobs' pages, a
@@ -200,9 +205,10 @@ class TicketQueue:
                 if submitted is None:
                     return None, False
                 ticket_id, created, lane = submitted
-                again, result, joined = self._wait(
-                    replace(ticket, lane=lane), ticket_id, created, event, read, deadline
-                )
+                with self._watch.watching(self.names_of(ticket), lane, ticket_id) as alive:
+                    again, result, joined = self._wait(
+                        replace(ticket, lane=lane), ticket_id, created, event, read, deadline, alive
+                    )
                 if not again:
                     return result, joined
         finally:
@@ -247,16 +253,24 @@ class TicketQueue:
         return ticket_id, created, held_in
 
     def _wait(
-        self, ticket: Ticket, ticket_id: str, created: bool, event: Any, read: Read, deadline: float
+        self,
+        ticket: Ticket,
+        ticket_id: str,
+        created: bool,
+        event: Any,
+        read: Read,
+        deadline: float,
+        alive: Alive,
     ) -> tuple[bool, OcrResult | None, bool]:
         """(submit again, the result, whether another ticket computed it); a result None:
         compute here.
 
         Waiting costs Redis nothing but the notices: the entry's done channel says ``ok``,
         ``error``, ``lost`` (compute it here) or ``gone`` (the ticket left the queue unrun:
-        submit again), and a notice wakes a read. A check on the ticket itself
-        (``queue_alive``) is only the fallback for what sends no notice (the LRU took the
-        ticket or its marker, a notice lost while the listener reconnected): at
+        submit again), and a notice wakes a read. A check on the ticket itself (``alive``:
+        ``watch.py``, one call a lane for every waiter of this process) is only the fallback
+        for what sends no notice (the LRU took the ticket's stream, a notice lost while the
+        listener reconnected): at
         ``poll_seconds``, then at doubling gaps up to ``CHECK_MAX_SECONDS`` (or
         ``poll_seconds`` if longer), so a long wait costs a few checks more than a short one,
         not one per half second. The local wake-ups in between (deadline, withdrawal) send
@@ -314,7 +328,7 @@ class TicketQueue:
             if checking:
                 gap = min(2 * gap, max(CHECK_MAX_SECONDS, self._poll_seconds))
                 next_check = now + gap
-                if not self._alive(ticket_id, ticket):
+                if not alive():
                     # Finished since the read (its entry is stored before it leaves the queue,
                     # a failure's marker too), or dropped, or its marker or stream evicted:
                     # then submit again.
@@ -337,13 +351,6 @@ class TicketQueue:
         """A joined ticket ran out of its creator's time (the ticket's deadline), not ours: this
         waiter submits again rather than fail before its own deadline."""
         return not created and error.startswith("timeout:") and self._clock() < deadline
-
-    def _alive(self, ticket_id: str, ticket: Ticket) -> bool:
-        lane, names = ticket.lane, self.names_of(ticket)
-        keys = (names.stream(lane), self.marker(ticket), names.ring, names.lanes, names.bell)
-        args: list[str | int] = [ticket_id, lane, GROUP, self.live_ms]  # held this long: reclaim
-        ok, alive = self._store.run("dispatch", lambda c: QUEUE_ALIVE(c, keys, args))
-        return not ok or bool(alive)  # Redis unsure: the next read tells
 
     def _give_up(
         self, ticket_id: str, ticket: Ticket, created: bool, reason: str = "caller_gone"

@@ -102,7 +102,7 @@ class Script:
 
 # The global miss queue (app/queue/).
 QUEUE_SUBMIT = Script("queue_submit")
-QUEUE_ALIVE = Script("queue_alive")
+QUEUE_WATCH = Script("queue_watch")
 QUEUE_CANCEL = Script("queue_cancel")
 QUEUE_LANES = Script("queue_lanes")
 QUEUE_TAKE = Script("queue_take")
@@ -125,7 +125,7 @@ JOB_TRANSITION = Script("job_transition")
 JOB_PAGE = Script("job_page")
 
 ALL = (
-    QUEUE_SUBMIT, QUEUE_ALIVE, QUEUE_CANCEL, QUEUE_LANES, QUEUE_TAKE, QUEUE_STALE,
+    QUEUE_SUBMIT, QUEUE_WATCH, QUEUE_CANCEL, QUEUE_LANES, QUEUE_TAKE, QUEUE_STALE,
     QUEUE_FINISH, QUEUE_RELEASE, QUEUE_RETRY, QUEUE_VIEW, QUOTA_SLOTS, QUOTA_ENGINE_TIME,
     RATE_LIMIT_GCRA,
     PIXEL_RECORD, JOB_TRANSITION, JOB_PAGE,
