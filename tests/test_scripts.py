@@ -6,7 +6,6 @@ or landed in another slot)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,10 +152,11 @@ def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: A
     submit(client, names, "a", "e2")  # between: someone else's
     last = text(submit(client, names, "a", "e3")[0])
     client.delete(names.ring, names.lanes, names.bell)  # taken by the LRU
-    keys = [names.stream("a"), names.ring, names.lanes, names.bell]
+    keys = [names.stream("a"), names.ring, names.lanes, names.bell, names.engines]
 
-    def watch(*ids: str, idle: int = 10_000) -> set[str]:
-        args = ["a", GROUP, idle, min(ids), max(ids), *ids]
+    def watch(*ids: str) -> set[str]:
+        seconds, _ = client.time()
+        args = ["a", GROUP, seconds * 1000 - 10_000, "-interject", min(ids), max(ids), *ids]
         return {text(found) for found in scripts.QUEUE_WATCH(client, keys, args)}
 
     assert watch(first, last) == {first, last}  # one range read; the ticket between not told
@@ -165,12 +165,13 @@ def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: A
     assert watch(first, last) == {first, last}
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung already: not again
     client.delete(names.bell)
-    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"})  # all held, touched now
+    client.xreadgroup(GROUP, "engine-1", {names.stream("a"): ">"})  # all held by a live engine
     assert watch(first, last) == {first, last}
-    assert client.lrange(names.bell, 0, -1) == []  # its engines compute them: nothing waits
-    time.sleep(0.01)
-    assert watch(first, idle=5) == {first}
-    assert client.lrange(names.bell, 0, -1) == [b"retry"]  # untouched past the idle time
+    assert client.lrange(names.bell, 0, -1) == []  # its engine computes them: nothing waits
+    seconds, _ = client.time()
+    client.zadd(names.engines, {"engine-1": seconds * 1000 - 60_000})  # it stopped reporting
+    assert watch(first) == {first}
+    assert client.lrange(names.bell, 0, -1) == [b"retry"]  # its tickets to reclaim
     client.xdel(names.stream("a"), first)
     client.delete(names.ring, names.bell)
     assert watch(first) == set()  # gone: nothing repaired for it
@@ -378,21 +379,31 @@ def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:
     names = queue(client)
     live_engine(client, names)
     ticket = text(submit(client, names, "a", "e1")[0])
-    submit(client, names, "b", "e2")
-    client.xreadgroup(GROUP, "dead", {names.stream("a"): ">"})
-    time.sleep(0.01)
+    running = text(submit(client, names, "a", "e2")[0])
+    handed = text(submit(client, names, "b", "e3")[0])
+    client.xreadgroup(GROUP, "dead", {names.stream("a"): ">"}, count=1)
+    client.xreadgroup(GROUP, "engine-1-interject", {names.stream("a"): ">"}, count=1)  # live
+    client.xreadgroup(GROUP, "engine-1:handed", {names.stream("b"): ">"})  # no engine's name
     seconds, _ = client.time()
     now_ms = seconds * 1000
     client.zadd(names.engines, {"dead": now_ms - 60_000, "idle-dead": now_ms - 60_000})
     keys = [names.lanes, names.stream_prefix, names.engines]
-    stale = scripts.QUEUE_STALE(client, keys, [GROUP, 5, 10, now_ms - 10_000])
-    assert [text(v) for v in stale] == ["a", ticket, "dead", "1"]
+    stale = scripts.QUEUE_STALE(client, keys, [GROUP, 10, now_ms - 10_000, "-interject"])
+    # Taken a moment ago, not touched since: what counts is that its holder stopped reporting.
+    found = [text(v) for v in stale]
+    # Not the running one: its engine reports (a long call is not reclaimed).
+    assert sorted(zip(found[0::4], found[1::4], found[2::4], strict=True)) == [
+        ("a", ticket, "dead"),
+        ("b", handed, "engine-1:handed"),
+    ]
+    assert (running, "engine-1-interject") not in zip(found[1::4], found[2::4], strict=True)
     # The engines gone from the register once they hold nothing: "dead" still holds a ticket.
     assert client.zscore(names.engines, "idle-dead") is None
     assert client.zscore(names.engines, "dead") is not None
     assert client.zscore(names.engines, "engine-1") is not None  # live
-    none_idle = scripts.QUEUE_STALE(client, keys, [GROUP, 60_000, 10, now_ms - 10_000])
-    assert none_idle == []  # none idle that long
+    assert (
+        len(scripts.QUEUE_STALE(client, keys, [GROUP, 1, now_ms - 10_000, "-interject"])) == 4
+    )  # at most 1
 
 
 def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any) -> None:

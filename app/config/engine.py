@@ -53,7 +53,7 @@ class DispatchSettings(Section):
         "DISPATCH_CLAIM_MS",
         e.integer(100, 3_600_000),
         10_000,
-        "a ticket its engine stopped touching this long is claimed by another engine",
+        "an engine process that stopped reporting this long is gone: the tickets it held are claimed by another engine (a running call needs nothing else to stay its own)",
     )
     check_seconds: float = env(
         "DISPATCH_CHECK_SECONDS",

@@ -1,13 +1,19 @@
 """Claiming: who holds a ticket, and what happens when the holder dies.
 
-- An engine's consumer holds the tickets it took (the stream's pending list). While its
-  engine computes them it touches them every third of ``DISPATCH_CLAIM_MS`` (XCLAIM
-  JUSTID); its process reports it live meanwhile (``heartbeat.py``).
-- A ticket idle longer than ``DISPATCH_CLAIM_MS`` (its holder died) is claimed by another
-  engine, at most ``DISPATCH_MAX_DELIVERIES`` times: an image that kills engines is then
-  failed, not retried forever. Engines look for such tickets when one of them stopped
-  reporting (``heartbeat.py``), a ticket was handed back or a waiter found its ticket's
-  holder silent, and at each sweep (twice the claim time: what nothing told of).
+- An engine's consumer holds the tickets it took (the stream's pending list) while its
+  engine computes them; its process reports it live meanwhile (``heartbeat.py``), and that
+  report is all that keeps them its own: a long call costs the queue nothing while it runs.
+- A ticket whose holder stopped reporting for the live window (``DISPATCH_CLAIM_MS``: it
+  died) is claimed by another engine (``queue_stale.lua``), at most
+  ``DISPATCH_MAX_DELIVERIES`` times: an image that kills engines is then failed, not retried
+  forever. A claim needs the ticket idle a quarter of the window (a dead holder's is idle at
+  least half of it: it took the ticket after its last report), so two engines never both
+  claim one. Consumer names are unique per process start (``feeders.py``): a restarted
+  process never reports for its predecessor's tickets. If the LRU took the register itself,
+  the running tickets look unheld until the next reports (half a window): some may be
+  computed twice, never answered wrong. Engines look for such tickets when one of them
+  stopped reporting (``heartbeat.py``), a ticket was handed back or a waiter found its
+  ticket's holder silent, and at each sweep (twice the claim time: what nothing told of).
 - A ticket nobody may still wait for is dropped unread: past its deadline, or its key's
   marker names another ticket (its requesters moved on to a newer one).
 - When done, a ticket is acknowledged and deleted with its marker and image
@@ -20,12 +26,13 @@
   before the ticket leaves the queue, so each waiter finds it even when the message has not
   reached it; no later request reads it (it queues a ticket of its own).
 - A ticket its engine failed with an unexpected error (a bug, the engine's own failure; not
-  the image's fault, not a timeout) on its first delivery is handed back instead, once, while
-  another engine process is live (``retry``, ``queue_retry.lua``): it stays pending, idle as
-  a dead holder's, and another engine reclaims it; its requesters go on waiting. One broken
-  engine then fails no request that a healthy one can answer. Not taken within a claim time
-  (the other engine died meanwhile), the failing process reclaims it itself: a second
-  delivery, failed outright if it fails again.
+  the image's fault, not a timeout) on its first delivery is handed back instead, once,
+  while another engine process is live (``retry``, ``queue_retry.lua``): it stays pending,
+  held by a name no engine reports (a dead holder's, as it were), and another engine
+  reclaims it; its requesters go on waiting. One broken engine then fails no request that a
+  healthy one can answer. Not taken within a claim time (the other engine died meanwhile),
+  the failing process reclaims it itself: a second delivery, failed outright if it fails
+  again.
 """
 
 from __future__ import annotations
@@ -43,7 +50,16 @@ from app import metrics
 from app.cache.keys import KeySpace, QueueKeys
 from app.cache.scripts import QUEUE_FINISH, QUEUE_RELEASE, QUEUE_RETRY, QUEUE_STALE
 from app.cache.store import REDIS_ERRORS, RedisStore
-from app.queue.ticket import ERROR_TTL_S, GROUP, Decoded, Ticket, as_text, by_lane, decode
+from app.queue.ticket import (
+    ERROR_TTL_S,
+    GROUP,
+    INTERJECTOR,
+    Decoded,
+    Ticket,
+    as_text,
+    by_lane,
+    decode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +175,6 @@ class Claims:
             wanted = [t for t in tickets if t.deadline > now and not t.awaits_image]
             # An image it could not read: that ticket stays pending, reclaimed once idle.
             tickets = [t for t in tickets if not (t.awaits_image and t.deadline > now)]
-        stop = threading.Event()
-        toucher = threading.Thread(
-            target=self._touch, args=(consumer, wanted, stop),
-            name="dispatch-touch", daemon=True,
-        )  # fmt: skip
-        toucher.start()
         seconds: Mapping[str, float] = {}
         try:
             if wanted:
@@ -172,8 +182,6 @@ class Claims:
         except Exception:  # serve reports per ticket; never let a feeder die
             log.exception("dispatch: serving %d tickets failed", len(wanted))
         finally:
-            stop.set()
-            toucher.join()  # before a hand-back: it would claim the ticket back
             handed = self._hand_back(client, consumer, tickets)
             done = [t for t in tickets if t.id not in handed]
             taken: tuple[list[Ticket], float] | None = None
@@ -215,7 +223,7 @@ class Claims:
             try:
                 back = QUEUE_RETRY(
                     client, [names.stream(ticket.lane), names.engines, names.bell],
-                    [GROUP, consumer, ticket.id, self._claim_ms, self._live_ms,
+                    [GROUP, consumer, ticket.id, self._live_ms, self._live_ms,
                      f"{self._process}-"],
                 )  # fmt: skip
             except REDIS_ERRORS:
@@ -232,19 +240,6 @@ class Claims:
 
     def _image(self, ticket: Ticket) -> str:
         return self._names.image(ticket.key, ticket.sha256)
-
-    def _touch(self, consumer: str, tickets: list[Ticket], stop: threading.Event) -> None:
-        """While computing: keep the tickets ours (reset their idle time)."""
-        lanes = by_lane(tickets)
-        names = self._names
-        while lanes and not stop.wait(self._claim_ms / 3000):
-
-            def run(client: Any) -> Any:
-                for lane, members in lanes.items():
-                    ids = [ticket.id for ticket in members]
-                    client.xclaim(names.stream(lane), GROUP, consumer, 0, ids, justid=True)
-
-            self._store.run("dispatch", run)
 
     def finish(
         self,
@@ -268,8 +263,8 @@ class Claims:
         self.finish(client, [decoded.ticket for decoded in rejected], {})
 
     def reclaim(self, client: Any, consumer: str) -> list[Ticket]:
-        """Tickets idle longer than ``DISPATCH_CLAIM_MS`` in any lane: their holder died (and
-        the register's engines that stopped reporting and hold none, removed)."""
+        """Tickets in any lane whose holder stopped reporting (it died) or was handed them
+        back (and the register's engines that stopped reporting and hold none, removed)."""
         names = self._names
         now = time.monotonic()
         with self._retries_lock:  # not taken by another engine in time: ours to run again
@@ -277,7 +272,7 @@ class Claims:
         cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
         stale = QUEUE_STALE(
             client, [names.lanes, names.stream_prefix, names.engines],
-            [GROUP, self._claim_ms, self._batch_max, cutoff],
+            [GROUP, self._batch_max, cutoff, INTERJECTOR],
         )  # fmt: skip
         tickets: list[Ticket] = []
         for i in range(0, len(stale), 4):
@@ -285,7 +280,8 @@ class Claims:
             owner, delivered = as_text(stale[i + 2]), int(stale[i + 3])
             if entry_id in self._handed:
                 continue  # handed back by this process (``retry``): another engine's to run
-            claimed = client.xclaim(names.stream(lane), GROUP, consumer, self._claim_ms, [entry_id])
+            least_idle = self._live_ms // 4  # not just claimed by another engine
+            claimed = client.xclaim(names.stream(lane), GROUP, consumer, least_idle, [entry_id])
             if not claimed or claimed[0][1] is None:
                 continue  # someone else claimed it first, or it was deleted
             deliveries = delivered + 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Callable
@@ -78,7 +79,9 @@ class Feeders:
         self._slots = slots
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._name = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        # Unique per start: a restarted process (the same host name and pid in a container)
+        # never reports its predecessor's tickets as its own (``claims.py``).
+        self._name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._interjecting = interjecting
         self._broken: Callable[[], bool] = lambda: False
         self._connections = Connections(store)

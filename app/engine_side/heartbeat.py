@@ -11,8 +11,8 @@ tells the queue while it lives, for about one command a second (all its slots to
 - **An engine that died** stops reporting: every other process's report counts the
   register's members older than the window (one ``ZCOUNT``, every other report) and, seeing
   one, sets ``reap``, wakes an idle slot of its own (``wake``), and that slot reclaims the
-  dead engine's tickets once they are idle past the claim time (``claims.py``); the dead
-  member leaves the register once it holds none (``queue_stale.lua``).
+  dead engine's tickets (``claims.py``: its silence is what makes them claimable, not their
+  idle time); the dead member leaves the register once it holds none (``queue_stale.lua``).
 - **The sweep**: every ``sweep_seconds`` (twice the claim time) ``reap`` is set without a
   death seen: the next free slot reclaims what no ring or report told of (a ticket whose
   finish failed on a Redis error, one a stopping slot still held, a ``retry`` ring dropped

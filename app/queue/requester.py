@@ -11,18 +11,18 @@ miss behind it.
 
 Submitting is idempotent per key: a ticket already queued or running for the same entry key
 (a marker beside the stream names it) makes the caller a waiter on it, so one image is
-computed once across processes and replicas, without a lease. A waiter blocks on the
-entry's done channel (``app/cache/notify.py``), which says how its ticket ended: ``ok``
-(read the entry), ``error``, ``lost`` (no entry could be stored: compute it here) or
-``gone`` (it left the queue unrun: its creator gave up, or an engine dropped it past its
-deadline; submit again). Waiting costs Redis nothing else but a fallback check every
+computed once across processes and replicas, without a lease. A waiter blocks on the entry's
+done channel (``app/cache/notify.py``), which says how its ticket ended: ``ok`` (read the
+entry), ``error``, ``lost`` (no entry could be stored: compute it here) or ``gone`` (it left
+the queue unrun: its creator gave up, or an engine dropped it past its deadline; submit
+again). Waiting costs Redis nothing else but a fallback check every
 ``DISPATCH_CHECK_SECONDS``, one call per lane for all this process's waiters in it
 (``watch.py``), and at once after the listener reconnected (a notice sent meanwhile is
 lost), for what sends no notice: a ticket that vanished (taken by the LRU with its stream)
 is submitted again, a lane the LRU took from the ring is put back. A ticket whose marker
-alone was evicted still runs (``claims.py``): its waiters go on waiting. Every key here may be evicted under
-``allkeys-lru``: that costs a resubmission or one local engine call, never a wait to the
-deadline.
+alone was evicted still runs (``claims.py``): its waiters go on waiting. Every key here may
+be evicted under ``allkeys-lru``: that costs a resubmission or one local engine call, never
+a wait to the deadline.
 
 - **Bounded per lane**: a new ticket is refused (``EngineBusy``) when ``DISPATCH_QUEUE_MAX``
   tickets per live engine (one, with none live) are already waiting in its tenant's lane (a

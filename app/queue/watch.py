@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from app.cache.keys import QueueKeys
 from app.cache.scripts import QUEUE_WATCH
 from app.cache.store import RedisStore
-from app.queue.ticket import GROUP, as_text
+from app.queue.ticket import GROUP, INTERJECTOR, as_text
 
 Alive = Callable[[], bool]
 
@@ -57,7 +57,7 @@ class LaneWatch:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
-        self._live_ms = live_ms  # a ticket held untouched this long: its holder is gone
+        self._live_ms = live_ms  # an engine silent this long is gone: its tickets reclaimed
         self._fresh = fresh_seconds
         self._clock = clock
         self._lock = threading.Lock()  # the lanes' table
@@ -91,8 +91,9 @@ class LaneWatch:
                     return ticket_id in watched.present  # checked since it was queued
                 ids = sorted({asked for asked, _ in watched.since.values()}, key=_order)
             names, lane = watched.names, watched.lane
-            keys = (stream, names.ring, names.lanes, names.bell)
-            args: list[str | int] = [lane, GROUP, self._live_ms, ids[0], ids[-1], *ids]
+            keys = (stream, names.ring, names.lanes, names.bell, names.engines)
+            cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
+            args: list[str | int] = [lane, GROUP, cutoff, INTERJECTOR, ids[0], ids[-1], *ids]
             ok, present = self._store.run("dispatch", lambda c: QUEUE_WATCH(c, keys, args))
             if not ok:
                 return True
