@@ -127,6 +127,19 @@ class Masters:
             "evalsha": float(stats.get("cmdstat_evalsha", {}).get("usec", 0)),
         }
 
+    def calls(self) -> dict[str, int]:
+        """The queue master's calls so far, per command (``INFO commandstats``: a script's
+        commands counted apart from the script)."""
+        stats = self.clients[self.queue].info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+
+    def calls_per_miss(self, before: dict[str, int], misses: int) -> dict[str, float]:
+        """Per command, the queue master's calls per miss since ``before`` (at least 0.05):
+        where the commands of a phase went, without the others' subtraction."""
+        after = self.calls()
+        rows = {name: (count - before.get(name, 0)) / misses for name, count in after.items()}
+        return {name: round(v, 2) for name, v in sorted(rows.items()) if v >= 0.05}
+
     def ping_cpu_us(self, count: int = 3000) -> float:
         """The queue master's CPU for one round trip that does nothing (a PING): on this
         machine the floor under every command a miss sends from outside a script."""
@@ -340,6 +353,7 @@ def main() -> None:
 
             images = variants(CLIENTS * PER_CLIENT, 0)
             groups = [images[i::CLIENTS] for i in range(CLIENTS)]
+            calls = masters.calls()  # before the counters: its INFO is not the phase's
             before, inside = masters.counters(), masters.in_commands_us()
             wall = send_all(base, groups)
             split = masters.split(before, masters.counters())
@@ -349,6 +363,7 @@ def main() -> None:
                 spent = (after[part] - inside[part]) / len(images)
                 waits[f"queue_master_in_commands_us_per_miss_{part}"] = round(spent, 1)
             waits["mean_wait_s"] = round(wall * CLIENTS / len(images) - CALL_S, 2)
+            waits["queue_master_calls_per_miss"] = masters.calls_per_miss(calls, len(images))
             waits["loadavg"] = os.getloadavg()
             report["waits_4s"] = waits
             print("waits of ~4 s:", json.dumps(waits), flush=True)
@@ -359,6 +374,7 @@ def main() -> None:
             busy = variants(2, 5000)  # one per slot of the engine process left
             busy_md5.update(hashlib.md5(data).hexdigest() for data in busy)
             held = variants(HELD, 6000)
+            calls = masters.calls()
             before = masters.counters()
             began = time.monotonic()
             first = threading.Thread(target=send_all, args=(base, [[data] for data in busy]))
@@ -372,6 +388,9 @@ def main() -> None:
             half = {k: float(v) / 2 for k, v in idle.items() if k.startswith("queue_")}
             held_row = per_miss(split, HELD + len(busy), wall, half)
             held_row["held_misses_wall_s"] = round(wall_rest, 2)
+            held_row["queue_master_calls_per_miss"] = masters.calls_per_miss(
+                calls, HELD + len(busy)
+            )
             held_row["loadavg"] = os.getloadavg()
             report["held_30s"] = held_row
             print("held 30 s:", json.dumps(held_row), flush=True)

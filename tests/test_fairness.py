@@ -320,6 +320,7 @@ def test_a_rounding_remainder_never_leaves_the_engines_without_a_lane(
     feeders, names = cache._feeders, cache._misses._queue.names  # type: ignore[union-attr]
     assert feeders is not None
     entry = plant(redis_client, names, "a", a_ticket(cache, "a", 0))
+    redis_client.rpush(names.ring, "b")  # an emptied lane still in the ring: the full pass
     redis_client.hset(names.deficits, "a", "-0.290000")
     redis_client.hset(names.costs, "a", "0.010000")
     tickets, cost = feeders.scheduler.take(redis_client, "consumer")

@@ -259,9 +259,9 @@ def test_take_serves_the_lane_with_the_most_credit_and_charges_it(client: Any) -
 
 
 def test_a_lane_alone_is_read_in_turn_without_a_deficit(client: Any) -> None:
-    """One lane in the ring owes nobody: its tickets are read in ring order and charged its
-    mean cost, in four commands, and it keeps no deficit; once it is empty it leaves the
-    ring (the full pass)."""
+    """One lane in the ring owes nobody: its tickets are read in ring order and charged
+    nothing (-1: its finish corrects no deficit), in three commands, and it keeps no deficit;
+    once it is empty it leaves the ring (the full pass)."""
     names = queue(client)
     live_engine(client, names)
     first = text(submit(client, names, "a", "a0")[0])
@@ -270,10 +270,10 @@ def test_a_lane_alone_is_read_in_turn_without_a_deficit(client: Any) -> None:
     client.hset(names.costs, "a", "0.25")
     before = _commands(client)
     lane, entries, cost = take(client, names, "engine-1")
-    if before is not None:  # EVALSHA, LRANGE, XREADGROUP, HGET, HDEL (and the INFO)
-        assert _commands(client) - before == 6
+    if before is not None:  # EVALSHA, LRANGE, XREADGROUP, HDEL (and the INFO)
+        assert _commands(client) - before == 5
     assert text(lane) == "a" and [text(e[0]) for e in entries] == [first]
-    assert float(cost) == 0.25 and client.hget(names.deficits, "a") is None
+    assert float(cost) == -1 and client.hget(names.deficits, "a") is None
     assert [text(e[0]) for e in take(client, names, "engine-1")[1]] == [second]
     assert take(client, names, "engine-1") == [] and client.llen(names.ring) == 0
 
@@ -422,6 +422,13 @@ def test_finish_acknowledges_deletes_and_corrects_the_lanes_deficit(client: Any)
     assert client.xpending(names.stream("a"), GROUP)["pending"] == 0
     assert float(client.hget(names.deficits, "a")) == pytest.approx(deficit - 2.0)
     assert float(client.hget(names.costs, "a")) == pytest.approx(2.5)  # its first sample
+    # Taken from a lane alone (charged nothing, "-1"): its deficit is not corrected.
+    other = text(submit(client, names, "b", "e3")[0])
+    client.xreadgroup(GROUP, "engine-1", {names.stream("b"): ">"})
+    client.hset(names.deficits, "b", "1.0")  # a round robin's, written since
+    keys = [names.stream("b"), names.deficits, names.costs, names.marker("e3", "sha")]
+    assert scripts.QUEUE_FINISH(client, keys, [GROUP, "b", "-1", "2.5", 1, other]) == 1
+    assert float(client.hget(names.deficits, "b")) == 1.0
 
 
 # Document jobs -----------------------------------------------------------------------

@@ -298,13 +298,15 @@ class JobStore:
 
         self._do(run)
 
-    def take(self, consumer: str, idle_ms: int, block_ms: int) -> tuple[str, str, int] | None:
-        """(stream entry, job id, how many times it was taken): the oldest job whose driver
-        has not reported for ``idle_ms`` first (taken over), else a new one, waiting up to
-        ``block_ms``."""
+    def take(
+        self, consumer: str, idle_ms: int, block_ms: int, *, takeover: bool = True
+    ) -> tuple[str, str, int] | None:
+        """(stream entry, job id, how many times it was taken): with ``takeover``, the oldest
+        job whose driver has not reported for ``idle_ms`` first (taken over), else a new one,
+        waiting up to ``block_ms``."""
 
         def run(client: Any) -> tuple[Any, int] | None:
-            idle = client.xpending_range(self.stream, GROUP, "-", "+", 1, idle=idle_ms)
+            idle = takeover and client.xpending_range(self.stream, GROUP, "-", "+", 1, idle=idle_ms)
             if idle:
                 taken = client.xclaim(
                     self.stream, GROUP, consumer, idle_ms, [idle[0]["message_id"]]

@@ -1,13 +1,14 @@
 -- Done with these tickets of one lane, atomically: acknowledged and deleted, their markers
 -- (and images, when given) removed if the markers still name them, the lane's deficit
--- corrected from what they were charged to what they really cost (if the lane still has
--- one), and its mean ticket cost moved towards theirs (an average over about 5: the next
+-- corrected from what they were charged to what they really cost (if they were charged, and
+-- the lane still has one), and its mean ticket cost moved towards theirs (an average over about 5: the next
 -- tickets' charge).
 --
 -- KEYS[1] the lane's stream  KEYS[2] the deficits (hash)  KEYS[3] the mean costs (hash)
 -- KEYS[4...] each ticket's marker, in the order of the ids; then, optionally, each one's image
 -- (a newer ticket of the same image needs it: removed only with its ticket's marker)
--- ARGV[1] consumer group  ARGV[2] the lane  ARGV[3] charged (seconds, all the tickets)
+-- ARGV[1] consumer group  ARGV[2] the lane  ARGV[3] charged (seconds, all the tickets;
+-- negative: not charged, taken from a lane alone, whose deficit was dropped)
 -- ARGV[4] spent (seconds, all the tickets)  ARGV[5] how many ran  ARGV[6...] the ids
 -- Other keys: none.
 --
@@ -21,7 +22,7 @@ for i = 1, n do
   end
 end
 local charged, spent, ran = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if spent ~= charged and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
+if charged >= 0 and spent ~= charged and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
   redis.call('HINCRBYFLOAT', KEYS[2], ARGV[2], string.format('%.6f', charged - spent))
 end
 if ran > 0 then

@@ -72,18 +72,17 @@ end
 local order = redis.call('LRANGE', ring, 0, -1)
 if #order == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
 -- A lane alone in the ring owes nobody and is owed nothing: its tickets are read in turn,
--- charged its mean cost, and it keeps no deficit (a lane joining it later finds both just
--- active). Four commands; the full pass below only when the read finds nothing (the lane
--- is empty, or holds entries nobody can read).
+-- charged nothing ("-1": its finish has no deficit to correct), and it keeps no deficit (a
+-- lane joining it later finds both just active). Three commands; the full pass below only
+-- when the read finds nothing (the lane is empty, or holds entries nobody can read).
 if not interject and #order == 1 then
   local lane = order[1]
   local ok, got = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                         'STREAMS', prefix .. lane, '>')
   local entries = ok and got and got[1] and got[1][2] or {}
   if #entries > 0 then
-    local charge = mean_cost(lane)
     redis.call('HDEL', deficits, lane)
-    return {lane, entries, string.format('%.6f', charge)}
+    return {lane, entries, '-1'}
   end
 end
 -- The deficits written by this pass, in one HSET at its end (``flush``).
