@@ -175,6 +175,18 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
             assert metric_sum(text, "ocr_queue_shard_engines_live", shard=str(shard)) == 2
         assert metric_sum(text, "ocr_queue_backlog", kind="misses") == 0
         assert metric_sum(text, "ocr_queue_engines_live") == 6
+
+        # One shard's master gone (the others serving their slots meanwhile): that shard's
+        # samples are missing from a scrape, the others' are still there.
+        lost = cluster.owner(f"{tags[2]}:engines")
+        for node in cluster.nodes:
+            if node is not lost:
+                cluster.client(node).config_set("cluster-require-full-coverage", "no")
+        cluster.kill(lost)
+        text = requests.get(f"{base}/metrics", timeout=30).text
+        assert 'ocr_queue_shard_backlog{shard="2"}' not in text
+        for shard in range(2):
+            assert metric_sum(text, "ocr_queue_shard_engines_live", shard=str(shard)) == 2
     finally:
         fleet.stop()
         cluster.stop()

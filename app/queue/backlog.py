@@ -11,7 +11,9 @@ gauges, ``heartbeat.py``, and at zero there are none to report).
 
 Every front reads the same queue, so a query takes the ``max`` over fronts, never the sum.
 KEDA activates the engines on it from zero (``k8s/components/scale-to-zero``). One read of
-the queue's picture (``queue_view.lua``, counts only) per scrape or probe.
+the queue's picture (``queue_view.lua``, counts only) per scrape or probe, and per shard with
+``DISPATCH_SHARDS``: a shard whose master does not answer loses only its own samples (the
+totals then sum the shards that answered), not every shard's.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ class Backlog:
     jobs: int
     engines: int
     oldest_wait_seconds: float
-    shards: tuple[int, ...] = ()  # with several queue shards: each one's misses
-    shard_engines: tuple[int, ...] = ()  # and each one's live engine slots
+    shards: tuple[int | None, ...] = ()  # with several queue shards: each one's misses
+    shard_engines: tuple[int | None, ...] = ()  # and its live engine slots (None: unread)
 
     def as_json(self) -> dict[str, Any]:
         """``/readyz``'s ``queue``."""
@@ -56,10 +58,13 @@ def read(service: OcrService) -> Backlog | None:
     if queue is None or not isinstance(cache.store, RedisStore):
         return None
     shards, live_ms = queue.shards, queue.live_ms
-    ok, snapshots = cache.store.run(
-        "dispatch", lambda client: inspect.read_shards(client, shards, live_ms=live_ms, held=0)
-    )
-    if not ok or not snapshots:
+    reads = [
+        cache.store.run("dispatch", lambda c, n=names: inspect.read(c, n, live_ms=live_ms, held=0))
+        for names in shards
+    ]
+    by_shard = [snapshot if ok else None for ok, snapshot in reads]
+    snapshots = [snapshot for snapshot in by_shard if snapshot is not None]
+    if not snapshots:
         return None
     jobs = 0
     if service.jobs is not None:
@@ -72,9 +77,9 @@ def read(service: OcrService) -> Backlog | None:
     waiting = sum(snapshot.waiting for snapshot in snapshots)
     misses = waiting + sum(snapshot.running for snapshot in snapshots)
     live = sum(snapshot.live for snapshot in snapshots)
-    sharded = len(snapshots) > 1
-    shard_misses = tuple(s.waiting + s.running for s in snapshots) if sharded else ()
-    shard_engines = tuple(s.live for s in snapshots) if sharded else ()
+    sharded = len(by_shard) > 1
+    shard_misses = tuple(s and s.waiting + s.running for s in by_shard) if sharded else ()
+    shard_engines = tuple(s and s.live for s in by_shard) if sharded else ()
     return Backlog(misses, waiting, jobs, live, oldest, shard_misses, shard_engines)
 
 
@@ -119,11 +124,12 @@ class _Collector:
         )
 
 
-def _per_shard(name: str, documentation: str, values: tuple[int, ...]) -> GaugeMetricFamily:
-    """A gauge with one sample per queue shard (label ``shard``: its index)."""
+def _per_shard(name: str, documentation: str, values: tuple[int | None, ...]) -> GaugeMetricFamily:
+    """A gauge with one sample per queue shard read (label ``shard``: its index)."""
     family = GaugeMetricFamily(name, documentation, labels=["shard"])
     for shard, value in enumerate(values):
-        family.add_metric([str(shard)], value)
+        if value is not None:
+            family.add_metric([str(shard)], value)
     return family
 
 
