@@ -101,6 +101,9 @@ class Location:
     form: str
     comment: str
     max_body: int = 0  # its own body limit (0: MAX_REQUEST_BYTES)
+    # A recognition: sent once more after a connection error even when it is a POST (an
+    # image read twice gives the same answer, single flight), unlike a job's upload.
+    recognizes: bool = False
 
 
 def find_nginx(given: str = "") -> str | None:
@@ -196,10 +199,17 @@ def render(settings: Settings, socket: str, run_dir: str, version: tuple[int, ..
     limit = settings.edge.rate_limit
     name = settings.protocols.pipeline_service_name
     locations = [
-        Location("= /v1/ocr", "rest", "REST"),
-        Location("= /ocr", "paddlex", "PaddleX / PaddleOCR 3.x serving"),
-        Location(f"/{name}/", "pipeline", "Paddle Serving pipeline: /{name}/{method}"),
-        Location("/v2/", "kserve", "Open Inference Protocol (KServe v2, Triton's clients)"),
+        Location("= /v1/ocr", "rest", "REST", recognizes=True),
+        Location("= /ocr", "paddlex", "PaddleX / PaddleOCR 3.x serving", recognizes=True),
+        Location(
+            f"/{name}/", "pipeline", "Paddle Serving pipeline: /{name}/{method}", recognizes=True
+        ),
+        Location(
+            "/v2/",
+            "kserve",
+            "Open Inference Protocol (KServe v2, Triton's clients)",
+            recognizes=True,
+        ),  # fmt: skip
         Location("= /v1/jobs", "rest", "document jobs", settings.jobs.upload_limit()),
         Location("= /api/v2/ocr/jobs", "rest", "PaddleOCR's job API", settings.jobs.upload_limit()),
         Location("/", "rest", "everything else: the web page, stats, admin"),

@@ -35,7 +35,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from app.config import Settings
-from app.edge import Edge, find_nginx
+from app.edge import Edge, find_nginx, render
 from app.embedded_redis import EmbeddedRedis
 from app.ports import free_port
 from app.protocols import pipeline
@@ -191,6 +191,20 @@ def test_the_rendered_configuration_passes_nginx_t(case, certificate, tmp_path):
     finally:
         edge.quit()
     assert not os.path.exists(edge.run_dir)
+
+
+def test_only_recognitions_are_sent_twice_after_a_connection_error(tmp_path):
+    """A POST whose kept-alive connection a retiring worker closed is tried once more when it
+    is a recognition (the same image, the same answer), never when it uploads a job."""
+    text = render(Settings.from_env({}), str(tmp_path / "front.sock"), str(tmp_path), (1, 22))
+    blocks = {
+        block.split("{", 1)[0].strip(): block
+        for block in text.split("location ")[1:]
+        if not block.startswith("@")
+    }
+    retried = {m for m, block in blocks.items() if "error non_idempotent" in block}
+    assert retried == {"= /v1/ocr", "= /ocr", "/ocr/", "/v2/"}, retried
+    assert "proxy_next_upstream_tries 2;" in text
 
 
 @needs_nginx
