@@ -59,7 +59,7 @@ class DispatchSettings(Section):
         "DISPATCH_CHECK_SECONDS",
         e.number(0.1, 3600.0),
         16.0,
-        "how often a waiting miss that heard nothing checks that its ticket is still queued (a fallback: notices tell how tickets end; the LRU may take a queued one)",
+        "how often a front checks that the tickets its waiting misses heard nothing of are still queued, one call per lane for all of them (a fallback: notices tell how tickets end; the LRU may take a queued one)",
     )
     shards: int = env(
         "DISPATCH_SHARDS",
