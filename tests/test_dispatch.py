@@ -328,6 +328,54 @@ def test_a_ticket_whose_consumer_died_is_reclaimed(settings, redis_client):
     wait_for(lambda: redis_client.xlen(stream) == 0, "the reclaimed ticket was never acked")
 
 
+def test_a_call_longer_than_the_live_window_stays_its_engines(settings, redis_client):
+    """Nothing keeps a running ticket but its engine's process reporting in: a call longer
+    than the live window (here 3 s: the claim time's floor) is not reclaimed, though another
+    engine idles and the waiter checks on its ticket every 0.2 s; one engine call."""
+    first, second = SerialEngine(), SerialEngine()
+    asking = make_cache(settings, first, dispatch_claim_ms=300, dispatch_check_seconds=0.2)
+    make_cache(settings, second, dispatch_claim_ms=300, dispatch_check_seconds=0.2)
+    first.hold()
+    second.hold()
+    reclaimed = counter("ocr_dispatch_tickets_total", outcome="reclaimed")
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(asking.get_or_compute, IMAGES[0])
+        wait_for(lambda: first.entered.is_set() or second.entered.is_set(), "never taken")
+        time.sleep(4.5)  # one and a half live windows
+        first.release.set()
+        second.release.set()
+        outcome = asked.result(WAIT)
+    assert outcome.status is CacheStatus.MISS
+    assert first.calls + second.calls == 1
+    assert counter("ocr_dispatch_tickets_total", outcome="reclaimed") == reclaimed
+
+
+def test_a_ticket_its_live_engine_does_not_know_it_holds_is_reclaimed(
+    settings, redis_client, monkeypatch
+):
+    """A take whose answer a fail-over lost (or a finish that failed) leaves a ticket pending
+    under an engine that reports in but does not run it: an orphan. Its own process's sweep
+    claims it (nothing else would: its holder is live), and the requester is answered."""
+    monkeypatch.setattr(feeders, "LISTEN_MS", 300)  # an idle slot comes round sooner
+    engine = SerialEngine()
+    gate = threading.Event()
+    cache = make_cache(settings, engine, gate=gate.wait, dispatch_claim_ms=300)
+    names = cache.keys.dispatch()
+    stream = names.stream("~")
+    redis_client.xgroup_create(stream, "engines", id="0", mkstream=True)
+    consumer = f"{cache._feeders._name}-0"  # type: ignore[union-attr]  # its first slot
+    reclaimed = counter("ocr_dispatch_tickets_total", outcome="reclaimed")
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(cache.get_or_compute, IMAGES[0])
+        taken = redis_client.xreadgroup("engines", consumer, {stream: ">"}, count=1,
+                                        block=int(WAIT * 1000))  # fmt: skip
+        assert taken, "the requester never queued its ticket"
+        gate.set()  # the engine is ready: its slots report in (its holder is live), and sweep
+        outcome = asked.result(WAIT)
+    assert outcome.status is CacheStatus.MISS and engine.calls == 1
+    assert counter("ocr_dispatch_tickets_total", outcome="reclaimed") == reclaimed + 1
+
+
 def test_a_ticket_nothing_tells_of_is_reclaimed_by_the_sweep(settings, redis_client, monkeypatch):
     """A ticket still held by a consumer that left the register cleanly (a stopping slot
     whose finish failed): no engine is seen to die, no waiter is left, no ring. The engines'

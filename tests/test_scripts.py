@@ -388,7 +388,9 @@ def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:
     now_ms = seconds * 1000
     client.zadd(names.engines, {"dead": now_ms - 60_000, "idle-dead": now_ms - 60_000})
     keys = [names.lanes, names.stream_prefix, names.engines]
-    stale = scripts.QUEUE_STALE(client, keys, [GROUP, 10, now_ms - 10_000, "-interject"])
+    # Called by engine-1's process, which runs the ticket its interjector holds.
+    mine = [GROUP, 10, now_ms - 10_000, "-interject", "engine-1-"]
+    stale = scripts.QUEUE_STALE(client, keys, [*mine, running])
     # Taken a moment ago, not touched since: what counts is that its holder stopped reporting.
     found = [text(v) for v in stale]
     # Not the running one: its engine reports (a long call is not reclaimed).
@@ -397,12 +399,17 @@ def test_stale_lists_the_tickets_whose_holder_stopped(client: Any) -> None:
         ("b", handed, "engine-1:handed"),
     ]
     assert (running, "engine-1-interject") not in zip(found[1::4], found[2::4], strict=True)
+    # Not running it any more (a failed finish, a take whose answer was lost): an orphan.
+    orphaned = [text(v) for v in scripts.QUEUE_STALE(client, keys, mine)]
+    assert ("a", running, "engine-1-interject") in zip(
+        orphaned[0::4], orphaned[1::4], orphaned[2::4], strict=True
+    )
     # The engines gone from the register once they hold nothing: "dead" still holds a ticket.
     assert client.zscore(names.engines, "idle-dead") is None
     assert client.zscore(names.engines, "dead") is not None
     assert client.zscore(names.engines, "engine-1") is not None  # live
     assert (
-        len(scripts.QUEUE_STALE(client, keys, [GROUP, 1, now_ms - 10_000, "-interject"])) == 4
+        len(scripts.QUEUE_STALE(client, keys, [GROUP, 1, now_ms - 10_000, "-interject", ""])) == 4
     )  # at most 1
 
 

@@ -6,14 +6,18 @@
 - A ticket whose holder stopped reporting for the live window (``DISPATCH_CLAIM_MS``: it
   died) is claimed by another engine (``queue_stale.lua``), at most
   ``DISPATCH_MAX_DELIVERIES`` times: an image that kills engines is then failed, not retried
-  forever. A claim needs the ticket idle a quarter of the window (a dead holder's is idle at
-  least half of it: it took the ticket after its last report), so two engines never both
-  claim one. Consumer names are unique per process start (``feeders.py``): a restarted
-  process never reports for its predecessor's tickets. If the LRU took the register itself,
-  the running tickets look unheld until the next reports (half a window): some may be
-  computed twice, never answered wrong. Engines look for such tickets when one of them
-  stopped reporting (``heartbeat.py``), a ticket was handed back or a waiter found its
-  ticket's holder silent, and at each sweep (twice the claim time: what nothing told of).
+  forever. So is an orphan: a ticket pending under a consumer of a live process that does
+  not run it (a take whose answer a fail-over lost, a finish that failed on a Redis error),
+  found by that process's own sweep, which knows what its consumers run. A claim needs the
+  ticket idle a quarter of the window (a dead holder's is idle at least half of it: it took
+  the ticket after its last report; a ticket just taken is not yet running), so two engines
+  never both claim one. Consumer names are unique per process start (``feeders.py``): a
+  restarted process never reports for its predecessor's tickets. If the LRU took the
+  register itself, the running tickets look unheld until the next reports (half a window):
+  some may be computed twice, never answered wrong. Engines look for such tickets when one
+  of them stopped reporting (``heartbeat.py``), a ticket was handed back or a waiter found
+  its ticket's holder silent, and at each sweep (twice the claim time: what nothing told of,
+  the orphans).
 - A ticket nobody may still wait for is dropped unread: past its deadline, or its key's
   marker names another ticket (its requesters moved on to a newer one).
 - When done, a ticket is acknowledged and deleted with its marker and image
@@ -152,6 +156,9 @@ class Claims:
         self._retries_lock = threading.Lock()  # the feeders' threads share the two below
         self._retries: dict[str, str] = {}  # ticket id -> its failure, if no one retries it
         self._handed: dict[str, float] = {}  # ids handed back -> until when others may take them
+        # What each of this process's consumers runs now: a ticket pending under one of them
+        # and not here is an orphan (a take whose answer a fail-over lost, a failed finish).
+        self._running: dict[str, tuple[str, ...]] = {}
 
     def serve(
         self,
@@ -168,6 +175,8 @@ class Claims:
         lane's tickets (keys, args) in one script, or None if it takes nothing now; its
         answer (tickets, cost) is returned (None: no take was made)."""
         wanted: list[Ticket] = []
+        with self._retries_lock:
+            self._running[consumer] = tuple(ticket.id for ticket in tickets)
         try:
             wanted = wanted_tickets(client, tickets, self._marker, self._image)
         except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
@@ -196,6 +205,8 @@ class Claims:
                 pass  # the tickets stay pending and are reclaimed, then dropped as done
             # Those dropped unrun, once out of the queue: a waiter that submits again on
             # hearing it queues a new ticket rather than join the dropped one.
+            with self._retries_lock:
+                self._running.pop(consumer, None)  # finished, or pending still: an orphan
             kept = {ticket.id for ticket in wanted}
             for ticket in tickets:
                 if ticket.id not in kept:
@@ -264,15 +275,18 @@ class Claims:
 
     def reclaim(self, client: Any, consumer: str) -> list[Ticket]:
         """Tickets in any lane whose holder stopped reporting (it died) or was handed them
-        back (and the register's engines that stopped reporting and hold none, removed)."""
+        back, and this process's orphans (pending under one of its consumers, which does not
+        run them); and the register's engines that stopped reporting and hold none, removed."""
         names = self._names
         now = time.monotonic()
         with self._retries_lock:  # not taken by another engine in time: ours to run again
             self._handed = {i: until for i, until in self._handed.items() if until > now}
+            running = [i for ids in self._running.values() for i in ids]
+        own = f"{self._process}-" if self._process else ""
         cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
         stale = QUEUE_STALE(
             client, [names.lanes, names.stream_prefix, names.engines],
-            [GROUP, self._batch_max, cutoff, INTERJECTOR],
+            [GROUP, self._batch_max, cutoff, INTERJECTOR, own, *running],
         )  # fmt: skip
         tickets: list[Ticket] = []
         for i in range(0, len(stale), 4):

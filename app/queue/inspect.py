@@ -7,8 +7,10 @@ live-engine register and the tickets each holds. ``GET /admin/queue`` answers it
 Times are Redis' clock: a ticket's id is its enqueue time (ms); the register's score is an
 engine's last report by its own host's clock (hosts' clocks assumed roughly in sync). A
 holder of tickets that is not in the register is an interjector (``{engine}-interject``:
-its tickets are listed under its engine, ``interjected``) or a consumer that died: its
-tickets are reclaimed once idle past ``DISPATCH_CLAIM_MS`` (``claims.py``). Lane names are
+its tickets are listed under its engine, ``interjected``), a consumer that died (its tickets
+are reclaimed, ``claims.py``) or one named ``...:handed`` (tickets handed back for another
+engine). A held ticket's idle time is how long since it was taken: engines do not touch
+tickets while they run them. Lane names are
 tenant names: only the admin API shows them; the gauges carry the tenants' metrics labels.
 """
 
