@@ -49,16 +49,19 @@ def test_one_check_a_lane_answers_every_waiter(redis_server: EmbeddedRedis) -> N
         watch.watching(names, "a", ids[2]) as third,
     ):
         clock.now += 16
-        assert first() and checks(client) == 1
+        assert first(False) and checks(client) == 1
         clock.now += 1
-        assert second() and third() and checks(client) == 1  # its answer, fresh: no call
+        assert second(False) and third(False) and checks(client) == 1  # its answer, fresh: no call
+        assert second(True) and checks(client) == 2  # news of a loss: a check of its own
+        assert third(True) and checks(client) == 2  # ... which answers whoever asked before it
+        clock.now += 0.5
         later = text(submit(client, names, "a", "e9")[0])
         with watch.watching(names, "a", later) as newcomer:
-            assert newcomer() and checks(client) == 2  # queued after it: a check of its own
+            assert newcomer(False) and checks(client) == 3  # queued after it: a check of its own
         client.delete(names.stream("a"))  # the LRU took the lane's stream
-        assert second() and checks(client) == 2  # still fresh: told at the next check
+        assert second(False) and checks(client) == 3  # still fresh: told at the next check
         clock.now += 8
-        assert not second() and not first() and not third() and checks(client) == 3
+        assert not second(False) and not first(False) and not third(False) and checks(client) == 4
     assert watch._lanes == {}  # nothing kept once nobody waits
 
 
@@ -67,4 +70,4 @@ def test_redis_down_is_unsure() -> None:
     watch = LaneWatch(store, live_ms=10_000, fresh_seconds=8.0)
     names = KeySpace("ocr", "fingerprint").dispatch()
     with watch.watching(names, "a", "1-0") as alive:
-        assert alive()  # the next read tells
+        assert alive(False)  # the next read tells

@@ -328,7 +328,7 @@ class TicketQueue:
             if checking:
                 gap = min(2 * gap, max(CHECK_MAX_SECONDS, self._poll_seconds))
                 next_check = now + gap
-                if not alive():
+                if not alive("" in messages):
                     # Finished since the read (its entry is stored before it leaves the queue,
                     # a failure's marker too), or dropped, or its marker or stream evicted:
                     # then submit again.

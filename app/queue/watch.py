@@ -27,7 +27,7 @@ from app.cache.scripts import QUEUE_WATCH
 from app.cache.store import RedisStore
 from app.queue.ticket import GROUP, INTERJECTOR, as_text
 
-Alive = Callable[[], bool]
+Alive = Callable[[bool], bool]
 
 
 def _order(ticket_id: str) -> tuple[int, int]:
@@ -68,28 +68,32 @@ class LaneWatch:
     @contextmanager
     def watching(self, names: QueueKeys, lane: str, ticket_id: str) -> Iterator[Alive]:
         """While a caller waits on ``ticket_id`` (queued in ``lane`` of the shard ``names``):
-        yields its check, ``alive()``: is the ticket still queued or running? (True when Redis
-        is unsure: the next read tells.)"""
+        yields its check, ``alive(now)``: is the ticket still queued or running? (True when
+        Redis is unsure: the next read tells.) ``now``: asked after news that the queue may
+        have lost tickets (a listener that reconnected, a lost queue announced): a check made
+        before it does not answer."""
         stream, waiter = names.stream(lane), next(self._waiters)
         with self._lock:
             watched = self._lanes.setdefault(stream, _Lane(names, lane))
             watched.since[waiter] = (ticket_id, self._clock())
         try:
-            yield lambda: self._alive(stream, watched, waiter)
+            yield lambda now: self._alive(stream, watched, waiter, now)
         finally:
             with self._lock:
                 del watched.since[waiter]
                 if not watched.since:
                     del self._lanes[stream]
 
-    def _alive(self, stream: str, watched: _Lane, waiter: int) -> bool:
+    def _alive(self, stream: str, watched: _Lane, waiter: int, news: bool) -> bool:
+        asked = self._clock()  # with news: only a check begun since answers
         with self._checking:
             with self._lock:
                 ticket_id, began = watched.since[waiter]
                 now = self._clock()
-                if watched.checked_at >= began and now - watched.checked_at < self._fresh:
+                since = max(began, asked) if news else began
+                if watched.checked_at >= since and now - watched.checked_at < self._fresh:
                     return ticket_id in watched.present  # checked since it was queued
-                ids = sorted({asked for asked, _ in watched.since.values()}, key=_order)
+                ids = sorted({other for other, _ in watched.since.values()}, key=_order)
             names, lane = watched.names, watched.lane
             keys = (stream, names.ring, names.lanes, names.bell, names.engines)
             cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
