@@ -212,7 +212,7 @@ def test_one_new_page_is_not_held_behind_another_tenants_flood(
 
 def test_shares_divide_the_engines_time(settings: Settings, redis_client: redis.Redis) -> None:
     """Tenants a (share 3) and b (share 1) both back-filling: while both wait, the engines'
-    time goes 3:1; a lane's cost is learnt from its first ticket (one warm-up ticket each)."""
+    time goes 3:1 (their lanes' costs known from a warm-up ticket each, evened out)."""
     book = TenantBook.of([Tenant("a", share=3.0), Tenant("b", share=1.0)])
     fleet = Fleet(settings, book)
     fleet.start_workers()
@@ -227,6 +227,12 @@ def test_shares_divide_the_engines_time(settings: Settings, redis_client: redis.
     for worker in fleet.workers:
         worker.close()
     fleet.order.clear()
+    # The learnt costs evened out: under a loaded `make test` one warm-up call can still cost
+    # many times the other (b then had 15 of the first 16 calls once); this test is about the
+    # split given the costs (how a lane's cost is learnt: test_scripts' finish).
+    costs = fleet.front._misses._queue.names.costs  # type: ignore[union-attr]
+    learnt = [float(v) for v in redis_client.hmget(costs, ["a", "b"])]
+    redis_client.hset(costs, mapping=dict.fromkeys("ab", f"{sum(learnt) / 2:.6f}"))
     with ThreadPoolExecutor(48) as pool:
         futures = [ask(pool, fleet.front, t, page(t, i)) for i in range(20) for t in "ab"]
         both = lambda: [fleet.waiting(redis_client, lane) for lane in "ab"] == [20, 20]  # noqa: E731

@@ -117,8 +117,7 @@ class JobDriver:
                 if not grouped:
                     self._store.ensure_group()
                     grouped = True
-                look = time.monotonic() >= next_look  # for a silent driver's job
-                if look:
+                if look := time.monotonic() >= next_look:  # for a silent driver's job
                     next_look = time.monotonic() + self._keep_every
                 self._taking.add(n)
                 try:
