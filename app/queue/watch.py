@@ -68,8 +68,8 @@ class LaneWatch:
     @contextmanager
     def watching(self, names: QueueKeys, lane: str, ticket_id: str) -> Iterator[Alive]:
         """While a caller waits on ``ticket_id`` (queued in ``lane`` of the shard ``names``):
-        yields its check, ``alive(now)``: is the ticket still queued or running? (True when
-        Redis is unsure: the next read tells.) ``now``: asked after news that the queue may
+        yields its check, ``alive(news)``: is the ticket still queued or running? (True when
+        Redis is unsure: the next read tells.) ``news``: asked after news that the queue may
         have lost tickets (a listener that reconnected, a lost queue announced): a check made
         before it does not answer."""
         stream, waiter = names.stream(lane), next(self._waiters)
@@ -77,7 +77,7 @@ class LaneWatch:
             watched = self._lanes.setdefault(stream, _Lane(names, lane))
             watched.since[waiter] = (ticket_id, self._clock())
         try:
-            yield lambda now: self._alive(stream, watched, waiter, now)
+            yield lambda news: self._alive(stream, watched, waiter, news)
         finally:
             with self._lock:
                 del watched.since[waiter]
