@@ -12,7 +12,9 @@
   ticket idle a quarter of the window (a dead holder's is idle at least half of it: it took
   the ticket after its last report; a ticket just taken is not yet running), so two engines
   never both claim one. Consumer names are unique per process start (``feeders.py``): a
-  restarted process never reports for its predecessor's tickets. If the LRU took the
+  restarted process never reports for its predecessor's tickets. Reports are scored by each
+  engine host's clock and read by another's: a host whose clock runs half a live window
+  behind looks dead, and its long calls are computed twice (run NTP). If the LRU took the
   register itself, the running tickets look unheld until the next reports (half a window):
   some may be computed twice, never answered wrong. Engines look for such tickets when one
   of them stopped reporting (``heartbeat.py``), a ticket was handed back or a waiter found
@@ -182,7 +184,8 @@ class Claims:
         except REDIS_ERRORS:  # unsure whether anyone waits: compute (reclaimed otherwise)
             now = time.time()
             wanted = [t for t in tickets if t.deadline > now and not t.awaits_image]
-            # An image it could not read: that ticket stays pending, reclaimed once idle.
+            # An image it could not read: that ticket stays pending, an orphan this process's
+            # own sweep reclaims.
             tickets = [t for t in tickets if not (t.awaits_image and t.deadline > now)]
         seconds: Mapping[str, float] = {}
         try:
@@ -281,7 +284,8 @@ class Claims:
         now = time.monotonic()
         with self._retries_lock:  # not taken by another engine in time: ours to run again
             self._handed = {i: until for i, until in self._handed.items() if until > now}
-            running = [i for ids in self._running.values() for i in ids]
+            # Not orphans: what its consumers run, and what it handed back (others' to take).
+            running = [i for ids in self._running.values() for i in ids] + list(self._handed)
         own = f"{self._process}-" if self._process else ""
         cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
         stale = QUEUE_STALE(
@@ -321,15 +325,17 @@ class Claims:
         """Leave the consumer group of every lane, except where this consumer still holds
         tickets (a finish that failed): deleting it would drop them from the pending list
         unacknowledged, never delivered or reclaimed again, yet still counted as waiting.
-        Kept, they are reclaimed once idle, like a dead consumer's."""
+        Kept, they are reclaimed once it leaves the register, like a dead consumer's. Its
+        ``:handed`` name (``retry``) goes too once it holds nothing."""
         try:
             for lane in client.smembers(self._names.lanes):
                 stream = self._names.stream(as_text(lane))
                 try:
-                    if not client.xpending_range(
-                        stream, GROUP, min="-", max="+", count=1, consumername=consumer
-                    ):
-                        client.xgroup_delconsumer(stream, GROUP, consumer)
+                    for name in (consumer, f"{consumer}:handed"):
+                        if not client.xpending_range(
+                            stream, GROUP, min="-", max="+", count=1, consumername=name
+                        ):
+                            client.xgroup_delconsumer(stream, GROUP, name)
                 except redis.ResponseError:
                     pass  # that lane's stream or group is gone
         except REDIS_ERRORS:

@@ -107,6 +107,7 @@ class Heartbeat:
         it ages out of the register, and a stopping process counts no Redis error)."""
         with self._lock:
             self._members.discard(consumer)
+            self._kick.set()  # a stopping process's reports end once its last slot left
             if client is None:
                 if store is not None:
                     store.run("dispatch", lambda c: c.zrem(self._names.engines, consumer))
@@ -117,12 +118,14 @@ class Heartbeat:
                 pass  # it ages out of the register
 
     def run(self, store: RedisStore, stopped: threading.Event, wake: Callable[[], None]) -> None:
-        """The process's reports until ``stopped``: the register every ``every`` seconds (and
-        a dead engine looked for every other time: ``reap`` set and ``wake()`` called), the
-        gauges every ``GAUGE_SECONDS``, the sweep every ``sweep_seconds``."""
+        """The process's reports until ``stopped`` and every slot has left (a slot still
+        computing when its process stops is what keeps its tickets its own: nothing else
+        does, ``claims.py``): the register every ``every`` seconds (and a dead engine looked
+        for every other time: ``reap`` set and ``wake()`` called), the gauges every
+        ``GAUGE_SECONDS``, the sweep every ``sweep_seconds``."""
         beats, next_gauges = 0, 0.0
         next_sweep = time.monotonic() + self._sweep_seconds
-        while not stopped.is_set():
+        while not stopped.is_set() or self._members:
             self._kick.clear()  # before the members are read: a join after it reports at once
             with self._lock:
                 members = sorted(self._members)

@@ -80,12 +80,8 @@ class JobDriver:
         claim_idle_ms: int = 60_000,
         on_end: OnEnd = lambda job, status, error: None,
     ) -> None:
-        self._store = store
-        self._cache = cache
-        self._consumer = consumer
-        self._drivers = drivers
-        self._in_flight = pages_in_flight
-        self._scale = render_scale
+        self._store, self._cache, self._consumer, self._drivers = store, cache, consumer, drivers
+        self._in_flight, self._scale = pages_in_flight, render_scale
         self._max_pixels = max_pixels
         self._on_end = on_end
         self._claim_idle_ms = claim_idle_ms  # a driver silent this long loses its job
@@ -120,6 +116,8 @@ class JobDriver:
                 if look := time.monotonic() >= next_look:  # for a silent driver's job
                     next_look = time.monotonic() + self._keep_every
                 self._taking.add(n)
+                if self._stopped.is_set():  # stop() may not have waited for this driver
+                    break
                 try:
                     block = min(TAKE_BLOCK_MS, self._claim_idle_ms // 4)
                     taken = self._store.take(consumer, self._claim_idle_ms, block, takeover=look)

@@ -14,7 +14,7 @@ worker and replica shares one schedule.
   banked credit, no debt).
 - A take serves one lane, at most ``ENGINE_BATCH_MAX`` tickets, in one pass over the ring
   whatever the costs. A lane alone in the ring owes nobody: its tickets are read in turn,
-  charged its mean cost, and it keeps no deficit (four commands, the common case of one
+  charged nothing, and it keeps no deficit (three commands, the common case of one
   tenant); a lane that joins it finds both just active.
 - The queue's keys may be evicted like any other (``allkeys-lru``): a lane missing from the
   ring is put back by its waiters' checks and by every engine's report; lost deficits or

@@ -38,7 +38,7 @@ def enqueued_ms(ticket_id: str) -> int:
 
 @dataclass(frozen=True)
 class Held:
-    """A running ticket: its holder, how long since its holder last touched it, and how many
+    """A running ticket: its holder, how long since it was taken (or claimed), and how many
     times it was delivered (more than 1: reclaimed from a holder that died)."""
 
     id: str

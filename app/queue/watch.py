@@ -43,6 +43,7 @@ class _Lane:
     since: dict[int, tuple[str, float]] = field(default_factory=dict)  # waiter: (id, began)
     checked_at: float = float("-inf")  # when the last check began
     present: frozenset[str] = frozenset()  # what it found
+    checking: threading.Lock = field(default_factory=threading.Lock)  # one check at a time
 
 
 class LaneWatch:
@@ -60,8 +61,7 @@ class LaneWatch:
         self._live_ms = live_ms  # an engine silent this long is gone: its tickets reclaimed
         self._fresh = fresh_seconds
         self._clock = clock
-        self._lock = threading.Lock()  # the lanes' table
-        self._checking = threading.Lock()  # one check at a time: those due meanwhile read it
+        self._lock = threading.Lock()  # the lanes' table (each lane's check has its own)
         self._lanes: dict[str, _Lane] = {}
         self._waiters = itertools.count()
 
@@ -86,12 +86,15 @@ class LaneWatch:
 
     def _alive(self, stream: str, watched: _Lane, waiter: int, news: bool) -> bool:
         asked = self._clock()  # with news: only a check begun since answers
-        with self._checking:
+        with watched.checking:  # one check of a lane at a time: those due meanwhile read it
             with self._lock:
                 ticket_id, began = watched.since[waiter]
                 now = self._clock()
-                since = max(began, asked) if news else began
-                if watched.checked_at >= since and now - watched.checked_at < self._fresh:
+                # Begun after this waiter queued (strictly: its ticket among those asked), and
+                # with news, no earlier than it asked.
+                fresh = now - watched.checked_at < self._fresh
+                after_news = not news or watched.checked_at >= asked
+                if watched.checked_at > began and after_news and fresh:
                     return ticket_id in watched.present  # checked since it was queued
                 ids = sorted({other for other, _ in watched.since.values()}, key=_order)
             names, lane = watched.names, watched.lane
