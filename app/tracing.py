@@ -104,6 +104,9 @@ class Span:
     def set(self, key: str, value: Value) -> None:
         """An attribute."""
 
+    def set_many(self, attributes: Mapping[str, Value]) -> None:
+        """Several attributes at once (one lock taken, not one each)."""
+
     def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
         """A span event (line reuse, an interjection, ...)."""
 

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from app import tracing
+from app import tracing, tracing_encode
 from app.tracing import Carrier, Value
 
 _W3C = TraceContextTextMapPropagator()
@@ -54,6 +54,9 @@ class _Live(tracing.Span):
 
     def set(self, key: str, value: Value) -> None:
         self._span.set_attribute(key, value)
+
+    def set_many(self, attributes: Mapping[str, Value]) -> None:
+        self._span.set_attributes(attributes)
 
     def event(self, name: str, attributes: Mapping[str, Value] | None = None) -> None:
         self._span.add_event(name, dict(attributes or {}))
@@ -113,12 +116,14 @@ class On(tracing.Tracer):
         if edge is None:
             return _Live(self._tracer.start_span(name, parent, SpanKind.SERVER, attributes))
         received, sent = edge  # nginx has no tracer: its time is the server span's start
-        span = self._tracer.start_span(
-            name, parent, SpanKind.SERVER, attributes, start_time=received
+        timing = {
+            **(attributes or {}),
+            "edge.read_seconds": (sent - received) / 1e9,
+            "edge.queued_seconds": max(0, time.time_ns() - sent) / 1e9,
+        }
+        return _Live(
+            self._tracer.start_span(name, parent, SpanKind.SERVER, timing, start_time=received)
         )
-        span.set_attribute("edge.read_seconds", (sent - received) / 1e9)
-        span.set_attribute("edge.queued_seconds", max(0, time.time_ns() - sent) / 1e9)
-        return _Live(span)
 
     def span(
         self, name: str, attributes: Mapping[str, Value] | None = None, start_ns: int = 0
@@ -175,11 +180,11 @@ def _exporter(name: str, transport: str) -> SpanExporter:
     if name == "console":
         return ConsoleSpanExporter()
     if transport == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_exporter
 
-        return OTLPSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpExporter,
-    )
+        tracing_encode.install(grpc_exporter)
+        return grpc_exporter.OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_exporter
 
-    return HttpExporter()
+    tracing_encode.install(http_exporter)  # the SDK's encoder cost more than the hits
+    return http_exporter.OTLPSpanExporter()

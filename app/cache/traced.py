@@ -28,10 +28,13 @@ def describe(span: tracing.Span, outcomes: Sequence[Outcome]) -> None:
     and ``ocr.images``."""
     statuses = {outcome.status.value.lower() for outcome in outcomes}
     tiers = {outcome.tier for outcome in outcomes if outcome.tier}
-    span.set("ocr.images", len(outcomes))
-    span.set("ocr.cache", statuses.pop() if len(statuses) == 1 else "mixed")
+    attributes: dict[str, tracing.Value] = {
+        "ocr.images": len(outcomes),
+        "ocr.cache": statuses.pop() if len(statuses) == 1 else "mixed",
+    }
     if tiers:
-        span.set("ocr.cache_tier", tiers.pop() if len(tiers) == 1 else "mixed")
+        attributes["ocr.cache_tier"] = tiers.pop() if len(tiers) == 1 else "mixed"
+    span.set_many(attributes)
 
 
 @dataclass

@@ -177,16 +177,19 @@ def traced(
     nothing is worked out."""
     if not span.recording:
         return
-    span.set("http.request.method", call.request.method)
-    span.set("http.response.status_code", status)
-    span.set("ocr.protocol", protocol)
-    span.set("ocr.request_id", call.request_id)
-    span.set("ocr.tenant", call.tenant or "")
+    attributes: dict[str, tracing.Value] = {
+        "http.request.method": call.request.method,
+        "http.response.status_code": status,
+        "ocr.protocol": protocol,
+        "ocr.request_id": call.request_id,
+        "ocr.tenant": call.tenant or "",
+    }
     for name, value in headers:
         if name == "X-Cache":
-            span.set("ocr.cache", value.lower())
+            attributes["ocr.cache"] = value.lower()
         elif name == TIER_HEADER:
-            span.set("ocr.cache_tier", value)
+            attributes["ocr.cache_tier"] = value
+    span.set_many(attributes)
     parent = span.carrier().get(tracing.TRACEPARENT)
     if parent:
         headers.append((tracing.TRACERESPONSE, parent))
