@@ -22,7 +22,8 @@ share of them). Phases, one after the other on the same fleet:
 2. **waits of about 4 s** (the fleet bench's): 16 clients send distinct images, each call
    1 s, 4 engine slots: per miss, with the idle engines' polls during it and without them.
 3. **held 30 s**: one engine process (the other stopped), both its slots on calls of 30 s, and
-   8 misses sent behind them, which wait about 30 s each: per miss, the same counters.
+   14 misses sent behind them, which wait about 30 s each (16 clients, as in phase 2; 8
+   before 2026-12-07): per miss, the same counters.
 
 The 4-second phase also reports the queue master's time inside commands per miss (``INFO
 commandstats``: all, and the scripts'), a figure without the others' subtraction.
@@ -72,7 +73,7 @@ CALL_S = 1.0  # the stand-in's answer time in the 4-second phase
 CLIENTS = 16  # 16 clients over 4 slots of 1 s calls: about 4 s of waiting per miss
 PER_CLIENT = 3
 HELD_S = 30.0  # the busy call the held misses wait behind
-HELD = 8
+HELD = CLIENTS - 2  # with the 2 busy calls, as many clients as the 4-second phase
 TARGET_COMMANDS, TARGET_CPU_MS, TARGET_IDLE = 25.0, 0.4, 1.0
 
 
@@ -227,11 +228,13 @@ def queue_fleet(
 
 
 def warm(fleet: Fleet, masters: Masters) -> str:
-    """Started, one miss sent (the queue's keys exist; every script loaded), the queue's
-    master found, its traffic over: the front's base URL."""
+    """Started, as many distinct misses sent at once as the phases' clients (the queue's
+    keys exist, its scripts are loaded, and every front thread and engine slot has its Redis
+    connections, as in a service that has run a while: opening them is not a miss's cost),
+    the queue's master found, its traffic over: the front's base URL."""
     fleet.start()
     base = fleet.fronts[0].base
-    post(base, variants(1, 9000)[0])
+    send_all(base, [[data] for data in variants(CLIENTS, 9000)])
     masters.find_queue()
     time.sleep(3)
     return base
