@@ -140,6 +140,8 @@ class InferenceServicer:
                 span.set("ocr.model", model.name)
                 span.set("ocr.tenant", tenant or "")
                 span.set("ocr.cache", inferred.cache_status.lower())
+                if inferred.tiers:
+                    span.set("ocr.cache_tier", inferred.tiers)
             return response
 
     def _infer(

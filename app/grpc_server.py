@@ -174,6 +174,8 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
             span.set("ocr.err_no", answer.err_no)
             span.set("ocr.tenant", tenant or "")
             span.set("ocr.cache", answer.cache_status.lower())
+            if answer.cache_tier:
+                span.set("ocr.cache_tier", answer.cache_tier)
         metrics.REQUEST_SECONDS.labels(protocol="grpc", cache=answer.cache_status).observe(
             time.perf_counter() - started
         )

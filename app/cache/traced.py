@@ -65,10 +65,13 @@ def instrument(cache: OcrCache, tracer: tracing.Tracer) -> OcrCache:
             raise
         finally:
             local.lookup = outer
-            # Answered whole from the tiers: the server span says so; else the lookup's span.
-            span = lookup.span or tracer.current()
-            if outcomes:
-                describe(span, outcomes)
+            # Answered whole from the tiers: the server span says how many images (its
+            # protocol's answer says the outcome, ``routes/common.traced``); else the lookup's
+            # span says all.
+            if outcomes and lookup.span is not None:
+                describe(lookup.span, outcomes)
+            elif outcomes:
+                tracer.current().set("ocr.images", len(outcomes))
             if lookup.span is not None:
                 lookup.span.__exit__(type(failed) if failed else None, failed, None)
 

@@ -172,9 +172,9 @@ def finish_headers(call: Call, headers: list[tuple[str, str]]) -> list[tuple[str
 def traced(
     span: tracing.Span, call: Call, protocol: str, status: int, headers: list[tuple[str, str]]
 ) -> None:
-    """The server span's attributes (protocol, route, status, tenant, request id, the cache
-    outcome), and ``traceresponse`` naming the trace (the edge's access log reads it). Off:
-    nothing is worked out."""
+    """The server span's attributes (protocol, route, status, tenant when one, request id,
+    the cache outcome and tier), and ``traceresponse`` naming the trace (the edge's access
+    log reads it). Off: nothing is worked out."""
     if not span.recording:
         return
     attributes: dict[str, tracing.Value] = {
@@ -182,8 +182,9 @@ def traced(
         "http.response.status_code": status,
         "ocr.protocol": protocol,
         "ocr.request_id": call.request_id,
-        "ocr.tenant": call.tenant or "",
     }
+    if call.tenant:
+        attributes["ocr.tenant"] = call.tenant
     for name, value in headers:
         if name == "X-Cache":
             attributes["ocr.cache"] = value.lower()
