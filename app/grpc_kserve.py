@@ -138,7 +138,8 @@ class InferenceServicer:
                 span.set("rpc.system", "grpc")
                 span.set("ocr.protocol", PROTOCOL)
                 span.set("ocr.model", model.name)
-                span.set("ocr.tenant", tenant or "")
+                if tenant:
+                    span.set("ocr.tenant", tenant)
                 span.set("ocr.cache", inferred.cache_status.lower())
                 if inferred.tiers:
                     span.set("ocr.cache_tier", inferred.tiers)

@@ -172,7 +172,8 @@ class PipelineServicer(pb2_grpc.PipelineServiceServicer):
             span.set("rpc.system", "grpc")
             span.set("ocr.protocol", "grpc")
             span.set("ocr.err_no", answer.err_no)
-            span.set("ocr.tenant", tenant or "")
+            if tenant:
+                span.set("ocr.tenant", tenant)
             span.set("ocr.cache", answer.cache_status.lower())
             if answer.cache_tier:
                 span.set("ocr.cache_tier", answer.cache_tier)

@@ -78,8 +78,8 @@ class _Attributes:
         return found
 
 
-def any_value(value: str | bool | int | float) -> AnyValue:
-    """A scalar attribute's ``AnyValue`` (bool before int: a bool is an int)."""
+def any_value(value: Any) -> AnyValue:
+    """A scalar attribute's ``AnyValue`` (str, bool, int or float; bool before int)."""
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, str):
@@ -101,15 +101,19 @@ class Encoder:
 
     def encode(self, spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
         request = ExportTraceServiceRequest()
+        # As the SDK groups them: a ResourceSpans per resource, a ScopeSpans per scope in it.
+        resources: dict[int, Any] = {}
         groups: dict[tuple[int, int], ScopeSpans] = {}
         for span in spans:
             index = (id(span.resource), id(span.instrumentation_scope))
             scope_spans = groups.get(index)
             if scope_spans is None:
                 resource, resource_url, scope, scope_url, _ = self._head(index, span)
-                resource_spans = request.resource_spans.add(
-                    resource=resource, schema_url=resource_url
-                )
+                resource_spans = resources.get(index[0])
+                if resource_spans is None:
+                    resource_spans = resources[index[0]] = request.resource_spans.add(
+                        resource=resource, schema_url=resource_url
+                    )
                 scope_spans = resource_spans.scope_spans.add(scope=scope, schema_url=scope_url)
                 groups[index] = scope_spans
             if span.events or span.links or not self._add(scope_spans, span):
@@ -132,22 +136,26 @@ class Encoder:
         return head
 
     def _add(self, scope_spans: ScopeSpans, span: ReadableSpan) -> bool:
-        """``span`` (no events or links) added; False if an attribute is not a scalar (then
-        nothing is added)."""
+        """``span`` (no events or links) added; False, nothing added, for what the SDK's
+        encoder says better: an attribute that is not a scalar or does not encode (it drops
+        that one alone), a limit that dropped every event or link (it says how many)."""
+        if span.dropped_events or span.dropped_links or span.status is None:
+            return False
         attributes = span.attributes or {}
         pieces: list[bytes] = []
-        varying: list[tuple[str, Any]] = []
+        varying: list[KeyValue] = []
         piece = self._attributes.piece
         try:
+            status = self._status(span.status.status_code.value, span.status.description)
             for key, value in attributes.items():
                 if type(value) not in _SCALARS:
                     return False
                 found = piece(key, value)
                 if found is None:
-                    varying.append((key, value))
+                    varying.append(KeyValue(key=key, value=any_value(value)))
                 else:
                     pieces.append(found)
-        except ValueError:  # an int past 64 bits: the SDK's encoder drops that one
+        except ValueError:  # past 64 bits, a lone surrogate: the SDK's encoder drops that one
             return False
         context = span.get_span_context()
         if context is None:  # not an SDK span that ended: the SDK's encoder says what it can
@@ -166,12 +174,10 @@ class Encoder:
             encoded.parent_span_id = parent.span_id.to_bytes(8, "big")
         if context.trace_state:
             encoded.trace_state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
-        status = span.status
-        pieces.append(self._status(status.status_code.value, status.description))
+        pieces.append(status)
         encoded.MergeFromString(b"".join(pieces))
-        for key, value in varying:  # after the others: attributes are a map, in any order
-            encoded.attributes.add(key=key, value=any_value(value))
-        if span.dropped_attributes:  # the others are 0 here: no events or links
+        encoded.attributes.extend(varying)  # after the others: attributes are a map
+        if span.dropped_attributes:
             encoded.dropped_attributes_count = span.dropped_attributes
         return True
 

@@ -59,6 +59,21 @@ def test_trailing_metadata_reports_cache_status(grpc_front):
     assert tiers[0] is None and tiers[1] in ("l1", "l2")
 
 
+def test_a_traced_hits_server_span_says_its_outcome(traced, grpc_front):
+    """Traced, a gRPC hit's server span says what its trailers say (outcome, tier) and how
+    many images; no tenant without a key naming one."""
+    _, endpoint = grpc_front()
+    stub = _stub(endpoint)
+    request = pb2.Request(key=["image"], value=[base64.b64encode(WORD_CH.read_bytes()).decode()])
+    for _ in range(2):
+        assert stub.inference(request, timeout=60).err_no == 0
+    servers = [s for s in traced.get_finished_spans() if s.name == "PipelineService/inference"]
+    miss, hit = (dict(span.attributes) for span in servers)
+    assert miss["ocr.cache"] == "miss" and "ocr.images" not in miss  # on its lookup's span
+    assert hit["ocr.cache"] == "hit" and hit["ocr.cache_tier"] in ("l1", "l2")
+    assert hit["ocr.images"] == 1 and hit["ocr.err_no"] == 0 and "ocr.tenant" not in hit
+
+
 def test_name_is_checked_only_when_set_and_errors_use_err_no(grpc_front):
     _, endpoint = grpc_front()
     stub = _stub(endpoint)

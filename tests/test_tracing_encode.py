@@ -124,3 +124,49 @@ def test_a_module_without_the_sdk_encoder_is_left_alone(caplog: pytest.LogCaptur
     module.encode_spans = lambda spans: None  # type: ignore[attr-defined]
     assert not tracing_encode.install(module)
     assert "the SDK's encoder runs" in caplog.text
+
+
+def test_what_does_not_encode_costs_one_attribute_not_the_batch() -> None:
+    """A key whose values stopped being kept (a request id) meets a value that does not
+    encode (past 64 bits, a lone surrogate): the SDK's encoder drops that attribute alone,
+    and so it is here, not the whole batch."""
+    kept = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    tracer = provider.get_tracer("app")
+    for i in range(tracing_encode._Attributes.VARYING_AFTER + 5):
+        tracer.start_span("hit", attributes={"n": i, "s": f"id-{i}"}).end()
+    tracer.start_span("big", attributes={"n": 2**64, "s": "ok"}).end()
+    tracer.start_span("surrogate", attributes={"n": 1, "s": "\ud800"}).end()
+    spans = list(kept.get_finished_spans())
+    encoder = tracing_encode.Encoder()
+    ours = ExportTraceServiceRequest.FromString(encoder.encode(spans).SerializeToString())
+    theirs = ExportTraceServiceRequest.FromString(sdk_encode(spans).SerializeToString())
+    assert as_spans(ours) == as_spans(theirs)
+    big = next(s for s in as_spans(ours) if s["name"] == "big")
+    assert big["attributes"] == {"s": {"stringValue": "ok"}}
+
+
+def test_limits_and_scopes_as_the_sdk_says_them() -> None:
+    """Limits that drop every event and link are counted; one resource with two scopes is
+    one ResourceSpans with two ScopeSpans."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    kept = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_events=0, max_links=0))
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    first, second = provider.get_tracer("app"), provider.get_tracer("engine")
+    span = first.start_span("limited")
+    span.add_event("dropped")
+    span.end()
+    second.start_span("other scope").end()
+    first.start_span("plain").end()
+    spans = list(kept.get_finished_spans())
+    ours = ExportTraceServiceRequest.FromString(
+        tracing_encode.Encoder().encode(spans).SerializeToString()
+    )
+    theirs = ExportTraceServiceRequest.FromString(sdk_encode(spans).SerializeToString())
+    assert as_spans(ours) == as_spans(theirs)
+    limited = next(s for s in as_spans(ours) if s["name"] == "limited")
+    assert limited["droppedEventsCount"] == 1
+    assert len(ours.resource_spans) == 1 and len(ours.resource_spans[0].scope_spans) == 2
