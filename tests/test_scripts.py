@@ -116,6 +116,26 @@ def test_submit_with_no_live_engine_queues_and_bounds_the_lane_as_for_one(client
     assert text(full[0]) == "" and int(full[1]) == 2 and client.xlen(names.stream("z")) == 2
 
 
+def test_only_a_lanes_first_waiting_ticket_looks_for_it_in_the_ring(client: Any) -> None:
+    """The ring holds every lane with tickets waiting: a submission to such a lane skips the
+    ring's scan (one command a miss, and a scan as long as the tenants waiting); a lane whose
+    tickets all left (taken, or the ring lost to the LRU and not yet put back) looks again."""
+    names = queue(client)
+    live_engine(client, names)
+
+    def looks() -> int:
+        return int(client.info("commandstats").get("cmdstat_lpos", {}).get("calls", 0))
+
+    before = looks()
+    submit(client, names, "a", "e1")
+    submit(client, names, "a", "e2")
+    assert looks() - before == 1 and client.lrange(names.ring, 0, -1) == [b"a"]
+    client.xtrim(names.stream("a"), maxlen=0)  # its tickets gone (taken and finished)
+    client.delete(names.ring)
+    submit(client, names, "a", "e3")
+    assert looks() - before == 2 and client.lrange(names.ring, 0, -1) == [b"a"]
+
+
 def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client: Any) -> None:
     names = queue(client)
     live_engine(client, names)

@@ -45,7 +45,9 @@ local room = math.max(1, engines)
 if waiting >= tonumber(ARGV[2]) * room then return {'', waiting, engines} end
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 8))
 redis.call('SET', KEYS[3], id, 'PX', ARGV[4])
-if not redis.call('LPOS', KEYS[4], ARGV[5]) then
+-- A lane with tickets waiting is in the ring already (a take drops only lanes with none; the
+-- lanes' upkeep and the waiters' checks put back one the LRU took): its first one looks.
+if waiting == 0 and not redis.call('LPOS', KEYS[4], ARGV[5]) then
   redis.call('LPUSH', KEYS[4], ARGV[5])
   redis.call('SADD', KEYS[5], ARGV[5])
   redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
