@@ -5,12 +5,14 @@ Measured on a traced front worker (py-spy, every hit sampled): the SDK's encoder
 (``opentelemetry.exporter.otlp.proto.common``) held the GIL longer than all the request
 handling together. It builds a protobuf ``KeyValue`` and ``AnyValue`` for every attribute of
 every span, and hashes each span's resource (a JSON dump of its attributes) to group them.
-This encoder builds the same messages with the same ``opentelemetry.proto`` classes, but a
-span's attribute whose key and value a recent span had (the method, the status, the cache's
-outcome, the tenant...) reuses that span's ``KeyValue``, the spans are grouped by their
-resource and scope objects, and each resource and scope is encoded once. Spans with events,
-links or a value that is not a scalar are rare (a miss's, an error's): the SDK's encoder
-encodes those. The output parses to the same request as the SDK's (tests/test_tracing_encode.py).
+This encoder builds the same request with the same ``opentelemetry.proto`` classes, but an
+attribute whose key and value a recent span had (the method, the status, the cache's
+outcome...) is kept serialized, and a span's kept pieces are merged in one
+``MergeFromString`` (protobuf's C parser); values that never repeat (timings, request ids)
+are built as before. Spans are grouped by their resource and scope objects, each encoded
+once. Spans with events or links, or a value that is not a scalar or does not encode, are
+rare (a miss's, an error's): the SDK's encoder encodes those. The output parses to the same
+request as the SDK's (tests/test_tracing_encode.py).
 
 ``install(module)`` makes an SDK OTLP span exporter (HTTP or gRPC) use it: each calls the
 ``encode_spans`` its module imported, and that name is rebound (``app.tracing_sdk``). If a
