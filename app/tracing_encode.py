@@ -21,6 +21,7 @@ later SDK no longer has it there, its own encoder runs: correct, only dearer.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from types import ModuleType
@@ -99,7 +100,6 @@ class Encoder:
         self._attributes = _Attributes()
         # Per (resource, scope) object ids; each head holds its objects, so no id is reused.
         self._heads: dict[tuple[int, int], tuple[Any, str, Any, str, Any]] = {}
-        self._statuses: dict[tuple[int, str | None], bytes] = {}
 
     def encode(self, spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
         request = ExportTraceServiceRequest()
@@ -148,7 +148,7 @@ class Encoder:
         varying: list[KeyValue] = []
         piece = self._attributes.piece
         try:
-            status = self._status(span.status.status_code.value, span.status.description)
+            status = status_piece(span.status.status_code.value, span.status.description)
             for key, value in attributes.items():
                 if type(value) not in _SCALARS:
                     return False
@@ -183,16 +183,12 @@ class Encoder:
             encoded.dropped_attributes_count = span.dropped_attributes
         return True
 
-    def _status(self, code: int, description: str | None) -> bytes:
-        """The span's ``status`` field, serialized (kept per code and description)."""
-        found = self._statuses.get((code, description))
-        if found is None:
-            status = Status(code=code, message=description)  # type: ignore[arg-type]
-            found = PbSpan(status=status).SerializeToString()
-            if len(self._statuses) >= 64:
-                self._statuses.clear()
-            self._statuses[(code, description)] = found
-        return found
+
+@functools.lru_cache(maxsize=64)
+def status_piece(code: int, description: str | None) -> bytes:
+    """A span's ``status`` field, serialized (a few codes and descriptions recur)."""
+    status = Status(code=code, message=description)  # type: ignore[arg-type]
+    return PbSpan(status=status).SerializeToString()
 
 
 ENCODER = Encoder()
