@@ -81,6 +81,45 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _children_running(parent: int, role: str) -> list[int]:
+    """The processes ``parent`` started as ``python -m app <role>``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                args = cmd.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == parent and args[-4:-1] == [b"-m", b"app", role.encode()]:
+            found.append(int(entry))
+    return found
+
+
+def _nice_of_threads(pid: int) -> set[int]:
+    """The ``nice`` of every thread of ``pid`` (Linux keeps one per thread)."""
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_an_engine_computes_below_the_fronts():
+    """ENGINE_NICE: every thread of an engine process (Paddle's, started by a miss, included)
+    at that ``nice`` above the service's, the fronts' threads at the service's own."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with serving({"HTTP_PORT": str(free_port()), "WEB_CONCURRENCY": "1", "ENGINE_PROCESSES": "1",
+                  "GRPC_PORT": str(free_port()), "ENGINE_NICE": "7"}) as (proc, base):  # fmt: skip
+        word = {"image": b64(WORD_EN.read_bytes())}
+        resp = requests.post(f"{base}/v1/ocr", json=word, timeout=60)
+        assert resp.status_code == 200  # the engine's inference threads started
+        pid = proc.pid  # type: ignore[attr-defined]
+        engines, fronts = _children_running(pid, "engine"), _children_running(pid, "front")
+        assert len(engines) == 1 and len(fronts) == 1
+        assert _nice_of_threads(engines[0]) == {min(own + 7, 19)}
+        assert _nice_of_threads(fronts[0]) == {own}
+
+
 def test_serve_two_workers_embedded_redis_and_graceful_stop(tmp_path):
     port, grpc_port = free_port(), free_port()
     env = {
