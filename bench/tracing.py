@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
@@ -33,6 +34,11 @@ ROUNDS = int(os.environ.get("BENCH_TRACING_ROUNDS", "6"))
 SECONDS = float(os.environ.get("BENCH_THROUGHPUT_SECONDS", "6"))
 REQUESTS = int(os.environ.get("BENCH_THROUGHPUT_REQUESTS", "4000"))
 OUT = ROOT / "bench" / "results" / "tracing.json"
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
+    return done.stdout.decode().strip()
 
 
 def _rate(port: int, request: load.Request, seconds: float) -> dict:
@@ -88,8 +94,13 @@ def main() -> dict:
         "exports": exported,
         "on_vs_off": rate["on"] / rate["off"],
         "cpus": os.cpu_count(),
+        "commit": _commit(),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
+    if OUT.exists():  # the runs before, newest first, kept beside the latest
+        before = json.loads(OUT.read_text())
+        report["earlier_runs"] = [before, *before.pop("earlier_runs", [])]
     OUT.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return report
