@@ -4,6 +4,7 @@ the private Redis started because REDIS_URL is unset, metrics summed over worker
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -100,8 +101,13 @@ def _children_running(parent: int, role: str) -> list[int]:
 
 
 def _nice_of_threads(pid: int) -> set[int]:
-    """The ``nice`` of every thread of ``pid`` (Linux keeps one per thread)."""
-    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+    """The ``nice`` of every thread of ``pid`` (Linux keeps one per thread); a thread that
+    ended meanwhile (a probe's request thread) is left out."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            found.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+    return found
 
 
 def test_an_engine_computes_below_the_fronts():
