@@ -41,7 +41,7 @@ class Instance:
             ENGINE_PROCESSES=str(workers), WEB_THREADS="8", GRPC_ENABLED="false",
             OCR_WORK_DIR=str(tmp / "models"),
             PROMETHEUS_MULTIPROC_DIR=str(tmp / f"metrics-{self.port}"),
-            DISPATCH_CLAIM_MS="3000", LOG_LEVEL="warning", REQUEST_TIMEOUT_SECONDS="60",
+            LOG_LEVEL="warning", REQUEST_TIMEOUT_SECONDS="60",
             # 2 shared cores run 4-5 workers and 32 client threads here: a Redis answer can
             # take longer than the 50 ms default without Redis being down.
             REDIS_TIMEOUT_MS="250", **env,
@@ -210,7 +210,10 @@ def test_a_killed_engines_ticket_is_taken_over(tmp_path):
     data = (CORPUS / "sroie_019.jpg").read_bytes()  # a receipt: seconds of engine time
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
-        owner = Instance(server.url, tmp_path, workers=1, OCR_TIMEOUT_SECONDS="600")
+        # A 3 s claim window here alone: shared, busy instances on a slow host missed it
+        # (a heartbeat late, a ticket claimed from a live engine and computed twice).
+        claim = {"DISPATCH_CLAIM_MS": "3000"}
+        owner = Instance(server.url, tmp_path, workers=1, OCR_TIMEOUT_SECONDS="600", **claim)
         heir = None
         try:
             owner.wait_ready()
@@ -220,7 +223,7 @@ def test_a_killed_engines_ticket_is_taken_over(tmp_path):
                 assert time.monotonic() < deadline, "the owner's engine never took the ticket"
                 time.sleep(0.01)
             owner.stop(signal.SIGKILL)
-            heir = Instance(server.url, tmp_path, workers=1)
+            heir = Instance(server.url, tmp_path, workers=1, **claim)
             heir.wait_ready()
             resp = heir.ocr(data)
             assert resp.status_code == 200 and resp.json()["lines"]
