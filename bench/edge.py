@@ -69,6 +69,7 @@ from app.ports import free_port
 from bench import cpu, load, run
 from bench.hitpath import CORPUS, SIZES
 from bench.reference import gunicorn_args
+from tests.helpers import app_children
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -221,9 +222,7 @@ def cpu_roots(server: Server) -> list[int]:
     ``serve`` (not the engines), else the server's main process; and its nginx."""
     roots = [server.procs[0].pid]
     if server.name == "service":
-        children, commands = _children()
-        roots = [p for p in children.get(roots[0], [])
-                 if commands[p][-3:] == ["-m", "app", "front"]]  # fmt: skip
+        roots = app_children(roots[0], "front")
     if server.edge is not None and server.edge.pid is not None:
         roots.append(server.edge.pid)
     return roots
@@ -531,38 +530,20 @@ class Misses:
                 "median_s": statistics.median(self.seconds) if self.seconds else None}  # fmt: skip
 
 
-def _children() -> tuple[dict[int, list[int]], dict[int, list[str]]]:
-    """Every process now: its children by parent PID, and its command line by PID."""
-    children: dict[int, list[int]] = {}
-    commands: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-        commands[int(entry)] = [a.decode() for a in cmdline if a]
-    return children, commands
-
-
 def engine_pids(serve_pid: int) -> list[int]:
     """The engine processes of a ``python -m app serve``: its children whose command line
     ends with ``-m app engine``."""
-    children, commands = _children()
-    return sorted(p for p in children.get(serve_pid, [])
-                  if commands[p][-3:] == ["-m", "app", "engine"])  # fmt: skip
+    return app_children(serve_pid, "engine")
 
 
 def front_workers(serve_pid: int) -> list[int]:
-    """The front's gunicorn workers: children of the ``-m app front`` child of ``serve``."""
-    children, commands = _children()
-    fronts = [p for p in children.get(serve_pid, []) if commands[p][-3:] == ["-m", "app", "front"]]
-    return sorted(p for f in fronts for p in children.get(f, [])
-                  if commands[p][-3:] == ["-m", "app", "front"])  # fmt: skip
+    """The front's granian workers: children of the ``-m app front`` child of ``serve``."""
+    return sorted(p for f in app_children(serve_pid, "front") for p in app_children(f, "front"))
+
+
+def _cpu_seconds(pid: int) -> float:
+    found = cpu.stat(pid)
+    return found[2] if found is not None else 0.0
 
 
 def rss_mb(pid: int) -> float:
@@ -582,24 +563,35 @@ def hits_beside_misses(server: Server, hit: load.Request, images: Iterator[bytes
         raise RuntimeError("no engine process found under the service")
     out: dict[str, Any] = {"engine_pids": engines, "engine_nice": [
         os.getpriority(os.PRIO_PROCESS, pid) for pid in engines]}  # fmt: skip
+    workers = front_workers(serve_pid)
+
+    def hits() -> dict:
+        """A wrk run of hits, with the CPU seconds each front worker spent in it: a split far
+        from even means the connections sat on one worker."""
+        before = [_cpu_seconds(pid) for pid in workers]
+        result = wrk(server.port, hit, 8, SECONDS)
+        after = [_cpu_seconds(pid) for pid in workers]
+        result["worker_cpu_s"] = [round(b - a, 2) for a, b in zip(before, after, strict=True)]
+        return result
+
     quiet: list[dict] = []
     busy: list[dict] = []
     stopped: list[dict] = []
     misses_busy, misses_stopped = [], []
     for _ in range(LOAD_ROUNDS):
-        quiet.append(wrk(server.port, hit, 8, SECONDS))
+        quiet.append(hits())
         with Misses(server.port, MISS_CLIENTS, images) as misses:
             time.sleep(2)  # every engine computing
-            busy.append(wrk(server.port, hit, 8, SECONDS))
+            busy.append(hits())
         misses_busy.append(misses.summary())
     for _ in range(LOAD_ROUNDS):
-        quiet.append(wrk(server.port, hit, 8, SECONDS))
+        quiet.append(hits())
         for pid in engines:
             os.kill(pid, signal.SIGSTOP)
         try:
             with Misses(server.port, STOPPED_MISSES, images) as misses:
                 time.sleep(2)  # every miss sent and waiting
-                stopped.append(wrk(server.port, hit, 8, SECONDS))
+                stopped.append(hits())
                 for pid in engines:  # the waiting misses are answered, then the threads stop
                     os.kill(pid, signal.SIGCONT)
         finally:

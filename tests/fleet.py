@@ -26,6 +26,7 @@ import requests
 
 from app.embedded_redis import EmbeddedRedis
 from app.ports import free_port, free_ports
+from tests.helpers import app_children
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "fleet-engine-token-0123456789"
@@ -287,22 +288,11 @@ class Role:
 
     def children(self) -> list[int]:
         """Its own processes (granian workers of a front; nginx too)."""
-        if self.proc is None:
-            return []
-        out = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    continue
-                if ppid == self.proc.pid:
-                    out.append(int(entry.name))
-        return out
+        return [] if self.proc is None else app_children(self.proc.pid)
 
     def workers(self) -> list[int]:
         """A front's granian workers (its master's children running ``app front``)."""
-        return [p for p in self.children() if _cmdline(p).endswith("-m app front ")]
+        return [] if self.proc is None else app_children(self.proc.pid, "front")
 
     def stop(self, timeout: float = 60.0) -> None:
         if not self.running():
@@ -321,13 +311,6 @@ class Role:
             assert self.proc is not None
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 class Fleet:

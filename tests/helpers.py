@@ -25,6 +25,24 @@ def alive(pid: int) -> bool:
         return False
 
 
+def app_children(pid: int, role: str | None = None, *, recursive: bool = False) -> list[int]:
+    """The processes ``pid`` started (every descendant with ``recursive``), sorted; with
+    ``role``, those running ``python -m app ROLE``. One that ended meanwhile, or a zombie not
+    yet reaped (a worker just killed), is left out."""
+    try:
+        found = psutil.Process(pid).children(recursive=recursive)
+    except psutil.NoSuchProcess:
+        return []
+    pids = []
+    for child in found:
+        try:
+            if role is None or child.cmdline()[-3:] == ["-m", "app", role]:
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return sorted(pids)
+
+
 def metric_sum(text: str, name: str, **labels: str) -> float:
     """Sum every sample of ``name`` whose labels include ``labels``."""
     total = 0.0

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import requests
 
@@ -29,7 +28,7 @@ from app.memory import FRONT_ALLOCATORS
 from app.ports import free_port
 from tests.conftest import ROOT
 from tests.fleet import wait_for
-from tests.helpers import alive
+from tests.helpers import alive, app_children
 
 pytestmark = pytest.mark.deploy
 
@@ -77,18 +76,7 @@ class Front:
 
     def workers(self) -> list[int]:
         """The server's worker processes: its children running the front (not nginx)."""
-        found = []
-        try:
-            children = psutil.Process(self.proc.pid).children()
-        except psutil.NoSuchProcess:
-            return []
-        for child in children:
-            try:  # one just killed is a zombie until the server reaps it: not a worker
-                if child.cmdline()[-3:] == ["-m", "app", "front"]:
-                    found.append(child.pid)
-            except psutil.Error:
-                continue
-        return sorted(found)
+        return app_children(self.proc.pid, "front")
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

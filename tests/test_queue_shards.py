@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
@@ -27,7 +26,7 @@ from bench.queue_cost import variants
 from tests.conftest import CORPUS, ROOT
 from tests.fake_vllm import FakeVllm
 from tests.fleet import Fleet, LoopbackCluster, wait_for
-from tests.helpers import metric_sum
+from tests.helpers import app_children, metric_sum
 
 pytestmark = pytest.mark.deploy
 
@@ -241,9 +240,7 @@ def test_serve_keeps_an_engine_on_each_shard_through_retirements_and_a_crash(tmp
         wait_for(lambda: "engine retiring after" in log.read_text(), 60, "a retirement", tail)
         wait_for(every_shard_served, 180, "each shard served after the retirements", tail)
         # An engine process killed: the supervisor's restart serves the shard it left.
-        engines = [Path(f"/proc/{pid}/cmdline") for pid in _children(proc.pid)]
-        victim = next(p for p in engines if b"engine" in p.read_bytes())
-        os.kill(int(victim.parent.name), 9)
+        os.kill(app_children(proc.pid, "engine")[0], 9)
         answers = [post(base, data) for data in variants(8, 2000)]
         assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
         wait_for(every_shard_served, 180, "each shard served after the crash", tail)
@@ -255,8 +252,3 @@ def test_serve_keeps_an_engine_on_each_shard_through_retirements_and_a_crash(tmp
             os.killpg(proc.pid, 9)
             proc.wait()
         fake.stop()
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(line) for line in out.stdout.split()]

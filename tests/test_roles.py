@@ -28,7 +28,7 @@ from app.ports import free_port, free_ports
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import CORPUS, PHOTOTEST, ROOT, SHORT, WORD_EN
 from tests.fleet import wait_for
-from tests.helpers import b64, metric_sum
+from tests.helpers import app_children, b64, metric_sum
 
 pytestmark = pytest.mark.deploy
 
@@ -38,31 +38,6 @@ DISTINCT = [
     "paddleocr_word_ar_1.jpg", "paddleocr_word_ko_1.jpg", "paddleocr_word_ja_1.jpg",
     "paddleocr_word_ru_1.jpg", "paddleocr_casia_0.jpg", "mmocr_rec_1036169.jpg",
 ]  # fmt: skip
-
-
-def children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc)."""
-    found: list[int] = []
-    parents = {pid}
-    for _ in range(4):
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in found:
-                continue
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid in parents:
-                found.append(int(entry.name))
-        parents = {pid, *found}
-    return found
-
-
-def command(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def variant(path: Path, n: int, folder: Path) -> Path:
@@ -84,12 +59,12 @@ class Fleet:
         self.output: list[str] = []
 
     def engines(self) -> list[int]:
-        return [p for p in children(self.proc.pid) if command(p).endswith("-m app engine ")]
+        return app_children(self.proc.pid, "engine")
 
     def front_workers(self) -> list[int]:
         """The granian workers: children of the front's master (itself `app front`)."""
-        fronts = [p for p in children(self.proc.pid) if command(p).endswith("-m app front ")]
-        return [p for p in children(min(fronts)) if command(p).endswith("-m app front ")]
+        (master,) = app_children(self.proc.pid, "front")
+        return app_children(master, "front")
 
     def ocr(self, path: Path, **headers: str) -> requests.Response:
         body = {"image": b64(path.read_bytes())}

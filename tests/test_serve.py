@@ -21,7 +21,7 @@ import requests
 from app.engines.paddle import PaddleOcrEngine
 from app.ports import free_port
 from tests.conftest import ROOT, SHORT, WORD_CH, WORD_EN
-from tests.helpers import b64, metric_sum
+from tests.helpers import app_children, b64, metric_sum
 from tests.test_kserve import stock_clients
 
 pytestmark = pytest.mark.deploy
@@ -82,24 +82,6 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _children_running(parent: int, role: str) -> list[int]:
-    """The processes ``parent`` started as ``python -m app <role>``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as cmd:
-                args = cmd.read().split(b"\0")
-        except OSError:
-            continue
-        if ppid == parent and args[-4:-1] == [b"-m", b"app", role.encode()]:
-            found.append(int(entry))
-    return found
-
-
 def _nice_of_threads(pid: int) -> set[int]:
     """The ``nice`` of every thread of ``pid`` (Linux keeps one per thread); a thread that
     ended meanwhile (a probe's request thread) is left out."""
@@ -120,7 +102,7 @@ def test_an_engine_computes_below_the_fronts():
         resp = requests.post(f"{base}/v1/ocr", json=word, timeout=60)
         assert resp.status_code == 200  # the engine's inference threads started
         pid = proc.pid  # type: ignore[attr-defined]
-        engines, fronts = _children_running(pid, "engine"), _children_running(pid, "front")
+        engines, fronts = app_children(pid, "engine"), app_children(pid, "front")
         assert len(engines) == 1 and len(fronts) == 1
         assert _nice_of_threads(engines[0]) == {min(own + 7, 19)}
         assert _nice_of_threads(fronts[0]) == {own}
