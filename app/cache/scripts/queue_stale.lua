@@ -22,6 +22,7 @@
 local out, found, most, cutoff = {}, 0, tonumber(ARGV[2]), tonumber(ARGV[3])
 local holding, gone, running, own = {}, {}, {}, ARGV[5]
 for i = 6, #ARGV do running[ARGV[i]] = true end
+-- The same rule as queue_watch.lua's (Redis scripts share no code): keep the two alike.
 local function silent(holder)
   local engine = holder
   if string.sub(holder, -#ARGV[4]) == ARGV[4] then engine = string.sub(holder, 1, -#ARGV[4] - 1) end

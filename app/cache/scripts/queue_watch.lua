@@ -31,6 +31,8 @@ local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
 if ok and type(summary[4]) == 'table' then
   held = tonumber(summary[1])
   for _, holder in ipairs(summary[4]) do
+    -- A holder is silent as queue_stale.lua's silent() has it: its engine (an interjector is
+    -- its engine's name plus ARGV[4]) absent from the register, or its report older than ARGV[3].
     local engine = holder[1]
     if string.sub(engine, -#ARGV[4]) == ARGV[4] then engine = string.sub(engine, 1, -#ARGV[4] - 1) end
     local score = redis.call('ZSCORE', KEYS[5], engine)
