@@ -63,8 +63,8 @@ class Fleet:
 
     def front_workers(self) -> list[int]:
         """The granian workers: children of the front's master (itself `app front`)."""
-        (master,) = app_children(self.proc.pid, "front")
-        return app_children(master, "front")
+        masters = app_children(self.proc.pid, "front")
+        return [worker for master in masters for worker in app_children(master, "front")]
 
     def ocr(self, path: Path, **headers: str) -> requests.Response:
         body = {"image": b64(path.read_bytes())}
