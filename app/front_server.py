@@ -201,12 +201,16 @@ class Watchdog(threading.Thread):
         folder: Path,
         hung_after: float,
         workers: Callable[[], list[tuple[int, float]]] = lambda: [],
+        load_bound: float = CRASH_LOOP_SECONDS,
     ) -> None:
         super().__init__(name="front-watchdog", daemon=True)
         self.folder = folder
         self.hung_after = hung_after
         self.workers = workers  # (pid, when it was started, monotonic) of each worker
         self.stopping = threading.Event()
+        # A loading worker's CPU seconds and since when (monotonic) they have not moved.
+        self._loading: dict[int, tuple[float, float]] = {}
+        self.load_bound = max(hung_after, load_bound)
 
     def run(self) -> None:
         while not self.stopping.wait(1.0):
@@ -228,18 +232,37 @@ class Watchdog(threading.Thread):
             if age > self.hung_after and not self.stopping.is_set():
                 log.error("front worker %d sent no heartbeat for %.0f s: killed", pid, age)
                 os.kill(pid, signal.SIGKILL)
-        # A worker that never loaded (no heartbeat yet) within as long: a fork caught while
-        # another thread held a lock (a log line being written) can wait on it forever. Not
+        # A worker that never loaded (no heartbeat yet) and used no CPU for as long: a fork
+        # caught while another thread held a lock (a log line being written) waits on it
+        # forever. One still loading on a starved host uses some CPU: it is left to load (a
+        # clean-clone run killed both first workers of a front at 5.5 s, and granian, whose
+        # main thread waits for a first worker to listen, started none in their place). Not
         # within granian's crash-loop window (a worker that dies within 5.5 s of its respawn
         # stops the server).
-        for pid, born in self.workers():
-            loading = time.monotonic() - born
-            beat = self.folder / str(pid)
-            late = loading > max(self.hung_after, CRASH_LOOP_SECONDS)
-            if late and not beat.exists() and not self.stopping.is_set():
-                log.error("front worker %d did not load in %.0f s: killed", pid, loading)
+        loading = {}
+        for pid, _ in self.workers():
+            if (self.folder / str(pid)).exists():
+                continue
+            used, since = _cpu_seconds(pid), time.monotonic()
+            seen = self._loading.get(pid)
+            if seen is not None and used == seen[0]:
+                since = seen[1]
+            loading[pid] = used, since
+            stalled = time.monotonic() - since
+            if stalled > self.load_bound and not self.stopping.is_set():
+                log.error("front worker %d did not load, %.0f s without CPU: killed", pid, stalled)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+        self._loading = loading
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU ``pid`` has used (Linux's /proc); 0 where unreadable (then never moving)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def mark_dead(pid: int) -> None:

@@ -23,7 +23,7 @@ import requests
 
 from app.config import Settings
 from app.edge import UPSTREAM_KEEPALIVE_SECONDS, render
-from app.front_server import server_options
+from app.front_server import Watchdog, server_options
 from app.memory import FRONT_ALLOCATORS
 from app.ports import free_port
 from tests.conftest import ROOT
@@ -56,10 +56,15 @@ class Front:
                 [sys.executable, "-m", "app", "front"], cwd=ROOT, env=env,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        wait_for(self.answers, 90, "the front answers /healthz", self.tail)
-        # Both workers loaded (one still loading when a stop comes is ended, not drained).
-        wait_for(lambda: self.output().count("Started worker-") >= 2, 60,
-                 "both workers started", self.tail)  # fmt: skip
+        try:
+            wait_for(self.answers, 90, "the front answers /healthz", self.tail)
+            # Both workers loaded (one still loading when a stop comes is ended, not drained).
+            wait_for(lambda: self.output().count("Started worker-") >= 2, 60,
+                     "both workers started", self.tail)  # fmt: skip
+        except AssertionError:  # never up: ended here (the fixture stops only those that were)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -176,6 +181,27 @@ def test_a_worker_that_never_loads_is_killed_and_replaced(front_factory):
     wait_for(lambda: len(front.workers()) == 2, 120, "a replacement started", front.tail)
     assert all(front.answers() for _ in range(6))
     assert front.stop() == 0, front.tail()
+
+
+def test_a_worker_loading_slowly_is_left_to_load(tmp_path):
+    """The watchdog kills a worker that has not loaded only once it used no CPU for its
+    bound (a fork waiting forever on a lock); one that loads slowly on a starved host goes
+    on (both first workers killed mid-load left a front with none)."""
+    stuck = subprocess.Popen(["sleep", "120"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    watchdog = Watchdog(tmp_path, hung_after=1.0, load_bound=3.0,
+                        workers=lambda: [(stuck.pid, 0.0), (busy.pid, 0.0)])  # fmt: skip
+    try:
+        ended = time.monotonic() + 5
+        while time.monotonic() < ended:
+            watchdog.check()
+            time.sleep(0.5)
+        assert stuck.wait(10) == -signal.SIGKILL
+        assert busy.poll() is None  # loading (using CPU), not killed
+    finally:
+        for proc in (stuck, busy):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_stop_does_not_wait_for_a_worker_still_loading(front_factory):
