@@ -130,6 +130,19 @@ def _stop_dispatch_feeders() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _stop_notification_listeners() -> Iterator[None]:
+    """Every cache built during a test stops listening after it: its Redis server may stop
+    with the test, and a listener left behind retries it as long as the process runs (271
+    of them in one pytest-xdist worker, retrying in step, starved the tests that came after)."""
+    from app.cache import notify
+
+    before = set(notify._live)
+    yield
+    for started in notify._live - before:
+        started.stop()
+
+
+@pytest.fixture(autouse=True)
 def _restore_log_record_factory() -> Iterator[None]:
     """A test that installs a process-wide record factory (log redaction, an engine built
     with a redaction policy) leaves the next test the logging it found: under pytest-xdist

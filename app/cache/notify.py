@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ class Notifier:
         self._lock = threading.Lock()
         self._waiters: dict[str, list[Wakeup]] = {}
         self._first_try = threading.Event()  # the listener's first subscribe ended, either way
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
@@ -48,7 +48,16 @@ class Notifier:
                 return False
             self._thread = threading.Thread(target=self._run, name="ocr-notify", daemon=True)
             self._thread.start()
-            return True
+        _live.add(self)
+        return True
+
+    def stop(self) -> None:
+        """Stop listening: the listener ends within a second (its read timeout). For a
+        process done with its cache: a test's app, whose Redis server stops with the test,
+        would otherwise retry it for as long as the process runs (hundreds of them, retrying
+        in step, took a test process's GIL)."""
+        self._stopping.set()
+        _live.discard(self)
 
     def _ensure_started(self) -> None:
         # Until the listener's first try to subscribe ended, a waiter gives it a moment, so
@@ -75,7 +84,7 @@ class Notifier:
 
     def _run(self) -> None:
         backoff, before = 0.1, False
-        while True:  # a daemon thread: it lives as long as the worker process
+        while not self._stopping.is_set():  # a daemon thread: it lives until stop()
             client: Any = None
             try:
                 client = self._store.pubsub_client()
@@ -86,7 +95,7 @@ class Notifier:
                 if before:  # messages sent while it was away are lost: every waiter checks
                     self._wake_all()
                 before, backoff = True, 0.1
-                while True:
+                while not self._stopping.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message and message.get("type") == "pmessage":
                         self._wake(message["channel"], message.get("data"))
@@ -98,7 +107,7 @@ class Notifier:
             except Exception as exc:  # any Redis/socket failure: resubscribe later
                 self._first_try.set()
                 log.debug("notification listener: %s; retrying", exc.__class__.__name__)
-                time.sleep(backoff)
+                self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
             finally:
                 if client is not None:
@@ -140,3 +149,7 @@ class Wakeup(threading.Event):
 def _text(channel: bytes | str) -> str:
     """A channel's name as redis-py hands it (bytes, or str when it decodes responses)."""
     return channel.decode() if isinstance(channel, bytes) else channel
+
+
+# Every listening notifier, so tests can stop those their test started (as feeders._live).
+_live: set[Notifier] = set()
