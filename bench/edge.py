@@ -69,7 +69,7 @@ from app.ports import free_port
 from bench import cpu, load, run
 from bench.hitpath import CORPUS, SIZES
 from bench.reference import gunicorn_args
-from tests.helpers import app_children
+from tests.helpers import app_children, front_workers_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -536,11 +536,6 @@ def engine_pids(serve_pid: int) -> list[int]:
     return app_children(serve_pid, "engine")
 
 
-def front_workers(serve_pid: int) -> list[int]:
-    """The front's granian workers: children of the ``-m app front`` child of ``serve``."""
-    return sorted(p for f in app_children(serve_pid, "front") for p in app_children(f, "front"))
-
-
 def _cpu_seconds(pid: int) -> float:
     found = cpu.stat(pid)
     return found[2] if found is not None else 0.0
@@ -563,7 +558,7 @@ def hits_beside_misses(server: Server, hit: load.Request, images: Iterator[bytes
         raise RuntimeError("no engine process found under the service")
     out: dict[str, Any] = {"engine_pids": engines, "engine_nice": [
         os.getpriority(os.PRIO_PROCESS, pid) for pid in engines]}  # fmt: skip
-    workers = front_workers(serve_pid)
+    workers = front_workers_of(serve_pid)
 
     def hits() -> dict:
         """A wrk run of hits, with the CPU seconds each front worker spent in it: a split far
@@ -860,13 +855,13 @@ def main() -> int:
         hit = run.json_request("/v1/ocr", images["5KB"])
         service = servers["service"]
         report["front_worker_rss_mb"] = {
-            str(pid): round(rss_mb(pid), 1) for pid in front_workers(service.procs[0].pid)
+            str(pid): round(rss_mb(pid), 1) for pid in front_workers_of(service.procs[0].pid)
         }
         report["beside_misses"] = hits_beside_misses(service, hit, distinct_images(100_000))
         print("beside misses: " + json.dumps({k: v for k, v in report["beside_misses"].items()
                                              if not isinstance(v, dict)}), flush=True)  # fmt: skip
         # after the misses too: the most a worker held
-        for pid in front_workers(service.procs[0].pid):
+        for pid in front_workers_of(service.procs[0].pid):
             report["front_worker_rss_mb"][str(pid)] = max(
                 report["front_worker_rss_mb"].get(str(pid), 0.0), round(rss_mb(pid), 1)
             )

@@ -28,6 +28,7 @@ from app import memory
 from app.embedded_redis import EmbeddedRedis
 from app.ports import free_port
 from bench import edge, run
+from tests.helpers import front_workers_of
 
 RESULTS = edge.ROOT / "bench" / "results" / "front_memory.json"
 ROUNDS = int(os.environ.get("BENCH_MEMORY_ROUNDS", "2"))
@@ -48,7 +49,7 @@ def measure(settings: dict[str, str], images: list[bytes]) -> dict[str, Any]:
         edge.start_service(server, redis_server.url, edge.ROOT, **settings)
         ready = f"http://127.0.0.1:{server.port}/readyz"
         edge.wait_ready(server, lambda: requests.get(ready, timeout=5).ok)
-        workers = edge.front_workers(server.procs[0].pid)
+        workers = front_workers_of(server.procs[0].pid)
 
         def rss() -> list[float]:
             return [round(edge.rss_mb(pid), 1) for pid in workers]

@@ -43,6 +43,13 @@ def app_children(pid: int, role: str | None = None, *, recursive: bool = False) 
     return sorted(pids)
 
 
+def front_workers_of(serve_pid: int) -> list[int]:
+    """The front's granian workers under ``python -m app serve``: the ``app front`` children
+    of its ``app front`` child (every such child, should one be restarting)."""
+    masters = app_children(serve_pid, "front")
+    return sorted(worker for master in masters for worker in app_children(master, "front"))
+
+
 def metric_sum(text: str, name: str, **labels: str) -> float:
     """Sum every sample of ``name`` whose labels include ``labels``."""
     total = 0.0

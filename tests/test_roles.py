@@ -28,7 +28,7 @@ from app.ports import free_port, free_ports
 from app.protocols.pipeline_stubs import pb2, pb2_grpc
 from tests.conftest import CORPUS, PHOTOTEST, ROOT, SHORT, WORD_EN
 from tests.fleet import wait_for
-from tests.helpers import app_children, b64, metric_sum
+from tests.helpers import app_children, b64, front_workers_of, metric_sum
 
 pytestmark = pytest.mark.deploy
 
@@ -63,8 +63,7 @@ class Fleet:
 
     def front_workers(self) -> list[int]:
         """The granian workers: children of the front's master (itself `app front`)."""
-        masters = app_children(self.proc.pid, "front")
-        return [worker for master in masters for worker in app_children(master, "front")]
+        return front_workers_of(self.proc.pid)
 
     def ocr(self, path: Path, **headers: str) -> requests.Response:
         body = {"image": b64(path.read_bytes())}
