@@ -30,6 +30,7 @@ What gunicorn's master and hooks did for the front, each kept here:
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -131,7 +132,18 @@ def load_worker() -> Callable[..., Any]:
         Heartbeat(Path(beat), hung_after(settings)).start()
     threading.Thread(target=_trim_every, args=(TRIM_SECONDS,), name="trim", daemon=True).start()
     mp_util.Finalize(None, worker_exit, args=(ocr,), exitpriority=10)
+    freeze_startup_heap()
     return app
+
+
+def freeze_startup_heap() -> None:
+    """What a worker built to start (modules, the app, its clients: about 100,000 objects
+    the collector tracks) taken out of the collector's reach, once its garbage is collected:
+    a full collection then scans only what was made since. Measured on a served front
+    (``python -m app serve``, hits beside misses): a full collection stopped every thread of
+    the worker for about 55 ms, in every hit's p99; frozen, 1-4 ms (docs/PERFORMANCE.md)."""
+    gc.collect()
+    gc.freeze()
 
 
 def worker_exit(ocr: Any) -> None:
