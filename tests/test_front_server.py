@@ -2,7 +2,8 @@
 a crashed worker is replaced and its live gauges dropped, a hung worker is killed and
 replaced, a worker over its memory bound is replaced, keep-alive outlasts nginx's, no
 forwarded header is trusted, its own lines are JSON, nginx starts only once a worker listens,
-its allocators set to give back what large bodies freed (measured by bench/front_memory.py)."""
+its allocators set to give back what large bodies freed (measured by bench/front_memory.py),
+and each worker's startup heap is frozen out of the garbage collector's full collections."""
 
 from __future__ import annotations
 
@@ -312,8 +313,8 @@ def test_the_server_trusts_no_forwarded_header(tmp_path):
 
 def test_a_worker_takes_its_startup_heap_out_of_the_collectors_reach(redis_server, tmp_path):
     """A worker's loader (granian's target loader, ``load_worker``) freezes what it built:
-    a full collection then scans only what came after (the startup heap's stalled every
-    request of the worker for about 55 ms a collection)."""
+    a full collection then scans only what came after (scanning the startup heap stalled
+    every request of the worker for about 55 ms a collection)."""
     code = (
         "import gc, json, os; from app import front_server; front_server.load_worker(); "
         "print(json.dumps([gc.get_freeze_count(), len(gc.get_objects(2))]), flush=True); "
