@@ -251,16 +251,16 @@ class Watchdog(threading.Thread):
         # main thread waits for a first worker to listen, started none in their place). Not
         # within granian's crash-loop window (a worker that dies within 5.5 s of its respawn
         # stops the server).
-        loading = {}
+        loading, now = {}, time.monotonic()
         for pid, _ in self.workers():
             if (self.folder / str(pid)).exists():
                 continue
-            used, since = _cpu_seconds(pid), time.monotonic()
+            used, since = cpu_seconds(pid), now
             seen = self._loading.get(pid)
             if seen is not None and used == seen[0]:
                 since = seen[1]
             loading[pid] = used, since
-            stalled = time.monotonic() - since
+            stalled = now - since
             if stalled > self.load_bound and not self.stopping.is_set():
                 log.error("front worker %d did not load, %.0f s without CPU: killed", pid, stalled)
                 with contextlib.suppress(OSError):
@@ -268,8 +268,9 @@ class Watchdog(threading.Thread):
         self._loading = loading
 
 
-def _cpu_seconds(pid: int) -> float:
-    """The CPU ``pid`` has used (Linux's /proc); 0 where unreadable (then never moving)."""
+def cpu_seconds(pid: int) -> float:
+    """The CPU ``pid`` has used (Linux's /proc); 0 where unreadable (then never moving).
+    Also the benches' per-worker reading (bench/edge.py)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):

@@ -65,6 +65,7 @@ import requests
 from app.config import Settings
 from app.edge import Edge, find_nginx, nginx_version
 from app.embedded_redis import EmbeddedRedis
+from app.front_server import cpu_seconds
 from app.ports import free_port
 from bench import cpu, load, run
 from bench.hitpath import CORPUS, SIZES
@@ -536,11 +537,6 @@ def engine_pids(serve_pid: int) -> list[int]:
     return app_children(serve_pid, "engine")
 
 
-def _cpu_seconds(pid: int) -> float:
-    found = cpu.stat(pid)
-    return found[2] if found is not None else 0.0
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -563,9 +559,9 @@ def hits_beside_misses(server: Server, hit: load.Request, images: Iterator[bytes
     def hits() -> dict:
         """A wrk run of hits, with the CPU seconds each front worker spent in it: a split far
         from even means the connections sat on one worker."""
-        before = [_cpu_seconds(pid) for pid in workers]
+        before = [cpu_seconds(pid) for pid in workers]
         result = wrk(server.port, hit, 8, SECONDS)
-        after = [_cpu_seconds(pid) for pid in workers]
+        after = [cpu_seconds(pid) for pid in workers]
         result["worker_cpu_s"] = [round(b - a, 2) for a, b in zip(before, after, strict=True)]
         return result
 
