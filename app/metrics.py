@@ -139,7 +139,8 @@ DISPATCH_TICKETS = Counter(
     "already_stored, image_gone: its image evicted before it ran (its waiters submit again), "
     "reclaimed from a dead consumer, abandoned after DISPATCH_MAX_DELIVERIES; "
     "interjected: taken to run inside an engine's call in progress, counted again as computed; "
-    "retried: failed by its engine unexpectedly and handed back for another, counted as failed)",
+    "retried: failed by its engine unexpectedly and handed back for another, counted as failed; "
+    "helped: taken from another queue shard that asked for help, counted again as computed)",
     ["outcome"],
 )
 # The cold tier (L3, app/cache/l3.py).
@@ -293,7 +294,7 @@ def initialise(engine_kind: str) -> None:
     for reason in ("full", "caller_gone"):
         ENGINE_QUEUE_DROPPED.labels(reason=reason)
     outcomes = ("computed", "failed", "caller_gone", "already_stored", "reclaimed", "abandoned",
-                "interjected")  # fmt: skip
+                "interjected", "helped")  # fmt: skip
     for outcome in outcomes:
         DISPATCH_TICKETS.labels(outcome=outcome)
     for result in ("hit", "miss", "rejected", "error", "circuit_open"):

@@ -11,7 +11,9 @@ gossip, the engines' idle polls), times the phase's length: each master's own wo
 misses. With three shards every master holds a queue. Both layouts store
 the same entries on the same masters (spread by MD5), so what moves between them is the
 queue's work. ``rounds`` alternate the two layouts, each round on fresh fleets; the report
-gives each round and the means.
+gives each round and the means. Also the phase's wall time, and how many tickets an engine
+took from another shard that asked for help (``helped``: the split of a burst by key leaves
+one shard's engine busy while another's idles).
 
 Results: ``bench/results/queue_cost.json``, under ``shards``.
 """
@@ -27,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from bench import edge
 from bench.queue_cost import (
     CALL_S,
@@ -41,6 +45,7 @@ from bench.queue_cost import (
 )
 from tests.fake_vllm import FakeVllm, Recording, answer
 from tests.fleet import Fleet, LoopbackCluster
+from tests.helpers import metric_sum
 
 ENGINES = 3  # engine processes, one per shard with three
 IDLE_S = 8.0  # each master's idle rates, read before the phase
@@ -71,6 +76,11 @@ def one_round(folder: Path, fake_url: str, shards: int, first: int) -> dict[str,
         before = masters.counters()
         wall = send_all(base, [images[i::CLIENTS] for i in range(CLIENTS)])
         after = masters.counters()
+        helped = sum(
+            metric_sum(requests.get(f"{e.base}/metrics", timeout=10).text,
+                       "ocr_dispatch_tickets_total", outcome="helped")
+            for e in fleet.engines
+        )  # fmt: skip
     finally:
         fleet.stop()
         cluster.stop()
@@ -87,7 +97,7 @@ def one_round(folder: Path, fake_url: str, shards: int, first: int) -> dict[str,
     rows.sort(reverse=True)
     commands, cpu = [round(r[0], 1) for r in rows], [round(r[1], 3) for r in rows]
     return {
-        "misses": misses, "wall_s": round(wall, 2),
+        "misses": misses, "wall_s": round(wall, 2), "helped": int(helped),
         "commands_per_miss_per_master": commands, "cpu_ms_per_miss_per_master": cpu,
         "commands_per_miss_all": round(sum(commands), 1), "cpu_ms_per_miss_all": round(sum(cpu), 3),
         "busiest_master_share_of_commands": round(commands[0] / sum(commands), 2),
@@ -126,6 +136,8 @@ def main() -> None:
         }
         for shards, rows in runs.items()
     }
+    for shards, rows in runs.items():
+        means[shards]["wall_s"] = round(statistics.mean(row["wall_s"] for row in rows), 2)
     report = {
         "rounds": runs,
         "means": means,

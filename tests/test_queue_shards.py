@@ -7,6 +7,7 @@ cannot run here), `python -m app serve` for how it gives its engine processes th
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 import requests
 
 from app.cache.keys import KeySpace, shard_of, shard_tag
@@ -194,6 +196,102 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
         fleet.stop()
         cluster.stop()
         fake.stop()
+
+
+def test_an_idle_engine_helps_a_shard_whose_misses_wait_with_no_engine(tmp_path, redis_server):
+    """Two shards, one engine process, on shard 0: shard 1's misses wait with no engine of
+    their own (without help, each would get 504 at its deadline). Each asks shard 0 for help
+    (its help bell), and that engine answers them. Once done, it has left shard 1's
+    register: the shard has no engine again."""
+    fake = FakeVllm(CORPUS).start()
+    fleet = Fleet(tmp_path, redis_server.url, fronts=1, engines=1, front_workers=1,
+                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", DISPATCH_SHARD="0",
+                  OCR_TIMEOUT_SECONDS="40", CACHE_KEY_PREFIX="helpshards", **HUNYUAN)  # fmt: skip
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        fleet.start()
+        base = fleet.fronts[0].base
+        first, *others = variants(40, 4000)
+        assert post(base, first).status_code == 200
+        away = shard_images(store, "helpshards", first, others, shard=1)[:3]
+        home = shard_images(store, "helpshards", first, others, shard=0)[:3]
+        assert len(away) == len(home) == 3
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda data: post(base, data), away + home))
+        assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+        assert {a.headers["X-Cache"] for a in answers} == {"MISS"}
+        text = requests.get(f"{fleet.engines[0].base}/metrics", timeout=10).text
+        assert metric_sum(text, "ocr_dispatch_tickets_total", outcome="helped") >= 3, text
+        view = admin_queue(base)
+        assert [shard["engines_live"] for shard in view["shards"]] == [2, 0], view
+        assert view["waiting"] == 0 and view["running"] == 0, view
+    finally:
+        fleet.stop()
+        fake.stop()
+        store.close()
+
+
+def shard_images(store: redis.Redis, prefix: str, known: bytes, candidates: list[bytes],
+                 shard: int, shards: int = 2) -> list[bytes]:  # fmt: skip
+    """Those of ``candidates`` whose entry keys fall in ``shard``, from the entry key of
+    ``known`` (a cached image: only the MD5 differs between two images' keys)."""
+    md5 = hashlib.md5(known).hexdigest()
+    [key] = [k.decode() for k in store.scan_iter(f"{prefix}:*{{{md5}}}")]
+    return [
+        data for data in candidates
+        if shard_of(key.replace(md5, hashlib.md5(data).hexdigest()), shards) == shard
+    ]  # fmt: skip
+
+
+def test_a_helper_killed_in_its_call_leaves_the_ticket_to_the_shard_it_helped(
+    tmp_path, redis_server
+):
+    """Shard 1's engine scaled down; shard 0's engine, asked for help, runs shard 1's miss
+    and is killed in its call. Its ticket stays shard 1's: held there by a member that stops
+    reporting, so shard 1's engine, started again, reclaims and answers it before the
+    caller's deadline; the dead helper then leaves shard 1's register."""
+    fake = FakeVllm(CORPUS).start()
+    started, slow = threading.Event(), threading.Event()
+    original = fake.complete
+
+    def complete(body):
+        if slow.is_set():
+            slow.clear()
+            started.set()
+            time.sleep(8)  # the helper is killed meanwhile
+        return original(body)
+
+    fake.complete = complete  # type: ignore[method-assign]
+    fleet = Fleet(tmp_path, redis_server.url, fronts=1, engines=2, front_workers=1,
+                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", OCR_TIMEOUT_SECONDS="60",
+                  CACHE_KEY_PREFIX="helpdies", **HUNYUAN)  # fmt: skip
+    for shard, engine in enumerate(fleet.engines):
+        engine.env["DISPATCH_SHARD"] = str(shard)
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        fleet.start()
+        base = fleet.fronts[0].base
+        first, *others = variants(20, 6000)
+        assert post(base, first).status_code == 200
+        [image] = shard_images(store, "helpdies", first, others, shard=1)[:1]
+        fleet.park_engine(1)
+        wait_for(lambda: [s["engines_live"] for s in admin_queue(base)["shards"]] == [2, 0],
+                 30, "shard 1 without an engine")  # fmt: skip
+        slow.set()
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post, base, image)
+            assert started.wait(30), fleet.engines[0].tail()
+            assert admin_queue(base)["shards"][1]["engines_live"] == 1  # the helper, there
+            fleet.parked.add(0)
+            fleet.engines[0].kill()
+            fleet.unpark_engine(1)
+            assert answer.result().status_code == 200, answer.result().text
+        consumers = lambda: {e["consumer"] for e in admin_queue(base)["shards"][1]["engines"]}  # noqa: E731
+        wait_for(lambda: len(consumers()) == 2, 30, "the dead helper out of shard 1's register")
+    finally:
+        fleet.stop()
+        fake.stop()
+        store.close()
 
 
 def test_serve_keeps_an_engine_on_each_shard_through_retirements_and_a_crash(tmp_path):

@@ -97,6 +97,13 @@ class QueueKeys:
         return f"{self.tag}:interject:"
 
     @property
+    def help_bell(self) -> str:
+        """With several shards: another shard's number, pushed by a front whose miss waits
+        there behind busy engines (or none), for an idle engine of this shard to take it
+        from that shard (``app/engine_side/feeders.py``, ``Helping``)."""
+        return f"{self.tag}:help"
+
+    @property
     def lost_latch(self) -> str:
         """Set for a few seconds by the first engine that announces the queue's keys lost
         (``heartbeat.py``): one announcement, not one per engine process."""

@@ -65,13 +65,13 @@ class DispatchSettings(Section):
         "DISPATCH_SHARDS",
         e.integer(1, 16),
         1,
-        "the queue in this many shards, each its own hash tag (one Redis Cluster master's work each) and its own engines; every front and engine of a fleet must agree ([DEPLOYMENT.md](DEPLOYMENT.md#queue-shards))",
+        "the queue in this many shards, each its own hash tag (one Redis Cluster master's work each) and its own engines, which help the other shards when idle; every front and engine of a fleet must agree ([DEPLOYMENT.md](DEPLOYMENT.md#queue-shards))",
     )
     shard: int = env(
         "DISPATCH_SHARD",
         e.integer(-1, 15),
         -1,
-        "the shard an engine process serves when `DISPATCH_SHARDS` is over 1 (`-1`: unset; `serve` gives its engine processes one each in turn); fronts ignore it",
+        "the shard an engine process serves when `DISPATCH_SHARDS` is over 1 (it helps the others when idle; `-1`: unset; `serve` gives its engine processes one each in turn); fronts ignore it",
     )
     max_deliveries: int = env(
         "DISPATCH_MAX_DELIVERIES",

@@ -13,6 +13,14 @@ process's reports run on a thread of their own (``Heartbeat.run``), so an idle p
 costs the queue about one command a second. With interjection, each slot also has an
 interjector (``interjection.py``).
 
+With several queue shards (``DISPATCH_SHARDS``) a process serves its own, and helps the
+others: a front whose miss waits behind its shard's busy engines (or none) pushes that
+shard's number on another shard's help bell (``TicketQueue._ask_for_help``), which this
+process's listener hears with its own doorbell (one ``BLPOP`` on both). The slot then takes
+from that shard, by its round robin, while its own has nothing and that one has tickets,
+each batch live in that shard's register while it runs (``Heartbeat.away``) and finished
+there, so no shard's misses wait while another's engines idle.
+
 While its engine fails (its own errors, not requests that stopped waiting) a feeder takes
 one batch per ``UNHEALTHY_PAUSE_SECONDS``: a failing engine must not drain the fleet's queue
 into errors, yet it still probes, so it recovers; a ticket it failed that way is handed back
@@ -31,7 +39,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from app.cache.keys import KeySpace
+from app import metrics
+from app.cache.keys import KeySpace, QueueKeys, shard_of
 from app.cache.store import REDIS_ERRORS, RedisStore
 from app.engine_side.claims import Claims
 from app.engine_side.connections import BLOCK_MS, Connections
@@ -85,7 +94,17 @@ class Feeders:
         self._interjecting = interjecting
         self._broken: Callable[[], bool] = lambda: False
         self._connections = Connections(store)
-        self._doorbell = Doorbell(store, names.bell, self._stopped)
+        # The queue's shards: this process's own (``names``), and the others it helps, whose
+        # schedulers and claims are made when it first helps one (``_helping``).
+        self._shards = queue.shards
+        self._home = queue.shards.index(names)
+        self._helped: dict[int, tuple[Scheduler, Claims]] = {}
+        self._helped_lock = threading.Lock()
+        self._keys = keys
+        self._claim_ms, self._max_deliveries, self._batch_max = claim_ms, max_deliveries, batch_max
+        self._mean_seconds, self._live_ms = mean_seconds, queue.live_ms
+        help_bell = names.help_bell if len(queue.shards) > 1 else None
+        self._doorbell = Doorbell(store, names.bell, self._stopped, help_bell)
         self.heartbeat = Heartbeat(
             names, label=label, labels=labels, hold_seconds=hold_seconds, live_ms=queue.live_ms,
             sweep_seconds=2 * claim_ms / 1000, lost_channel=keys.queue_lost_channel(),
@@ -155,16 +174,64 @@ class Feeders:
 
     def succeeded(self, ticket: Ticket) -> None:
         """The ticket's entry is stored: its waiters read it now."""
-        self.claims.succeeded(ticket)
+        self._claims_of(ticket).succeeded(ticket)
 
     def fail(self, ticket: Ticket, marker: str) -> None:
         """Tell the ticket's requesters it failed (``Claims.fail``)."""
-        self.claims.fail(ticket, marker)
+        self._claims_of(ticket).fail(ticket, marker)
 
     def retry(self, ticket: Ticket, marker: str) -> None:
         """The engine failed the ticket unexpectedly: another engine runs it once more, if
         one is live (``Claims.retry``); else its requesters are told ``marker``."""
-        self.claims.retry(ticket, marker)
+        self._claims_of(ticket).retry(ticket, marker)
+
+    def _claims_of(self, ticket: Ticket) -> Claims:
+        """The claims of the shard ``ticket`` came from: its key's (``shard_of``), when this
+        process helps that shard; else its own."""
+        if len(self._shards) > 1 and ticket.key:
+            helped = self._helped.get(shard_of(ticket.key, len(self._shards)))
+            if helped is not None:
+                return helped[1]
+        return self.claims
+
+    def _helping(self, shard: int) -> tuple[Scheduler, Claims]:
+        """The scheduler and claims of another shard, made the first time it is helped."""
+        with self._helped_lock:
+            if shard not in self._helped:
+                names = self._shards[shard]
+
+                def marker(ticket: Ticket, names: QueueKeys = names) -> str:
+                    return names.marker(ticket.key, ticket.sha256)
+
+                claims = Claims(
+                    self._store, self._keys, names, marker=marker,
+                    claim_ms=self._claim_ms, max_deliveries=self._max_deliveries,
+                    batch_max=self._batch_max, process=self._name, live_ms=self._live_ms,
+                )  # fmt: skip
+                scheduler = Scheduler(
+                    names, mean_seconds=self._mean_seconds, batch_max=self._batch_max,
+                    live_ms=self._live_ms, rejected=claims.reject,
+                )  # fmt: skip
+                self._helped[shard] = (scheduler, claims)
+            return self._helped[shard]
+
+    def _asked(self, heard: str) -> int | None:
+        """The shard a ``help:<shard>`` ring names, if it is another of this queue's."""
+        shard = heard.removeprefix("help:")
+        if shard == heard or not shard.isdigit():
+            return None
+        number = int(shard)
+        return number if number < len(self._shards) and number != self._home else None
+
+    def _take_helping(self, client: Any, consumer: str, shard: int) -> tuple[list[Ticket], float]:
+        """The next tickets of another shard by its round robin, this slot reported live
+        there at once (before its claim time, the least a ticket must idle to be claimed)."""
+        scheduler, _ = self._helping(shard)
+        tickets, cost = scheduler.take(client, consumer)
+        if tickets:
+            self.heartbeat.away(consumer, self._shards[shard], client)
+            metrics.DISPATCH_TICKETS.labels(outcome="helped").inc(len(tickets))
+        return tickets, cost
 
     def _feed(
         self,
@@ -184,6 +251,8 @@ class Feeders:
         consumer = f"{self._name}-{slot}"
         client: Any = None
         backoff, joined, look, reclaim = 0.1, False, True, False
+        # The shard this slot was asked to help, while that one has tickets and its own none.
+        helping: int | None = None
         # What the take that ran with the last finish gave (None: no such take).
         taken: tuple[list[Ticket], float] | None = None
 
@@ -221,13 +290,19 @@ class Feeders:
                     tickets = self.claims.reclaim(client, consumer)
                 if not tickets and look and not self._stopped.is_set():
                     tickets, cost = self.scheduler.take(client, consumer)
+                away = None
+                if not tickets and helping is not None and not self._stopped.is_set():
+                    tickets, cost = self._take_helping(client, consumer, helping)
+                    away, helping = (helping, helping) if tickets else (None, None)
                 look = True
                 if not tickets and not self._stopped.is_set():
                     heard = self._doorbell.listen(client)
                     # A quiet doorbell: nothing was submitted, so nothing to take (the lanes'
                     # upkeep rings it if rings were lost); "retry": reclaim, then take if
-                    # there was nothing to reclaim (a ring it took from a submission).
-                    look, reclaim = heard != "quiet", heard == "retry"
+                    # there was nothing to reclaim (a ring it took from a submission); a
+                    # shard's number: help it (its own queue was just found empty).
+                    helping = self._asked(heard)
+                    look, reclaim = heard != "quiet" and helping is None, heard == "retry"
                     continue
                 backoff = 0.1
             except REDIS_ERRORS as exc:
@@ -244,13 +319,22 @@ class Feeders:
             lane = lanes.pop() if len(lanes) == 1 else ""
             self.calls.computes(slot, True, min(t.deadline for t in tickets), lane)
             try:
-                taken = self.claims.serve(
-                    client, consumer, tickets, cost, lambda ts: serve(ts, False), take_next
-                )
+                if away is None:
+                    taken = self.claims.serve(
+                        client, consumer, tickets, cost, lambda ts: serve(ts, False), take_next
+                    )
+                else:  # another shard's: finished there, then this slot's own queue first
+                    self._helping(away)[1].serve(
+                        client, consumer, tickets, cost, lambda ts: serve(ts, False)
+                    )
             finally:
                 self.calls.computes(slot, False)
+                if away is not None:
+                    self.heartbeat.back(consumer, client)
         if client is not None:  # stopped between tickets: nothing of ours is pending
             self.claims.forget(client, consumer)
+            for _, claims in list(self._helped.values()):
+                claims.forget(client, consumer)
         if joined:
             self.heartbeat.leave(consumer, client)
         self._connections.drop(slot, client)
@@ -262,9 +346,15 @@ class Doorbell:
     ``LISTEN_MS``; the others wait on a local condition, which costs Redis nothing, until a
     slot that took tickets hands over (more may wait) or the listener's turn is free."""
 
-    def __init__(self, store: RedisStore, bell: str, stopped: threading.Event) -> None:
+    def __init__(
+        self, store: RedisStore, bell: str, stopped: threading.Event, help_bell: str | None = None
+    ) -> None:
         self._store = store
         self._bell = bell
+        # With several shards: the help bell, heard after this one (``BLPOP`` reads its keys
+        # in order).
+        self._bells = [bell] if help_bell is None else [bell, help_bell]
+        self._help_bell = help_bell
         self._stopped = stopped
         self._listening = threading.Lock()
         self._changed = threading.Condition()
@@ -273,15 +363,18 @@ class Doorbell:
 
     def listen(self, client: Any) -> str:
         """``ring`` (a ticket was submitted), ``retry`` (a ticket handed back, or an engine
-        died: reclaim), ``quiet`` (nothing for ``LISTEN_MS``) or ``woken`` (a waiting slot
-        handed the turn: it looks)."""
+        died: reclaim), ``help:<shard>`` (that shard asked for help),
+        ``quiet`` (nothing for ``LISTEN_MS``) or ``woken`` (a waiting slot handed the turn:
+        it looks)."""
         if self._listening.acquire(blocking=False):
             try:
-                rung = client.blpop([self._bell], timeout=LISTEN_MS / 1000)
+                rung = client.blpop(self._bells, timeout=LISTEN_MS / 1000)
             finally:
                 self._listening.release()
             if not rung:
                 return "quiet"
+            if as_text(rung[0]) == self._help_bell:
+                return f"help:{as_text(rung[1])}"
             return "retry" if as_text(rung[1]) == "retry" else "ring"
         with self._changed:
             self._waiting += 1

@@ -13,6 +13,8 @@ tells the queue while it lives, for about one command a second (all its slots to
   one, sets ``reap``, wakes an idle slot of its own (``wake``), and that slot reclaims the
   dead engine's tickets (``claims.py``: its silence is what makes them claimable, not their
   idle time); the dead member leaves the register once it holds none (``queue_stale.lua``).
+- **Helping another shard** (``DISPATCH_SHARDS``): a slot running another shard's ticket is
+  reported in that shard's register too (``away``) until it finishes (``back``).
 - **The sweep**: every ``sweep_seconds`` (twice the claim time) ``reap`` is set without a
   death seen: the next free slot reclaims what no ring or report told of (a ticket whose
   finish failed on a Redis error, one a stopping slot still held, a ``retry`` ring dropped
@@ -80,6 +82,8 @@ class Heartbeat:
         self._holds: dict[str, float] = {}  # tenant label -> since when it holds the queue
         self._hold_labels: set[str] = set()
         self._members: set[str] = set()  # the slots that take tickets (their consumers)
+        # Slots running another shard's ticket (``Feeders``' help): live in its register too.
+        self._away: dict[str, QueueKeys] = {}
         self._lock = threading.Lock()
         self._kick = threading.Event()  # report now (a slot joined, or stopping)
         metrics.TENANT_QUEUE_HOLD_LIMIT.set(hold_seconds)
@@ -116,6 +120,27 @@ class Heartbeat:
                 client.zrem(self._names.engines, consumer)
             except REDIS_ERRORS:
                 pass  # it ages out of the register
+
+    def away(self, consumer: str, names: QueueKeys, client: Any) -> None:
+        """``consumer`` took tickets of another shard (``names``): live in that shard's
+        register now and at every report until ``back``, which is all that keeps them its
+        own there (``claims.py``). A Redis error here leaves them unreported: that shard's
+        engines reclaim them."""
+        with self._lock:
+            client.zadd(names.engines, {consumer: int(time.time() * 1000)})
+            self._away[consumer] = names
+
+    def back(self, consumer: str, client: Any) -> None:
+        """``consumer`` finished the other shard's tickets: out of that register (under the
+        report's lock: a report begun before cannot score it live there again after)."""
+        with self._lock:
+            names = self._away.pop(consumer, None)
+            if names is None:
+                return
+            try:
+                client.zrem(names.engines, consumer)
+            except REDIS_ERRORS:
+                pass  # it ages out of that register
 
     def run(self, store: RedisStore, stopped: threading.Event, wake: Callable[[], None]) -> None:
         """The process's reports until ``stopped`` and every slot has left (a slot still
@@ -154,6 +179,8 @@ class Heartbeat:
         or just gone: ``queue_stale.lua`` removes those that hold nothing)."""
         now_ms = int(time.time() * 1000)
         added = client.zadd(self._names.engines, dict.fromkeys(members, now_ms))
+        for consumer, names in self._away.items():  # helping another shard
+            client.zadd(names.engines, {consumer: now_ms})
         if self._lost_channel and int(added) > len(set(members) - self._reported):
             # Members it had scored were gone: the register, and likely every queue key
             # with it, was lost (taken by the LRU, or unlinked). Waiters whose tickets went

@@ -36,6 +36,12 @@ a wait to the deadline.
   waiter that joined it with more time left is not failed by that deadline (an engine's
   ``timeout:``), it submits again. An entry that appears while the caller's own ticket is
   still queued (another process stored it) withdraws that ticket unstarted.
+- **Shards help each other**: with several shards, a miss that waits behind its own
+  shard's busy engines (more tickets waiting in its lane than the shard has live engines,
+  none live included) asks another shard for help, each in turn: its number pushed on that
+  shard's help bell (``QueueKeys.help_bell``, a few entries at most), where an idle engine
+  of that shard hears it and takes from this one (``app/engine_side/feeders.py``). One
+  command on another master, and only while a shard is behind.
 - **Redis down**: the caller computes with its own engine (``None``; a front's is the direct
   path to an engine process, ``app/engines/direct.py``).
 
@@ -74,6 +80,7 @@ Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
 # queued ticket), and a listener that reconnected makes every waiter check at once.
 CHECK_MAX_SECONDS = 16.0
 WAKE_SECONDS = 0.5  # how soon a waiter sees its withdrawal (a local wait: no Redis command)
+HELP_BELL_MAX = 8  # asks for help a shard's help bell keeps (its idle engines' to hear)
 
 _CANCEL: ContextVar[threading.Event | None] = ContextVar("ticket_cancel", default=None)
 
@@ -170,6 +177,7 @@ class TicketQueue:
         # The fallback checks, one per lane for all this process's waiters in it; one made
         # within half a period answers a waiter due meanwhile.
         self._watch = LaneWatch(store, live_ms=live_ms, fresh_seconds=poll_seconds / 2, clock=clock)
+        self._asked = 0  # asks for help sent: the next goes to the next shard in turn
 
     def lane(self, namespace: str, background: bool = False) -> str:
         """The lane of a tenant's tickets; ``background``: of its document jobs' pages, a
@@ -243,6 +251,8 @@ class TicketQueue:
         if not ticket_id:
             tenant, mean = self._label(ticket.namespace), self._mean_seconds()
             raise lane_full(lane, tenant, int(waiting), int(engines), mean)
+        if created and int(waiting) > int(engines) and len(self.shards) > 1:
+            self._ask_for_help(names)
         span = tracing.TRACER.current()  # the request's ``queue.wait`` span, when traced
         if created:  # its place in its lane when queued
             span.set("ocr.queue.position", int(waiting))
@@ -251,6 +261,21 @@ class TicketQueue:
         elif span.recording:
             link_to_queuer(self._store, span, names, ticket_id)
         return ticket_id, created, held_in
+
+    def _ask_for_help(self, behind: QueueKeys) -> None:
+        """``behind``'s engines cannot take its new ticket now: the next other shard in turn
+        is asked (its help bell, trimmed to ``HELP_BELL_MAX``). An ask lost to a Redis error
+        costs nothing but the help: the ticket waits for its own shard's engines."""
+        others = [i for i, names in enumerate(self.shards) if names != behind]
+        self._asked += 1
+        helper = self.shards[others[self._asked % len(others)]]
+        shard = str(self.shards.index(behind))
+
+        def ask(client: Any) -> None:
+            if client.lpush(helper.help_bell, shard) > HELP_BELL_MAX:
+                client.ltrim(helper.help_bell, 0, HELP_BELL_MAX - 1)
+
+        self._store.run("dispatch", ask)
 
     def _wait(
         self,
