@@ -279,22 +279,27 @@ def test_take_serves_the_lane_with_the_most_credit_and_charges_it(client: Any) -
 
 
 def test_a_lane_alone_is_read_in_turn_without_a_deficit(client: Any) -> None:
-    """One lane in the ring owes nobody: its tickets are read in ring order and charged
-    nothing (-1: its finish corrects no deficit), in three commands, and it keeps no deficit;
-    once it is empty it leaves the ring (the full pass)."""
+    """One lane in the ring owes nobody: the pass that leaves it alone drops its deficit,
+    and its tickets are then read in ring order and charged nothing (-1: its finish corrects
+    no deficit), in three commands; once it is empty it leaves the ring (the full pass)."""
     names = queue(client)
     live_engine(client, names)
-    first = text(submit(client, names, "a", "a0")[0])
-    second = text(submit(client, names, "a", "a1")[0])
-    client.hset(names.deficits, "a", "-3.0")  # from a round robin with a lane gone since
-    client.hset(names.costs, "a", "0.25")
+    a0, a1, a2 = (text(submit(client, names, "a", f"a{i}")[0]) for i in range(3))
+    submit(client, names, "b", "b0")  # the ring: b, a (both just active)
+    client.hset(names.costs, mapping={"a": "0.25", "b": "0.25"})
+    lane, _, cost = take(client, names, "engine-1")
+    assert text(lane) == "b" and float(cost) == 0.25  # round robin: charged
+    assert client.hget(names.deficits, "a") is not None
+    lane, entries, cost = take(client, names, "engine-1")  # b empty: a left alone
+    assert text(lane) == "a" and [text(e[0]) for e in entries] == [a0] and float(cost) == 0.25
+    assert client.lrange(names.ring, 0, -1) == [b"a"] and client.hget(names.deficits, "a") is None
     before = _commands(client)
     lane, entries, cost = take(client, names, "engine-1")
-    if before is not None:  # EVALSHA, LRANGE, XREADGROUP, HDEL (and the INFO)
-        assert _commands(client) - before == 5
-    assert text(lane) == "a" and [text(e[0]) for e in entries] == [first]
+    if before is not None:  # EVALSHA, LRANGE, XREADGROUP (and the INFO)
+        assert _commands(client) - before == 4
+    assert text(lane) == "a" and [text(e[0]) for e in entries] == [a1]
     assert float(cost) == -1 and client.hget(names.deficits, "a") is None
-    assert [text(e[0]) for e in take(client, names, "engine-1")[1]] == [second]
+    assert [text(e[0]) for e in take(client, names, "engine-1")[1]] == [a2]
     assert take(client, names, "engine-1") == [] and client.llen(names.ring) == 0
 
 

@@ -73,17 +73,15 @@ local order = redis.call('LRANGE', ring, 0, -1)
 if #order == 0 then return {} end  -- nothing waits: one command (an idle engine's look)
 -- A lane alone in the ring owes nobody and is owed nothing: its tickets are read in turn,
 -- charged nothing ("-1": its finish has no deficit to correct), and it keeps no deficit (a
--- lane joining it later finds both just active). Three commands; the full pass below only
--- when the read finds nothing (the lane is empty, or holds entries nobody can read).
+-- lane joining it later finds both just active): the pass that left it alone dropped it
+-- (``ringed``). Three commands; the full pass below only when the read finds nothing (the
+-- lane is empty, or holds entries nobody can read).
 if not interject and #order == 1 then
   local lane = order[1]
   local ok, got = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
                         'STREAMS', prefix .. lane, '>')
   local entries = ok and got and got[1] and got[1][2] or {}
-  if #entries > 0 then
-    redis.call('HDEL', deficits, lane)
-    return {lane, entries, '-1'}
-  end
+  if #entries > 0 then return {lane, entries, '-1'} end
 end
 -- The deficits written by this pass, in one HSET at its end (``flush``).
 local written = {}
@@ -140,12 +138,17 @@ end
 local function ringed(first, spent)
   -- The ring again: from the lane served on (behind it the lanes passed over), and the
   -- served lane last once its credit is spent; written only if its order changed. The
-  -- deficits of the pass written too.
-  flush()
+  -- deficits of the pass written too, but for a lane left alone in the ring: it keeps none
+  -- (the lone lane's takes above).
   local again = {}
   for i = (spent and first + 1 or first), #lanes do again[#again + 1] = lanes[i] end
   for i = 1, first - 1 do again[#again + 1] = lanes[i] end
   if spent and lanes[first] then again[#again + 1] = lanes[first] end
+  if #again == 1 then
+    written[again[1]] = nil
+    redis.call('HDEL', deficits, again[1])
+  end
+  flush()
   local same = #again == #order
   for i = 1, #again do same = same and again[i] == order[i] end
   if same then return end
