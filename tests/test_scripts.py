@@ -92,7 +92,7 @@ def submit(
 ) -> list[Any]:
     marker = names.marker(entry, "sha")
     keys = [names.stream(lane), names.engines, marker, names.ring, names.lanes, names.shares,
-            names.bell, names.interject_bell, names.stream_prefix]  # fmt: skip
+            names.bell, names.interject_bell, names.stream_prefix, names.deficits]  # fmt: skip
     seconds, micros = client.time()  # the front's clock: the server's here
     now = seconds * 1000 + micros // 1000
     args = [GROUP, per_engine, 10_000, 60_000, lane, "2", now, "key", entry, "fmt", "2"]
@@ -108,7 +108,7 @@ def test_submit_with_no_live_engine_queues_and_bounds_the_lane_as_for_one(client
     for one engine, and each doorbell one ring (none is listening)."""
     names = queue(client)
     first = submit(client, names, "z", "z1", per_engine=2)
-    assert text(first[0]) and [int(v) for v in first[1:]] == [1, 0]  # waiting, engines
+    assert text(first[0]) and [int(v) for v in first[1:3]] == [1, 0]  # waiting, engines
     assert int(submit(client, names, "z", "z2", per_engine=2)[1]) == 2
     assert client.lrange(names.bell, 0, -1) == [b"1"]
     assert client.lrange(names.interject_bell, 0, -1) == [b"1"]
@@ -141,7 +141,7 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     live_engine(client, names)
     answer = submit(client, names, "a", "e1")
     ticket = text(answer[0])
-    assert [int(v) for v in answer[1:]] == [1, 1]  # waiting in its lane, live engines
+    assert [int(v) for v in answer[1:3]] == [1, 1]  # waiting in its lane, live engines
     assert text(client.get(names.marker("e1", "sha"))) == ticket
     assert client.lrange(names.ring, 0, -1) == [b"a"]
     assert client.smembers(names.lanes) == {b"a"}
@@ -160,7 +160,7 @@ def test_submit_adds_to_a_lane_joins_a_queued_ticket_and_bounds_the_lane(client:
     assert client.xlen(names.stream("a+jobs")) == 0
     assert text(client.get(names.marker("e1", "sha"))) == ticket
     answer = submit(client, names, "b", "e2", per_engine=1)
-    assert [int(v) for v in answer[1:]] == [1, 1]  # its lane's waiting tickets, live engines
+    assert [int(v) for v in answer[1:3]] == [1, 1]  # its lane's waiting tickets, live engines
     full = submit(client, names, "a", "e3", per_engine=1)
     assert text(full[0]) == "" and int(full[1]) == 1  # a's lane holds its one per engine
 
@@ -172,7 +172,8 @@ def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: A
     submit(client, names, "a", "e2")  # between: someone else's
     last = text(submit(client, names, "a", "e3")[0])
     client.delete(names.ring, names.lanes, names.bell)  # taken by the LRU
-    keys = [names.stream("a"), names.ring, names.lanes, names.bell, names.engines]
+    client.hset(names.deficits, "a", "-3.0")  # from a round robin the LRU's ring forgot
+    keys = [names.stream("a"), names.ring, names.lanes, names.bell, names.engines, names.deficits]
 
     def watch(*ids: str) -> set[str]:
         seconds, _ = client.time()
@@ -181,6 +182,7 @@ def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: A
 
     assert watch(first, last) == {first, last}  # one range read; the ticket between not told
     assert client.lrange(names.ring, 0, -1) == [b"a"] and client.smembers(names.lanes) == {b"a"}
+    assert client.hget(names.deficits, "a") is None  # put back just active
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # the idle engines hear of them
     assert watch(first, last) == {first, last}
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung already: not again
@@ -212,7 +214,7 @@ def test_cancel_withdraws_only_an_undelivered_ticket(client: Any) -> None:
 
 
 def upkeep(client: Any, names: QueueKeys) -> list[Any]:
-    keys = [names.lanes, names.ring, names.bell, names.stream_prefix]
+    keys = [names.lanes, names.ring, names.bell, names.stream_prefix, names.deficits]
     return scripts.QUEUE_LANES(client, keys, [GROUP])
 
 
@@ -224,16 +226,32 @@ def test_the_lanes_upkeep_reads_every_lane_and_keeps_the_ring_whole(client: Any)
     submit(client, names, "b", "e3")
     client.xreadgroup(GROUP, "other", {names.stream("b"): ">"})  # b's one ticket runs
     client.delete(names.ring)
+    client.hset(names.deficits, "a", "-3.0")  # from the round robin of the ring the LRU took
     client.sadd(names.lanes, "gone")  # a lane without a stream, out of the ring
     answer = upkeep(client, names)
     lanes = {text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
     assert lanes == {"a": 2, "b": 0}
     assert client.lrange(names.ring, 0, -1) == [b"a"]  # back in the ring: it has waiting
+    assert client.hget(names.deficits, "a") is None  # just active: alone, it owes nobody
     assert client.smembers(names.lanes) == {b"a", b"b"}  # "gone" forgotten
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung by the submissions: left as is
     client.delete(names.bell)  # the rings lost (the LRU took the list): rung once again
     upkeep(client, names)
     assert client.lrange(names.bell, 0, -1) == [b"1"]
+
+
+def test_submit_says_how_many_rings_no_idle_engine_heard(client: Any) -> None:
+    """The submit's fourth answer: the idle engines' bell's rings unheard, its own included
+    (a front whose ticket waits behind busy engines asks another queue shard for help)."""
+    names = queue(client)
+    live_engine(client, names, "e1")
+    live_engine(client, names, "e2")
+    assert int(submit(client, names, "a", "k1")[3]) == 1  # rung: an idle engine may hear it
+    assert int(submit(client, names, "a", "k2")[3]) == 2  # the first ring unheard: all busy
+    assert int(submit(client, names, "a", "k3")[3]) == 0  # as many waiting as engines: no ring
+    client.lpop(names.bell, 2)  # an engine heard them
+    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=3)  # and took them
+    assert int(submit(client, names, "a", "k4")[3]) == 1
 
 
 def test_submit_counts_live_engines_by_their_reports_and_keeps_the_dead_for_reaping(
@@ -279,9 +297,10 @@ def test_take_serves_the_lane_with_the_most_credit_and_charges_it(client: Any) -
 
 
 def test_a_lane_alone_is_read_in_turn_without_a_deficit(client: Any) -> None:
-    """One lane in the ring owes nobody: the pass that leaves it alone drops its deficit,
-    and its tickets are then read in ring order and charged nothing (-1: its finish corrects
-    no deficit), in three commands; once it is empty it leaves the ring (the full pass)."""
+    """One lane in the ring owes nobody: the pass that leaves it alone drops its deficit and
+    charges its ticket nothing (-1: its finish corrects no deficit a later pass writes), and
+    its tickets are then read in ring order, charged nothing, in three commands; once it is
+    empty it leaves the ring (the full pass)."""
     names = queue(client)
     live_engine(client, names)
     a0, a1, a2 = (text(submit(client, names, "a", f"a{i}")[0]) for i in range(3))
@@ -290,8 +309,8 @@ def test_a_lane_alone_is_read_in_turn_without_a_deficit(client: Any) -> None:
     lane, _, cost = take(client, names, "engine-1")
     assert text(lane) == "b" and float(cost) == 0.25  # round robin: charged
     assert client.hget(names.deficits, "a") is not None
-    lane, entries, cost = take(client, names, "engine-1")  # b empty: a left alone
-    assert text(lane) == "a" and [text(e[0]) for e in entries] == [a0] and float(cost) == 0.25
+    lane, entries, cost = take(client, names, "engine-1")  # b empty: a left alone, uncharged
+    assert text(lane) == "a" and [text(e[0]) for e in entries] == [a0] and float(cost) == -1
     assert client.lrange(names.ring, 0, -1) == [b"a"] and client.hget(names.deficits, "a") is None
     before = _commands(client)
     lane, entries, cost = take(client, names, "engine-1")

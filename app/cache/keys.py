@@ -100,7 +100,7 @@ class QueueKeys:
     def help_bell(self) -> str:
         """With several shards: another shard's number, pushed by a front whose miss waits
         there behind busy engines (or none), for an idle engine of this shard to take it
-        from that shard (``app/engine_side/feeders.py``, ``Helping``)."""
+        from that shard (``app/engine_side/feeders.py``)."""
         return f"{self.tag}:help"
 
     @property

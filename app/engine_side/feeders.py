@@ -13,13 +13,8 @@ process's reports run on a thread of their own (``Heartbeat.run``), so an idle p
 costs the queue about one command a second. With interjection, each slot also has an
 interjector (``interjection.py``).
 
-With several queue shards (``DISPATCH_SHARDS``) a process serves its own, and helps the
-others: a front whose miss waits behind its shard's busy engines (or none) pushes that
-shard's number on another shard's help bell (``TicketQueue._ask_for_help``), which this
-process's listener hears with its own doorbell (one ``BLPOP`` on both). The slot then takes
-from that shard, by its round robin, while its own has nothing and that one has tickets,
-each batch live in that shard's register while it runs (``Heartbeat.away``) and finished
-there, so no shard's misses wait while another's engines idle.
+With several queue shards (``DISPATCH_SHARDS``) a process serves its own and helps the
+others when idle (``helping.py``): its listener also hears the shard's help bell.
 
 While its engine fails (its own errors, not requests that stopped waiting) a feeder takes
 one batch per ``UNHEALTHY_PAUSE_SECONDS``: a failing engine must not drain the fleet's queue
@@ -39,12 +34,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from app import metrics
-from app.cache.keys import KeySpace, QueueKeys, shard_of
+from app.cache.keys import KeySpace
 from app.cache.store import REDIS_ERRORS, RedisStore
 from app.engine_side.claims import Claims
 from app.engine_side.connections import BLOCK_MS, Connections
 from app.engine_side.heartbeat import Heartbeat
+from app.engine_side.helping import Helping
 from app.engine_side.interjection import Calls, Interjector, Serve
 from app.engine_side.scheduler import Scheduler
 from app.queue.requester import TicketQueue
@@ -94,22 +89,17 @@ class Feeders:
         self._interjecting = interjecting
         self._broken: Callable[[], bool] = lambda: False
         self._connections = Connections(store)
-        # The queue's shards: this process's own (``names``), and the others it helps, whose
-        # schedulers and claims are made when it first helps one (``_helping``).
-        self._shards = queue.shards
-        self._home = queue.shards.index(names)
-        self._helped: dict[int, tuple[Scheduler, Claims]] = {}
-        self._helped_lock = threading.Lock()
-        self._keys = keys
-        self._claim_ms, self._max_deliveries, self._batch_max = claim_ms, max_deliveries, batch_max
-        self._mean_seconds, self._live_ms = mean_seconds, queue.live_ms
-        help_bell = names.help_bell if len(queue.shards) > 1 else None
-        self._doorbell = Doorbell(store, names.bell, self._stopped, help_bell)
         self.heartbeat = Heartbeat(
             names, label=label, labels=labels, hold_seconds=hold_seconds, live_ms=queue.live_ms,
             sweep_seconds=2 * claim_ms / 1000, lost_channel=keys.queue_lost_channel(),
         )  # fmt: skip
         self.reported = self.heartbeat.reported  # a slot has reported in: tickets are taken
+        self._help = Helping(
+            store, keys, queue.shards, queue.shards.index(names), self.heartbeat,
+            process=self._name, claim_ms=claim_ms, max_deliveries=max_deliveries,
+            batch_max=batch_max, mean_seconds=mean_seconds, live_ms=queue.live_ms,
+        )  # fmt: skip
+        self._doorbell = Doorbell(store, names.bell, self._stopped, self._help.bell)
         self.claims = Claims(
             # The home shard's markers: a ticket taken here is this shard's (a malformed one,
             # decoded with no key, too; the requester's own choice would follow its key).
@@ -186,52 +176,8 @@ class Feeders:
         self._claims_of(ticket).retry(ticket, marker)
 
     def _claims_of(self, ticket: Ticket) -> Claims:
-        """The claims of the shard ``ticket`` came from: its key's (``shard_of``), when this
-        process helps that shard; else its own."""
-        if len(self._shards) > 1 and ticket.key:
-            helped = self._helped.get(shard_of(ticket.key, len(self._shards)))
-            if helped is not None:
-                return helped[1]
-        return self.claims
-
-    def _helping(self, shard: int) -> tuple[Scheduler, Claims]:
-        """The scheduler and claims of another shard, made the first time it is helped."""
-        with self._helped_lock:
-            if shard not in self._helped:
-                names = self._shards[shard]
-
-                def marker(ticket: Ticket, names: QueueKeys = names) -> str:
-                    return names.marker(ticket.key, ticket.sha256)
-
-                claims = Claims(
-                    self._store, self._keys, names, marker=marker,
-                    claim_ms=self._claim_ms, max_deliveries=self._max_deliveries,
-                    batch_max=self._batch_max, process=self._name, live_ms=self._live_ms,
-                )  # fmt: skip
-                scheduler = Scheduler(
-                    names, mean_seconds=self._mean_seconds, batch_max=self._batch_max,
-                    live_ms=self._live_ms, rejected=claims.reject,
-                )  # fmt: skip
-                self._helped[shard] = (scheduler, claims)
-            return self._helped[shard]
-
-    def _asked(self, heard: str) -> int | None:
-        """The shard a ``help:<shard>`` ring names, if it is another of this queue's."""
-        shard = heard.removeprefix("help:")
-        if shard == heard or not shard.isdigit():
-            return None
-        number = int(shard)
-        return number if number < len(self._shards) and number != self._home else None
-
-    def _take_helping(self, client: Any, consumer: str, shard: int) -> tuple[list[Ticket], float]:
-        """The next tickets of another shard by its round robin, this slot reported live
-        there at once (before its claim time, the least a ticket must idle to be claimed)."""
-        scheduler, _ = self._helping(shard)
-        tickets, cost = scheduler.take(client, consumer)
-        if tickets:
-            self.heartbeat.away(consumer, self._shards[shard], client)
-            metrics.DISPATCH_TICKETS.labels(outcome="helped").inc(len(tickets))
-        return tickets, cost
+        """The claims of the shard ``ticket`` came from: a helped one's, else its own."""
+        return self._help.claims_of(ticket) or self.claims
 
     def _feed(
         self,
@@ -251,8 +197,10 @@ class Feeders:
         consumer = f"{self._name}-{slot}"
         client: Any = None
         backoff, joined, look, reclaim = 0.1, False, True, False
-        # The shard this slot was asked to help, while that one has tickets and its own none.
+        # The shard this slot was asked to help, while that one has tickets and its own none;
+        # ``asked``: the ask was just heard (its first look reclaims there too).
         helping: int | None = None
+        asked = False
         # What the take that ran with the last finish gave (None: no such take).
         taken: tuple[list[Ticket], float] | None = None
 
@@ -292,8 +240,9 @@ class Feeders:
                     tickets, cost = self.scheduler.take(client, consumer)
                 away = None
                 if not tickets and helping is not None and not self._stopped.is_set():
-                    tickets, cost = self._take_helping(client, consumer, helping)
+                    tickets, cost = self._help.take(client, consumer, helping, asked)
                     away, helping = (helping, helping) if tickets else (None, None)
+                asked = False
                 look = True
                 if not tickets and not self._stopped.is_set():
                     heard = self._doorbell.listen(client)
@@ -301,8 +250,9 @@ class Feeders:
                     # upkeep rings it if rings were lost); "retry": reclaim, then take if
                     # there was nothing to reclaim (a ring it took from a submission); a
                     # shard's number: help it (its own queue was just found empty).
-                    helping = self._asked(heard)
-                    look, reclaim = heard != "quiet" and helping is None, heard == "retry"
+                    helping = self._help.asked(heard)
+                    asked = helping is not None
+                    look, reclaim = heard != "quiet" and not asked, heard == "retry"
                     continue
                 backoff = 0.1
             except REDIS_ERRORS as exc:
@@ -324,17 +274,14 @@ class Feeders:
                         client, consumer, tickets, cost, lambda ts: serve(ts, False), take_next
                     )
                 else:  # another shard's: finished there, then this slot's own queue first
-                    self._helping(away)[1].serve(
-                        client, consumer, tickets, cost, lambda ts: serve(ts, False)
+                    self._help.serve(
+                        away, client, consumer, tickets, cost, lambda ts: serve(ts, False)
                     )
             finally:
                 self.calls.computes(slot, False)
-                if away is not None:
-                    self.heartbeat.back(consumer, client)
         if client is not None:  # stopped between tickets: nothing of ours is pending
             self.claims.forget(client, consumer)
-            for _, claims in list(self._helped.values()):
-                claims.forget(client, consumer)
+            self._help.forget(client, consumer)
         if joined:
             self.heartbeat.leave(consumer, client)
         self._connections.drop(slot, client)

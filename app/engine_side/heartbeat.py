@@ -126,8 +126,8 @@ class Heartbeat:
         register now and at every report until ``back``, which is all that keeps them its
         own there (``claims.py``). A Redis error here leaves them unreported: that shard's
         engines reclaim them."""
+        client.zadd(names.engines, {consumer: int(time.time() * 1000)})  # now: not after a report
         with self._lock:
-            client.zadd(names.engines, {consumer: int(time.time() * 1000)})
             self._away[consumer] = names
 
     def back(self, consumer: str, client: Any) -> None:
@@ -160,6 +160,10 @@ class Heartbeat:
                     if members
                     else (False, 0)
                 )
+                for consumer, names in self._away.items():  # helping: each on its own master
+                    now_ms = int(time.time() * 1000)
+                    store.run("dispatch", lambda c, n=names, m=consumer, t=now_ms: c.zadd(
+                        n.engines, {m: t}))  # fmt: skip
             if ok:
                 beats += 1
                 self.reported.set()
@@ -179,8 +183,6 @@ class Heartbeat:
         or just gone: ``queue_stale.lua`` removes those that hold nothing)."""
         now_ms = int(time.time() * 1000)
         added = client.zadd(self._names.engines, dict.fromkeys(members, now_ms))
-        for consumer, names in self._away.items():  # helping another shard
-            client.zadd(names.engines, {consumer: now_ms})
         if self._lost_channel and int(added) > len(set(members) - self._reported):
             # Members it had scored were gone: the register, and likely every queue key
             # with it, was lost (taken by the LRU, or unlinked). Waiters whose tickets went
@@ -197,8 +199,9 @@ class Heartbeat:
         """Every lane's waiting tickets (the ring kept whole, a silent doorbell rung)."""
         names = self._names
         answer = QUEUE_LANES(
-            client, [names.lanes, names.ring, names.bell, names.stream_prefix], [GROUP]
-        )
+            client, [names.lanes, names.ring, names.bell, names.stream_prefix, names.deficits],
+            [GROUP],
+        )  # fmt: skip
         return {as_text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
 
     def report_gauges(self, client: Any) -> None:

@@ -38,10 +38,11 @@ a wait to the deadline.
   still queued (another process stored it) withdraws that ticket unstarted.
 - **Shards help each other**: with several shards, a miss that waits behind its own
   shard's busy engines (more tickets waiting in its lane than the shard has live engines,
-  none live included) asks another shard for help, each in turn: its number pushed on that
-  shard's help bell (``QueueKeys.help_bell``, a few entries at most), where an idle engine
-  of that shard hears it and takes from this one (``app/engine_side/feeders.py``). One
-  command on another master, and only while a shard is behind.
+  none live included, or rings on the idle engines' bell that no engine heard) asks another
+  shard for help, each in turn: its number pushed on that shard's help bell
+  (``asks.py``), where an idle engine of that shard hears it and takes from this one
+  (``app/engine_side/helping.py``); the lane's fallback check asks again while its tickets
+  wait. One or two commands on another master, and only while a shard is behind.
 - **Redis down**: the caller computes with its own engine (``None``; a front's is the direct
   path to an engine process, ``app/engines/direct.py``).
 
@@ -68,6 +69,7 @@ from app.cache.keys import KeySpace, QueueKeys, shard_of
 from app.cache.notify import Notifier
 from app.cache.scripts import QUEUE_CANCEL, QUEUE_SUBMIT
 from app.cache.store import RedisStore
+from app.queue.asks import HelpAsks
 from app.queue.ticket import BACKGROUND, DEFAULT_LANE, GROUP, Ticket, as_text, failure
 from app.queue.watch import Alive, LaneWatch
 from app.vocabulary import EngineBusy, EngineTimeout, OcrCacheError, OcrResult
@@ -80,7 +82,6 @@ Read = Callable[[str], tuple[bool, OcrResult | None, str | None]]
 # queued ticket), and a listener that reconnected makes every waiter check at once.
 CHECK_MAX_SECONDS = 16.0
 WAKE_SECONDS = 0.5  # how soon a waiter sees its withdrawal (a local wait: no Redis command)
-HELP_BELL_MAX = 8  # asks for help a shard's help bell keeps (its idle engines' to hear)
 
 _CANCEL: ContextVar[threading.Event | None] = ContextVar("ticket_cancel", default=None)
 
@@ -158,9 +159,7 @@ class TicketQueue:
         shards: int = 1,
         home: int = 0,
     ) -> None:
-        self._store = store
-        self._keys = keys
-        self._notifier = notifier
+        self._store, self._keys, self._notifier = store, keys, notifier
         # Every shard of the queue (``DISPATCH_SHARDS``: a ticket goes to its entry key's,
         # ``shard_of``), and the one this process's engines serve (``DISPATCH_SHARD``).
         self.shards = keys.dispatch_shards(writer, shards)
@@ -169,15 +168,14 @@ class TicketQueue:
         self.live_ms = live_ms  # an engine that reported this lately is live
         self._poll_seconds = poll_seconds
         self._mean_seconds = mean_seconds
-        self._fair = fair
-        self._share = share
-        self._background_share = background_share
-        self._label = label
-        self._clock = clock
+        self._fair, self._share, self._background_share = fair, share, background_share
+        self._label, self._clock = label, clock
         # The fallback checks, one per lane for all this process's waiters in it; one made
-        # within half a period answers a waiter due meanwhile.
-        self._watch = LaneWatch(store, live_ms=live_ms, fresh_seconds=poll_seconds / 2, clock=clock)
-        self._asked = 0  # asks for help sent: the next goes to the next shard in turn
+        # within half a period answers a waiter due meanwhile. With shards, a miss behind busy
+        # engines asks another shard for help, and a check still finding it asks again.
+        self._ask = HelpAsks(store, self.shards)  # with one shard, asks nothing
+        self._watch = LaneWatch(store, live_ms=live_ms, fresh_seconds=poll_seconds / 2,
+                                clock=clock, waiting=self._ask)  # fmt: skip
 
     def lane(self, namespace: str, background: bool = False) -> str:
         """The lane of a tenant's tickets; ``background``: of its document jobs' pages, a
@@ -233,7 +231,7 @@ class TicketQueue:
         def run(client: Any) -> Any:
             keys = (names.stream(lane), names.engines, self.marker(ticket), names.ring,
                     names.lanes, names.shares, names.bell, names.interject_bell,
-                    names.stream_prefix)  # fmt: skip
+                    names.stream_prefix, names.deficits)  # fmt: skip
             now = str(int(time.time() * 1000))
             limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share, now)
             # The image to its own key in the same round trip (``ticket.py``, format 2); also
@@ -251,8 +249,8 @@ class TicketQueue:
         if not ticket_id:
             tenant, mean = self._label(ticket.namespace), self._mean_seconds()
             raise lane_full(lane, tenant, int(waiting), int(engines), mean)
-        if created and int(waiting) > int(engines) and len(self.shards) > 1:
-            self._ask_for_help(names)
+        if created:
+            self._ask.queued(names, answer)
         span = tracing.TRACER.current()  # the request's ``queue.wait`` span, when traced
         if created:  # its place in its lane when queued
             span.set("ocr.queue.position", int(waiting))
@@ -261,21 +259,6 @@ class TicketQueue:
         elif span.recording:
             link_to_queuer(self._store, span, names, ticket_id)
         return ticket_id, created, held_in
-
-    def _ask_for_help(self, behind: QueueKeys) -> None:
-        """``behind``'s engines cannot take its new ticket now: the next other shard in turn
-        is asked (its help bell, trimmed to ``HELP_BELL_MAX``). An ask lost to a Redis error
-        costs nothing but the help: the ticket waits for its own shard's engines."""
-        others = [i for i, names in enumerate(self.shards) if names != behind]
-        self._asked += 1
-        helper = self.shards[others[self._asked % len(others)]]
-        shard = str(self.shards.index(behind))
-
-        def ask(client: Any) -> None:
-            if client.lpush(helper.help_bell, shard) > HELP_BELL_MAX:
-                client.ltrim(helper.help_bell, 0, HELP_BELL_MAX - 1)
-
-        self._store.run("dispatch", ask)
 
     def _wait(
         self,

@@ -10,7 +10,8 @@ that this process waits on, in one call (``queue_watch.lua``); a waiter due soon
 that answer, if the check began after its own wait did (its ticket existed then) and is
 fresh (``fresh_seconds``). A lane's check then costs one call per process and period
 however many misses wait in it, and its repairs (ring, lanes, doorbell, a silent holder's
-reclaim) are made once for all of them.
+reclaim) are made once for all of them. With queue shards, a check that finds tickets still
+in the lane tells ``waiting`` (the requester asks another shard for help again).
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ class LaneWatch:
         live_ms: int,
         fresh_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        waiting: Callable[[QueueKeys], None] | None = None,
     ) -> None:
         self._store = store
+        self._waiting = waiting  # told the shard of a lane whose check found tickets still in it
         self._live_ms = live_ms  # an engine silent this long is gone: its tickets reclaimed
         self._fresh = fresh_seconds
         self._clock = clock
@@ -98,7 +101,7 @@ class LaneWatch:
                     return ticket_id in watched.present  # checked since it was queued
                 ids = sorted({other for other, _ in watched.since.values()}, key=_order)
             names, lane = watched.names, watched.lane
-            keys = (stream, names.ring, names.lanes, names.bell, names.engines)
+            keys = (stream, names.ring, names.lanes, names.bell, names.engines, names.deficits)
             cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
             args: list[str | int] = [lane, GROUP, cutoff, INTERJECTOR, ids[0], ids[-1], *ids]
             ok, present = self._store.run("dispatch", lambda c: QUEUE_WATCH(c, keys, args))
@@ -107,4 +110,6 @@ class LaneWatch:
             with self._lock:
                 watched.checked_at = now
                 watched.present = frozenset(as_text(found) for found in present)
-                return ticket_id in watched.present
+            if watched.present and self._waiting is not None:
+                self._waiting(names)
+            return ticket_id in watched.present

@@ -6,6 +6,7 @@
 --
 -- KEYS[1] the lanes  KEYS[2] the ring  KEYS[3] the idle engines' bell
 -- KEYS[4] the lanes' stream prefix (not a key: lane L's stream is KEYS[4] .. L)
+-- KEYS[5] the lanes' deficits (hash: a lane put back in the ring is just active)
 -- ARGV[1] consumer group
 -- Other keys: every lane's stream, KEYS[4] .. lane for each lane in KEYS[1] (same hash tag).
 --
@@ -20,7 +21,10 @@ for _, lane in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if length == 0 and not ringed then
     redis.call('SREM', KEYS[1], lane)
   else
-    if waiting > 0 and not ringed then redis.call('RPUSH', KEYS[2], lane) end
+    if waiting > 0 and not ringed then
+      redis.call('RPUSH', KEYS[2], lane)
+      redis.call('HDEL', KEYS[5], lane)
+    end
     table.insert(out, lane)
     table.insert(out, waiting)
     total = total + waiting

@@ -12,6 +12,7 @@
 -- KEYS[5] every lane with a stream KEYS[6] the lanes' shares (hash)
 -- KEYS[7] the idle engines' bell   KEYS[8] the interjectors' bell
 -- KEYS[9] the lanes' stream prefix (not a key: lane L's stream is KEYS[9] .. L)
+-- KEYS[10] the lanes' deficits (hash: a lane joining the ring has none)
 -- ARGV[1] consumer group  ARGV[2] per-engine max  ARGV[3] live window (ms)
 -- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7] the front's clock (ms:
 -- engines report by their own clocks, all roughly in sync; no TIME command)
@@ -19,7 +20,9 @@
 -- Other keys: the other lanes' streams, KEYS[9] .. lane for each lane in KEYS[5], read only
 -- to find a ticket joined in another lane (same hash tag).
 --
--- Returns {id, waiting, engines}, or {id, -1, 0, lane} when it joined (the lane that holds
+-- Returns {id, waiting, engines, rings}, rings: how many rings the idle engines' bell holds
+-- unheard, this one's included (0: not rung; over 1: no engine listened since the last ring,
+-- so all are busy); or {id, -1, 0, lane} when it joined (the lane that holds
 -- the ticket joined: a document job's page and a request for the same image share one
 -- ticket whichever lane it waits in); id "" when the lane is full.
 local current = redis.call('GET', KEYS[3])
@@ -51,12 +54,16 @@ if waiting == 0 and not redis.call('LPOS', KEYS[4], ARGV[5]) then
   redis.call('LPUSH', KEYS[4], ARGV[5])
   redis.call('SADD', KEYS[5], ARGV[5])
   redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
+  redis.call('HDEL', KEYS[10], ARGV[5])  -- just active (a deficit left by the LRU's ring)
 end
 -- With as many tickets waiting as engines, every engine was rung or is busy (and takes
 -- again when its call ends): no ring.
+local rings = 0
 if waiting < room then
   for bell = 7, 8 do
-    if redis.call('LPUSH', KEYS[bell], '1') > room then redis.call('LTRIM', KEYS[bell], 0, room - 1) end
+    local held = redis.call('LPUSH', KEYS[bell], '1')
+    if held > room then redis.call('LTRIM', KEYS[bell], 0, room - 1) end
+    if bell == 7 then rings = held end
   end
 end
-return {id, waiting + 1, engines}
+return {id, waiting + 1, engines, rings}

@@ -144,16 +144,19 @@ local function ringed(first, spent)
   for i = (spent and first + 1 or first), #lanes do again[#again + 1] = lanes[i] end
   for i = 1, first - 1 do again[#again + 1] = lanes[i] end
   if spent and lanes[first] then again[#again + 1] = lanes[first] end
-  if #again == 1 then
+  local alone = #again == 1
+  if alone then
     written[again[1]] = nil
     redis.call('HDEL', deficits, again[1])
   end
   flush()
   local same = #again == #order
   for i = 1, #again do same = same and again[i] == order[i] end
-  if same then return end
-  redis.call('DEL', ring)
-  if #again > 0 then redis.call('RPUSH', ring, unpack(again)) end
+  if not same then
+    redis.call('DEL', ring)
+    if #again > 0 then redis.call('RPUSH', ring, unpack(again)) end
+  end
+  return alone
 end
 -- Interjecting: which lanes may pause the call. A lane whose running tickets are all the
 -- call to pause (of that lane alone) pauses itself, while another lane holds an engine
@@ -218,8 +221,10 @@ while #lanes > 0 do
   if #entries > 0 then
     credit[chosen] = credit[chosen] - cost[chosen] * #entries
     written[lanes[chosen]] = credit[chosen]
-    ringed(chosen, credit[chosen] <= 0)
-    return {lanes[chosen], entries, string.format('%.6f', cost[chosen])}
+    -- Left alone in the ring (the others had nothing waiting): charged nothing, as the lone
+    -- lane's takes are (its finish must not correct a deficit a later pass writes).
+    local alone = ringed(chosen, credit[chosen] <= 0)
+    return {lanes[chosen], entries, alone and '-1' or string.format('%.6f', cost[chosen])}
   end
   -- Counted as waiting, yet nothing to deliver: entries neither pending nor deliverable
   -- (their consumer was deleted holding them). They are deleted, so their waiters submit

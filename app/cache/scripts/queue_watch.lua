@@ -7,7 +7,7 @@
 -- bell is silent (its rings lost with a fail-over or to the LRU: idle engines take when rung).
 --
 -- KEYS[1] the lane's stream  KEYS[2] the ring  KEYS[3] the lanes  KEYS[4] the idle engines' bell
--- KEYS[5] the live-engine register
+-- KEYS[5] the live-engine register  KEYS[6] the lanes' deficits (a lane put back is just active)
 -- ARGV[1] the lane  ARGV[2] consumer group  ARGV[3] the register's cutoff (ms: a report older
 -- is an engine gone)  ARGV[4] the interjectors' suffix (an engine's interjector lives while its
 -- engine reports)
@@ -24,7 +24,10 @@ for _, entry in ipairs(redis.call('XRANGE', KEYS[1], ARGV[5], ARGV[6])) do
   if asked[entry[1]] then table.insert(present, entry[1]) end
 end
 if #present == 0 then return present end
-if not redis.call('LPOS', KEYS[2], ARGV[1]) then redis.call('RPUSH', KEYS[2], ARGV[1]) end
+if not redis.call('LPOS', KEYS[2], ARGV[1]) then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
+end
 redis.call('SADD', KEYS[3], ARGV[1])
 local held = 0
 local ok, summary = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[2])
