@@ -26,7 +26,7 @@ from app.ports import free_port
 from app.supervisor import Supervisor, _Engine
 from bench.queue_cost import variants
 from tests.conftest import CORPUS, ROOT
-from tests.fake_vllm import FakeVllm
+from tests.fake_vllm import FakeVllm, validate
 from tests.fleet import Fleet, LoopbackCluster, wait_for
 from tests.helpers import app_children, metric_sum
 
@@ -297,6 +297,52 @@ def test_a_helper_killed_in_its_call_leaves_the_ticket_to_the_shard_it_helped(
         fleet.stop()
         fake.stop()
         store.close()
+
+
+def test_a_long_helped_call_stays_its_helpers_beside_the_shard_s_own_engine(
+    tmp_path, redis_client, redis_server
+):
+    """Shard 1's own engine (2 slots) busy with two long calls; a third of shard 1's misses
+    asks shard 0's idle engine, whose call outlasts the live window several times over. Its
+    reports in shard 1's register keep it the helper's: shard 1's engine, free again and
+    sweeping, does not reclaim it, and every image is computed once."""
+    fake = FakeVllm(CORPUS).start()
+    seen: list[str] = []
+    lock = threading.Lock()
+    original = fake.complete
+
+    def complete(body):
+        images, _ = validate(body, fake.served_model)
+        with lock:
+            seen.append(hashlib.md5(images[0]).hexdigest())
+        time.sleep(10)  # the live window is 3 s (DISPATCH_CLAIM_MS)
+        return original(body)
+
+    fleet = Fleet(tmp_path, redis_server.url, fronts=1, engines=2, front_workers=1,
+                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", OCR_TIMEOUT_SECONDS="60",
+                  CACHE_KEY_PREFIX="helplong", **HUNYUAN)  # fmt: skip
+    for shard, engine in enumerate(fleet.engines):
+        engine.env["DISPATCH_SHARD"] = str(shard)
+    try:
+        fleet.start()
+        base = fleet.fronts[0].base
+        first, *others = variants(30, 8000)
+        assert post(base, first).status_code == 200
+        slow = shard_images(redis_client, "helplong", first, others, shard=1)[:3]
+        fake.complete = complete  # type: ignore[method-assign]
+        with ThreadPoolExecutor(3) as pool:
+            answers = [pool.submit(post, base, data) for data in slow[:2]]
+            wait_for(lambda: len(seen) == 2, 30, "shard 1's two slots busy")
+            answers.append(pool.submit(post, base, slow[2]))
+            assert [a.result().status_code for a in answers] == [200] * 3
+        assert len(seen) == 3 and len(set(seen)) == 3, seen  # none computed twice
+        scraped = [requests.get(f"{e.base}/metrics", timeout=10).text for e in fleet.engines]
+        assert metric_sum(scraped[0], "ocr_dispatch_tickets_total", outcome="helped") == 1
+        for text in scraped:
+            assert metric_sum(text, "ocr_dispatch_tickets_total", outcome="reclaimed") == 0
+    finally:
+        fleet.stop()
+        fake.stop()
 
 
 def test_serve_keeps_an_engine_on_each_shard_through_retirements_and_a_crash(tmp_path):

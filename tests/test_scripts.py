@@ -240,9 +240,12 @@ def test_the_lanes_upkeep_reads_every_lane_and_keeps_the_ring_whole(client: Any)
     assert client.lrange(names.bell, 0, -1) == [b"1"]
 
 
-def test_submit_says_how_many_rings_no_idle_engine_heard(client: Any) -> None:
-    """The submit's fourth answer: the idle engines' bell's rings unheard, its own included
-    (a front whose ticket waits behind busy engines asks another queue shard for help)."""
+def test_submit_says_how_many_rings_no_idle_engine_heard_and_engines_hold_its_lane(
+    client: Any,
+) -> None:
+    """The submit's fourth and fifth answers: the idle engines' bell's rings unheard, its own
+    included, and the engines holding tickets of its lane (a front whose ticket waits behind
+    busy engines asks another queue shard for help)."""
     names = queue(client)
     live_engine(client, names, "e1")
     live_engine(client, names, "e2")
@@ -250,8 +253,11 @@ def test_submit_says_how_many_rings_no_idle_engine_heard(client: Any) -> None:
     assert int(submit(client, names, "a", "k2")[3]) == 2  # the first ring unheard: all busy
     assert int(submit(client, names, "a", "k3")[3]) == 0  # as many waiting as engines: no ring
     client.lpop(names.bell, 2)  # an engine heard them
-    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=3)  # and took them
-    assert int(submit(client, names, "a", "k4")[3]) == 1
+    client.xreadgroup(GROUP, "e1", {names.stream("a"): ">"}, count=2)  # and took two
+    answer = [int(v) for v in submit(client, names, "a", "k4")[1:]]
+    assert answer == [2, 2, 1, 1]  # waiting, engines, rings, one engine busy with the lane
+    client.xreadgroup(GROUP, "e2", {names.stream("a"): ">"}, count=2)  # k4's ring unheard
+    assert [int(v) for v in submit(client, names, "a", "k5")[1:]] == [1, 2, 2, 2]
 
 
 def test_submit_counts_live_engines_by_their_reports_and_keeps_the_dead_for_reaping(

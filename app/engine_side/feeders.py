@@ -198,7 +198,7 @@ class Feeders:
         client: Any = None
         backoff, joined, look, reclaim = 0.1, False, True, False
         # The shard this slot was asked to help, while that one has tickets and its own none;
-        # ``asked``: the ask was just heard (its first look reclaims there too).
+        # ``asked``: a waiter's check asked (the first look reclaims there too).
         helping: int | None = None
         asked = False
         # What the take that ran with the last finish gave (None: no such take).
@@ -250,9 +250,9 @@ class Feeders:
                     # upkeep rings it if rings were lost); "retry": reclaim, then take if
                     # there was nothing to reclaim (a ring it took from a submission); a
                     # shard's number: help it (its own queue was just found empty).
-                    helping = self._help.asked(heard)
-                    asked = helping is not None
-                    look, reclaim = heard != "quiet" and not asked, heard == "retry"
+                    ask = self._help.asked(heard)
+                    helping, asked = ask if ask is not None else (None, False)
+                    look, reclaim = heard != "quiet" and ask is None, heard == "retry"
                     continue
                 backoff = 0.1
             except REDIS_ERRORS as exc:

@@ -4,14 +4,15 @@ A front whose miss waits behind its own shard's busy engines (or none) pushes th
 number on another shard's help bell (``app/queue/asks.py``; again at each fallback check
 while its tickets wait). The process's doorbell listener hears it with its own bell (one
 ``BLPOP`` on both, its own first: ``feeders.Doorbell``), and the slot that heard it, its own
-queue just found empty, helps: it reclaims there what a silent holder left (a helper that
-died: the shard may have no engine of its own to do it), then takes from that shard by the
-shard's round robin, one batch at a time while its own queue stays empty and that one has
-tickets (``feeders.Feeders._feed``). Each batch is live in that shard's register while it
-runs (``Heartbeat.away``), so a helper that dies is reclaimed there as any engine is, and it
-is finished there (markers, deficits, done notices; ``Claims``). Meanwhile the slot still
-counts as a live, idle engine of its own shard: its gauges, its fronts' lane bound,
-interjection's "every engine busy" there.
+queue just found empty, helps: asked by a waiter's fallback check, it first reclaims there
+what a silent holder left (a helper that died: the shard may have no engine of its own to
+do it); then it takes from that shard by the shard's round robin, one batch at a time
+while its own queue stays empty and that one has tickets (``feeders.Feeders._feed``). Each
+batch is live in that shard's register while it runs (``Heartbeat.away``), so a helper
+that dies is reclaimed there as any engine is, and it is finished there (markers,
+deficits, done notices; ``Claims``). Meanwhile the slot still counts as a live, idle
+engine of its own shard: its gauges, its fronts' lane bound, interjection's "every engine
+busy" there.
 """
 
 from __future__ import annotations
@@ -60,13 +61,17 @@ class Helping:
         """The home shard's help bell, with several shards."""
         return self._shards[self._home].help_bell if len(self._shards) > 1 else None
 
-    def asked(self, heard: str) -> int | None:
-        """The shard a ``help:<shard>`` ring names, if it is another of this queue's."""
+    def asked(self, heard: str) -> tuple[int, bool] | None:
+        """The shard a ``help:<shard>[r]`` ring names, if it is another of this queue's, and
+        whether to reclaim there first (``r``: a waiter's fallback check asked)."""
         shard = heard.removeprefix("help:")
-        if shard == heard or not shard.isdigit():
-            return None
-        number = int(shard)
-        return number if number < len(self._shards) and number != self._home else None
+        reclaim = shard.endswith("r")
+        shard = shard.removesuffix("r")
+        if heard.startswith("help:") and shard.isdigit():
+            number = int(shard)
+            if number < len(self._shards) and number != self._home:
+                return number, reclaim
+        return None
 
     def claims_of(self, ticket: Ticket) -> Claims | None:
         """The claims of the helped shard ``ticket`` came from (its key's, ``shard_of``);
@@ -79,10 +84,11 @@ class Helping:
     def take(
         self, client: Any, consumer: str, shard: int, reclaim: bool
     ) -> tuple[list[Ticket], float]:
-        """The next tickets of ``shard``: with ``reclaim`` (the first look after an ask),
-        first those whose holder there stopped reporting or handed them back, else by its
-        round robin. ``consumer`` is reported live there at once, well within a quarter of
-        the live window (the least a ticket must idle before anyone may claim it)."""
+        """The next tickets of ``shard``: with ``reclaim`` (the first look after a waiter's
+        check asked), first those whose holder there stopped reporting or handed them back,
+        else by its round robin. ``consumer`` is reported live there at once, well within a
+        quarter of the live window (the least a ticket must idle before anyone may claim
+        it)."""
         scheduler, claims = self._parts(shard)
         tickets, cost = (claims.reclaim(client, consumer), 0.0) if reclaim else ([], 0.0)
         if not tickets:

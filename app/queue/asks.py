@@ -29,20 +29,27 @@ class HelpAsks:
 
     def queued(self, names: QueueKeys, answer: list[Any]) -> None:
         """A ticket just queued in ``names`` (``queue_submit.lua``'s answer: id, waiting,
-        engines, rings): help is asked when it waits behind busy engines, more tickets
-        waiting than engines live (none included), or rings on the idle engines' bell that
-        no engine heard (every engine busy)."""
+        engines, rings, busy): help is asked when it waits behind busy engines: more tickets
+        waiting in its lane than engines not busy with the lane (none live included), or
+        rings on the idle engines' bell that no engine heard (every engine busy)."""
         waiting, engines = int(answer[1]), int(answer[2])
-        if len(self._shards) > 1 and (waiting > engines or len(answer) > 3 and int(answer[3]) > 1):
+        rings, busy = (int(answer[3]), int(answer[4])) if len(answer) > 4 else (0, 0)
+        if len(self._shards) > 1 and (waiting > engines - busy or rings > 1):
             self(names)
 
-    def __call__(self, behind: QueueKeys) -> None:
+    def still_waiting(self, names: QueueKeys) -> None:
+        """A lane's fallback check found tickets of ``names`` still there: asked again, and
+        the helper first reclaims what a silent holder left there (``reclaim``: a helper
+        that died, where the shard may have no engine of its own to reclaim it)."""
+        self(names, reclaim=True)
+
+    def __call__(self, behind: QueueKeys, reclaim: bool = False) -> None:
         """``behind``'s engines cannot take its new ticket now: the next other shard is asked."""
         others = [names for names in self._shards if names != behind]
         if not others:
             return
         helper = others[next(self._turns) % len(others)]
-        shard = str(self._shards.index(behind))
+        shard = f"{self._shards.index(behind)}{'r' if reclaim else ''}"
 
         def ask(client: Any) -> None:
             if client.lpush(helper.help_bell, shard) > HELP_BELL_MAX:

@@ -37,8 +37,8 @@ a wait to the deadline.
   ``timeout:``), it submits again. An entry that appears while the caller's own ticket is
   still queued (another process stored it) withdraws that ticket unstarted.
 - **Shards help each other**: with several shards, a miss that waits behind its own
-  shard's busy engines (more tickets waiting in its lane than the shard has live engines,
-  none live included, or rings on the idle engines' bell that no engine heard) asks another
+  shard's busy engines (more tickets waiting in its lane than engines free of it, none live
+  included, or rings on the idle engines' bell that no engine heard) asks another
   shard for help, each in turn: its number pushed on that shard's help bell
   (``asks.py``), where an idle engine of that shard hears it and takes from this one
   (``app/engine_side/helping.py``); the lane's fallback check asks again while its tickets
@@ -175,7 +175,7 @@ class TicketQueue:
         # engines asks another shard for help, and a check still finding it asks again.
         self._ask = HelpAsks(store, self.shards)  # with one shard, asks nothing
         self._watch = LaneWatch(store, live_ms=live_ms, fresh_seconds=poll_seconds / 2,
-                                clock=clock, waiting=self._ask)  # fmt: skip
+                                clock=clock, waiting=self._ask.still_waiting)  # fmt: skip
 
     def lane(self, namespace: str, background: bool = False) -> str:
         """The lane of a tenant's tickets; ``background``: of its document jobs' pages, a

@@ -20,9 +20,10 @@
 -- Other keys: the other lanes' streams, KEYS[9] .. lane for each lane in KEYS[5], read only
 -- to find a ticket joined in another lane (same hash tag).
 --
--- Returns {id, waiting, engines, rings}, rings: how many rings the idle engines' bell holds
--- unheard, this one's included (0: not rung; over 1: no engine listened since the last ring,
--- so all are busy); or {id, -1, 0, lane} when it joined (the lane that holds
+-- Returns {id, waiting, engines, rings, busy}: rings, how many rings the idle engines' bell
+-- holds unheard, this one's included (0: not rung; over 1: no engine listened since the last
+-- ring, so all are busy); busy, the consumers holding this lane's tickets (engines busy with
+-- it); or {id, -1, 0, lane} when it joined (the lane that holds
 -- the ticket joined: a document job's page and a request for the same image share one
 -- ticket whichever lane it waits in); id "" when the lane is full.
 local current = redis.call('GET', KEYS[3])
@@ -66,4 +67,5 @@ if waiting < room then
     if bell == 7 then rings = held end
   end
 end
-return {id, waiting + 1, engines, rings}
+local busy = type(pending[4]) == 'table' and #pending[4] or 0
+return {id, waiting + 1, engines, rings, busy}
