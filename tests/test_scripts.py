@@ -92,7 +92,7 @@ def submit(
 ) -> list[Any]:
     marker = names.marker(entry, "sha")
     keys = [names.stream(lane), names.engines, marker, names.ring, names.lanes, names.shares,
-            names.bell, names.interject_bell, names.stream_prefix, names.deficits]  # fmt: skip
+            names.bell, names.interject_bell, names.stream_prefix]  # fmt: skip
     seconds, micros = client.time()  # the front's clock: the server's here
     now = seconds * 1000 + micros // 1000
     args = [GROUP, per_engine, 10_000, 60_000, lane, "2", now, "key", entry, "fmt", "2"]
@@ -226,13 +226,15 @@ def test_the_lanes_upkeep_reads_every_lane_and_keeps_the_ring_whole(client: Any)
     submit(client, names, "b", "e3")
     client.xreadgroup(GROUP, "other", {names.stream("b"): ">"})  # b's one ticket runs
     client.delete(names.ring)
-    client.hset(names.deficits, "a", "-3.0")  # from the round robin of the ring the LRU took
+    # Left from the round robin of the ring the LRU took: a lane out of the ring has none.
+    client.hset(names.deficits, mapping={"a": "-3.0", "b": "1.5"})
     client.sadd(names.lanes, "gone")  # a lane without a stream, out of the ring
     answer = upkeep(client, names)
     lanes = {text(answer[i]): int(answer[i + 1]) for i in range(0, len(answer), 2)}
     assert lanes == {"a": 2, "b": 0}
     assert client.lrange(names.ring, 0, -1) == [b"a"]  # back in the ring: it has waiting
     assert client.hget(names.deficits, "a") is None  # just active: alone, it owes nobody
+    assert client.hget(names.deficits, "b") is None  # out of the ring: rejoins just active
     assert client.smembers(names.lanes) == {b"a", b"b"}  # "gone" forgotten
     assert client.lrange(names.bell, 0, -1) == [b"1"]  # rung by the submissions: left as is
     client.delete(names.bell)  # the rings lost (the LRU took the list): rung once again

@@ -14,11 +14,13 @@ worker and replica shares one schedule.
   banked credit, no debt).
 - A take serves one lane, at most ``ENGINE_BATCH_MAX`` tickets, in one pass over the ring
   whatever the costs. A lane alone in the ring owes nobody: its tickets are read in turn,
-  charged nothing, and it keeps no deficit (three commands, the common case of one
+  charged nothing, and it keeps no deficit (the pass that left it alone dropped it, and
+  charged that pass's ticket nothing either; three commands a take, the common case of one
   tenant); a lane that joins it finds both just active.
 - The queue's keys may be evicted like any other (``allkeys-lru``): a lane missing from the
-  ring is put back by its waiters' checks and by every engine's report; lost deficits or
-  costs only reset the schedule.
+  ring is put back, just active, by its waiters' checks and by every engine's report (which
+  also drops a deficit a lane out of the ring kept); lost deficits or costs only reset the
+  schedule.
 
 So a tenant that floods gets the engines only while nobody else waits, and a tenant that
 sends one page is served by the next engine that frees up. Work-conserving: whoever waits is

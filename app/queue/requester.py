@@ -231,7 +231,7 @@ class TicketQueue:
         def run(client: Any) -> Any:
             keys = (names.stream(lane), names.engines, self.marker(ticket), names.ring,
                     names.lanes, names.shares, names.bell, names.interject_bell,
-                    names.stream_prefix, names.deficits)  # fmt: skip
+                    names.stream_prefix)  # fmt: skip
             now = str(int(time.time() * 1000))
             limits = (self._per_engine_max, self.live_ms, marker_ttl, lane, share, now)
             # The image to its own key in the same round trip (``ticket.py``, format 2); also

@@ -12,7 +12,6 @@
 -- KEYS[5] every lane with a stream KEYS[6] the lanes' shares (hash)
 -- KEYS[7] the idle engines' bell   KEYS[8] the interjectors' bell
 -- KEYS[9] the lanes' stream prefix (not a key: lane L's stream is KEYS[9] .. L)
--- KEYS[10] the lanes' deficits (hash: a lane joining the ring has none)
 -- ARGV[1] consumer group  ARGV[2] per-engine max  ARGV[3] live window (ms)
 -- ARGV[4] marker life (ms)  ARGV[5] lane  ARGV[6] share  ARGV[7] the front's clock (ms:
 -- engines report by their own clocks, all roughly in sync; no TIME command)
@@ -55,7 +54,6 @@ if waiting == 0 and not redis.call('LPOS', KEYS[4], ARGV[5]) then
   redis.call('LPUSH', KEYS[4], ARGV[5])
   redis.call('SADD', KEYS[5], ARGV[5])
   redis.call('HSET', KEYS[6], ARGV[5], ARGV[6])
-  redis.call('HDEL', KEYS[10], ARGV[5])  -- just active (a deficit left by the LRU's ring)
 end
 -- With as many tickets waiting as engines, every engine was rung or is busy (and takes
 -- again when its call ends): no ring.
