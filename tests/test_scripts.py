@@ -175,10 +175,14 @@ def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: A
     client.hset(names.deficits, "a", "-3.0")  # from a round robin the LRU's ring forgot
     keys = [names.stream("a"), names.ring, names.lanes, names.bell, names.engines, names.deficits]
 
+    states: list[int] = []  # each check's: 1 tickets wait untaken, 2 a holder silent, 0 neither
+
     def watch(*ids: str) -> set[str]:
         seconds, _ = client.time()
         args = ["a", GROUP, seconds * 1000 - 10_000, "-interject", min(ids), max(ids), *ids]
-        return {text(found) for found in scripts.QUEUE_WATCH(client, keys, args)}
+        present, state = scripts.QUEUE_WATCH(client, keys, args)
+        states.append(int(state))
+        return {text(found) for found in present}
 
     assert watch(first, last) == {first, last}  # one range read; the ticket between not told
     assert client.lrange(names.ring, 0, -1) == [b"a"] and client.smembers(names.lanes) == {b"a"}
@@ -198,6 +202,7 @@ def test_watch_tells_which_tickets_are_queued_and_puts_their_lane_back(client: A
     client.delete(names.ring, names.bell)
     assert watch(first) == set()  # gone: nothing repaired for it
     assert client.lrange(names.ring, 0, -1) == [] and client.lrange(names.bell, 0, -1) == []
+    assert states == [1, 1, 0, 2, 0]
 
 
 def test_cancel_withdraws_only_an_undelivered_ticket(client: Any) -> None:

@@ -259,6 +259,8 @@ class Feeders:
                 log.debug("dispatch feeder: %s; retrying", exc.__class__.__name__)
                 self._connections.drop(slot, client)
                 client = None
+                helping, asked, look = None, False, True  # its own queue first (a helped
+                # shard's master may be the one failing: the next ask tells again)
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue

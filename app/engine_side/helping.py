@@ -4,15 +4,15 @@ A front whose miss waits behind its own shard's busy engines (or none) pushes th
 number on another shard's help bell (``app/queue/asks.py``; again at each fallback check
 while its tickets wait). The process's doorbell listener hears it with its own bell (one
 ``BLPOP`` on both, its own first: ``feeders.Doorbell``), and the slot that heard it, its own
-queue just found empty, helps: asked by a waiter's fallback check, it first reclaims there
-what a silent holder left (a helper that died: the shard may have no engine of its own to
-do it); then it takes from that shard by the shard's round robin, one batch at a time
-while its own queue stays empty and that one has tickets (``feeders.Feeders._feed``). Each
-batch is live in that shard's register while it runs (``Heartbeat.away``), so a helper
-that dies is reclaimed there as any engine is, and it is finished there (markers,
-deficits, done notices; ``Claims``). Meanwhile the slot still counts as a live, idle
-engine of its own shard: its gauges, its fronts' lane bound, interjection's "every engine
-busy" there.
+queue just found empty, helps: asked by a waiter's fallback check that found a holder
+silent, it first reclaims there what that holder left (a helper that died: the shard may
+have no engine of its own to do it); then it takes from that shard by the shard's round
+robin, one batch at a time while its own queue stays empty and that one has tickets
+(``feeders.Feeders._feed``). Each batch is live in that shard's register while it runs
+(``Heartbeat.away``), so a helper that dies is reclaimed there as any engine is, and it is
+finished there (markers, deficits, done notices; ``Claims``). Meanwhile the slot still
+counts as a live, idle engine of its own shard: its gauges, its fronts' lane bound,
+interjection's "every engine busy" there.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Helping:
         shard = heard.removeprefix("help:")
         reclaim = shard.endswith("r")
         shard = shard.removesuffix("r")
-        if heard.startswith("help:") and shard.isdigit():
+        if heard.startswith("help:") and shard.isascii() and shard.isdecimal():
             number = int(shard)
             if number < len(self._shards) and number != self._home:
                 return number, reclaim

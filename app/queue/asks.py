@@ -4,7 +4,8 @@ bell, each other shard in turn, for an idle engine there to take from it
 (``app/engine_side/helping.py``). One command on that shard's master (two once its bell holds
 ``HELP_BELL_MAX`` asks: an ask is heard once, by one engine, so more would only wake idle
 engines for nothing). An ask lost to a Redis error costs only the help: the miss waits for
-its own shard's engines, and its lane's fallback check asks again (``watch.py``).
+its own shard's engines, and its lane's fallback check asks again while tickets wait
+untaken or a holder is silent (``watch.py``).
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ class HelpAsks:
         if len(self._shards) > 1 and (waiting > engines - busy or rings > 1):
             self(names)
 
-    def still_waiting(self, names: QueueKeys) -> None:
-        """A lane's fallback check found tickets of ``names`` still there: asked again, and
-        the helper first reclaims what a silent holder left there (``reclaim``: a helper
-        that died, where the shard may have no engine of its own to reclaim it)."""
-        self(names, reclaim=True)
+    def still_waiting(self, names: QueueKeys, silent: bool) -> None:
+        """A lane's fallback check found tickets of ``names`` waiting untaken, or held by a
+        ``silent`` holder: asked again, the helper told to reclaim there first when a holder
+        was silent (a helper that died, where the shard may have no engine of its own to
+        reclaim it)."""
+        self(names, reclaim=silent)
 
     def __call__(self, behind: QueueKeys, reclaim: bool = False) -> None:
         """``behind``'s engines cannot take its new ticket now: the next other shard is asked."""

@@ -10,8 +10,9 @@ that this process waits on, in one call (``queue_watch.lua``); a waiter due soon
 that answer, if the check began after its own wait did (its ticket existed then) and is
 fresh (``fresh_seconds``). A lane's check then costs one call per process and period
 however many misses wait in it, and its repairs (ring, lanes, doorbell, a silent holder's
-reclaim) are made once for all of them. With queue shards, a check that finds tickets still
-in the lane tells ``waiting`` (the requester asks another shard for help again).
+reclaim) are made once for all of them. With queue shards, a check that finds tickets
+waiting untaken, or held by a silent holder, tells ``waiting`` (the requester asks another
+shard for help again).
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ class LaneWatch:
         live_ms: int,
         fresh_seconds: float,
         clock: Callable[[], float] = time.monotonic,
-        waiting: Callable[[QueueKeys], None] | None = None,
+        waiting: Callable[[QueueKeys, bool], None] | None = None,
     ) -> None:
         self._store = store
-        self._waiting = waiting  # told the shard of a lane whose check found tickets still in it
+        # Told the shard of a lane whose check found tickets waiting untaken, and whether a
+        # holder of its tickets was silent.
+        self._waiting = waiting
         self._live_ms = live_ms  # an engine silent this long is gone: its tickets reclaimed
         self._fresh = fresh_seconds
         self._clock = clock
@@ -104,12 +107,13 @@ class LaneWatch:
             keys = (stream, names.ring, names.lanes, names.bell, names.engines, names.deficits)
             cutoff = int(time.time() * 1000) - self._live_ms  # reported before: gone
             args: list[str | int] = [lane, GROUP, cutoff, INTERJECTOR, ids[0], ids[-1], *ids]
-            ok, present = self._store.run("dispatch", lambda c: QUEUE_WATCH(c, keys, args))
+            ok, answer = self._store.run("dispatch", lambda c: QUEUE_WATCH(c, keys, args))
             if not ok:
                 return True
+            present, state = answer
             with self._lock:
                 watched.checked_at = now
                 watched.present = frozenset(as_text(found) for found in present)
-            if watched.present and self._waiting is not None:
-                self._waiting(names)
+            if int(state) and self._waiting is not None:  # untaken (1) or a silent holder (2)
+                self._waiting(names, int(state) == 2)
             return ticket_id in watched.present

@@ -14,8 +14,10 @@
 -- ARGV[5] the oldest id asked  ARGV[6] the newest  ARGV[7...] the ids asked
 -- Other keys: none.
 --
--- Returns the ids asked that are still in the stream (finished, dropped, or evicted with the
--- stream: absent). One XRANGE over the asked ids' span, filtered here: the entries between
+-- Returns {the ids asked that are still in the stream (finished, dropped, or evicted with the
+-- stream: absent), state}: state 2, a holder of the lane's tickets is silent; 1, tickets wait
+-- untaken; 0, neither (with queue shards, the front asks another shard for help on 1 and 2,
+-- to reclaim on 2). One XRANGE over the asked ids' span, filtered here: the entries between
 -- are other tickets of the same lane, a lane's length at most.
 local asked = {}
 for i = 7, #ARGV do asked[ARGV[i]] = true end
@@ -23,7 +25,7 @@ local present = {}
 for _, entry in ipairs(redis.call('XRANGE', KEYS[1], ARGV[5], ARGV[6])) do
   if asked[entry[1]] then table.insert(present, entry[1]) end
 end
-if #present == 0 then return present end
+if #present == 0 then return {present, 0} end
 if not redis.call('LPOS', KEYS[2], ARGV[1]) then
   redis.call('RPUSH', KEYS[2], ARGV[1])
   redis.call('HDEL', KEYS[6], ARGV[1])
@@ -41,11 +43,10 @@ if ok and type(summary[4]) == 'table' then
     local score = redis.call('ZSCORE', KEYS[5], engine)
     if not score or tonumber(score) < tonumber(ARGV[3]) then
       redis.call('LPUSH', KEYS[4], 'retry')
-      return present
+      return {present, 2}
     end
   end
 end
-if redis.call('XLEN', KEYS[1]) > held and redis.call('LLEN', KEYS[4]) == 0 then
-  redis.call('LPUSH', KEYS[4], '1')
-end
-return present
+local untaken = redis.call('XLEN', KEYS[1]) > held
+if untaken and redis.call('LLEN', KEYS[4]) == 0 then redis.call('LPUSH', KEYS[4], '1') end
+return {present, untaken and 1 or 0}
