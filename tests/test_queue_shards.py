@@ -210,15 +210,25 @@ def test_three_shards_each_on_its_own_master_with_its_own_engine(tmp_path):
         fake.stop()
 
 
+def two_shards(tmp_path, redis_url: str, fake: FakeVllm, prefix: str, engines: int,
+               **overrides: str) -> Fleet:  # fmt: skip
+    """One front (one worker) and ``engines`` engine processes, engine i on shard i of two,
+    against ``fake``; cache keys under ``prefix``."""
+    fleet = Fleet(tmp_path, redis_url, fronts=1, engines=engines, front_workers=1,
+                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", CACHE_KEY_PREFIX=prefix,
+                  **{**HUNYUAN, **overrides})  # fmt: skip
+    for shard, engine in enumerate(fleet.engines):
+        engine.env["DISPATCH_SHARD"] = str(shard)
+    return fleet
+
+
 def test_an_idle_engine_helps_a_shard_whose_misses_wait_with_no_engine(tmp_path, redis_server):
     """Two shards, one engine process, on shard 0: shard 1's misses wait with no engine of
     their own (without help, each would get 504 at its deadline). Each asks shard 0 for help
     (its help bell), and that engine answers them. Once done, it has left shard 1's
     register: the shard has no engine again."""
     fake = FakeVllm(CORPUS).start()
-    fleet = Fleet(tmp_path, redis_server.url, fronts=1, engines=1, front_workers=1,
-                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", DISPATCH_SHARD="0",
-                  OCR_TIMEOUT_SECONDS="40", CACHE_KEY_PREFIX="helpshards", **HUNYUAN)  # fmt: skip
+    fleet = two_shards(tmp_path, redis_server.url, fake, "helpshards", 1, OCR_TIMEOUT_SECONDS="40")
     store = redis.Redis.from_url(redis_server.url)
     try:
         fleet.start()
@@ -278,11 +288,8 @@ def test_a_helper_killed_in_its_call_leaves_the_ticket_to_the_next_helper(tmp_pa
         return original(body)
 
     fake.complete = complete  # type: ignore[method-assign]
-    fleet = Fleet(tmp_path, redis_server.url, fronts=1, engines=2, front_workers=1,
-                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", OCR_TIMEOUT_SECONDS="60",
-                  DISPATCH_CHECK_SECONDS="2", CACHE_KEY_PREFIX="helpdies", **HUNYUAN)  # fmt: skip
-    for shard, engine in enumerate(fleet.engines):
-        engine.env["DISPATCH_SHARD"] = str(shard)
+    fleet = two_shards(tmp_path, redis_server.url, fake, "helpdies", 2,
+                       OCR_TIMEOUT_SECONDS="60", DISPATCH_CHECK_SECONDS="2")  # fmt: skip
     store = redis.Redis.from_url(redis_server.url)
     try:
         fleet.start()
@@ -330,11 +337,7 @@ def test_a_long_helped_call_stays_its_helpers_beside_the_shard_s_own_engine(
         time.sleep(10)  # the live window is 3 s (DISPATCH_CLAIM_MS)
         return original(body)
 
-    fleet = Fleet(tmp_path, redis_server.url, fronts=1, engines=2, front_workers=1,
-                  HUNYUAN_BASE_URL=fake.url, DISPATCH_SHARDS="2", OCR_TIMEOUT_SECONDS="60",
-                  CACHE_KEY_PREFIX="helplong", **HUNYUAN)  # fmt: skip
-    for shard, engine in enumerate(fleet.engines):
-        engine.env["DISPATCH_SHARD"] = str(shard)
+    fleet = two_shards(tmp_path, redis_server.url, fake, "helplong", 2, OCR_TIMEOUT_SECONDS="60")
     try:
         fleet.start()
         base = fleet.fronts[0].base
